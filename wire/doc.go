@@ -1,0 +1,78 @@
+// Package wire implements protocol 2, the protocol spoken between corral's
+// core (the machine gateway, the client) and the privileged worker (the
+// server). It is pinned: programs other than corral speak it, so every byte
+// described here is part of the contract.
+//
+// # Transport and framing
+//
+// The transport is a Unix SOCK_SEQPACKET socket ("unixpacket" in Go). One
+// packet is one frame: one JSON object of at most [MaxFrame] bytes whose
+// "type" member names the message. A larger packet would be truncated by the
+// kernel; the receiver peeks at every packet with MSG_PEEK|MSG_TRUNC first,
+// so an oversized packet is detected and reported as a protocol error
+// ("too-large") instead of being silently cut.
+//
+// File descriptors ride as SCM_RIGHTS ancillary data on the packet that
+// declares them with "fds": n, and the packet must carry exactly n of them.
+// Only exec-attach (3) and net-dialed (1) carry descriptors. Descriptors are
+// received with MSG_CMSG_CLOEXEC and every descriptor received on a packet is
+// closed when anything about that packet is wrong.
+//
+// A count mismatch, an oversized packet, bad JSON, a frame that is not an
+// object, a missing or unknown "type", or a malformed field is a protocol
+// error. The side that detects it answers an error frame
+//
+//	{"type":"error","code":"<code>","message":"<text>"}
+//
+// and closes the connection (closing every descriptor it received on it).
+// [Recv] and [Decode] return such violations as *[ProtocolError].
+//
+// # Messages
+//
+// Client (core) on the left, worker on the right; [n] is the number of
+// descriptors carried by the packet.
+//
+//	client                                        worker
+//	  │                                              │
+//	  │── hello {protocol:2} ───────────────────────►│  first frame, always
+//	  │◄─────────────────── hello {protocol:2,worker}│  or error "unsupported-protocol",
+//	  │                                              │  then the worker closes
+//	  │                                              │
+//	  │── exec-start {id,project,account,lease, ────►│
+//	  │               argv,cwd,env}                  │
+//	  │◄───────────────────────── exec-accepted {id} │  or exec-rejected {id,code,message}
+//	  │                                              │
+//	  │── exec-attach {id,fds:3} [stdin,stdout,stderr]►  socket ends the client made;
+//	  │                                              │  they become the child's fd 0/1/2
+//	  │◄────────────────────────── exec-started {id} │
+//	  │                                              │
+//	  │── exec-cancel {id} ─────────────────────────►│  optional, idempotent; kills the
+//	  │                                              │  session's whole process tree
+//	  │◄──────── exec-exit {id, code|signal|notStarted}  exactly one outcome; always last
+//	  │                                              │  for an accepted session
+//	  │                                              │
+//	  │── net-dial {id,project,port} ───────────────►│
+//	  │◄───────────────── net-dialed {id,fds:1} [conn]  a socket connected inside the
+//	  │                                              │  machine's network namespace, or
+//	  │◄───────────────────── error {id,code,message}│  error (e.g. "dial-failed")
+//	  │                                              │
+//	  │── ping {id} ────────────────────────────────►│  either side may ping;
+//	  │◄───────────────────────────────── pong {id}  │  the other answers pong
+//	  │                                              │
+//	  │── (close) ──────────────────────────────────►│  cancels all of the connection's
+//	  │                                              │  sessions
+//
+// Session ids are chosen by the client and are unique per connection; every
+// frame about a session carries its id. An error frame about one request
+// carries that request's id; an error frame without an id is about the
+// connection, which the sender then closes.
+//
+// # Go API
+//
+// [Encode] and [Decode] convert between messages and frames and perform no
+// I/O; they are what the fuzz targets exercise. [Conn] sends and receives
+// frames with their descriptors over a connected socket. [Listen], [Dial],
+// [ClientHello] and [ServerHello] set up connections. Decode returns pointers
+// to the message structs (*Hello, *ExecStart, ...), so receivers type-switch
+// on pointer types; Send and Encode accept values or pointers.
+package wire
