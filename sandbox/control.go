@@ -1,0 +1,163 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// DefaultHeartbeatInterval is how often RunCommand heartbeats a lease.
+const DefaultHeartbeatInterval = 5 * time.Second
+
+// ControlOptions tunes a Control. The zero value means the documented
+// defaults.
+type ControlOptions struct {
+	// HeartbeatInterval is the lease heartbeat period. Zero means
+	// DefaultHeartbeatInterval (5 s). Tests shorten it.
+	HeartbeatInterval time.Duration
+	// CancelWait bounds how long RunCommand waits for a cancelled command to
+	// end before it gives up, releases the lease and reports a cleanup
+	// failure. Zero means 5 s.
+	CancelWait time.Duration
+	// DrainTimeout bounds how long RunCommand keeps reading output after the
+	// main process ended, for descendants that still hold a stream open
+	// (like exec.Cmd.WaitDelay). Zero means 2 s.
+	DrainTimeout time.Duration
+	// Domain is stamped on every Record (the registry's owner domain).
+	Domain string
+	// Observe, if non-nil, is called once for every RunCommand call that
+	// reached preparation, after it settled: journal, metrics, audit.
+	Observe func(Record)
+	// Logger receives diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Record describes one settled RunCommand call.
+type Record struct {
+	Domain      string
+	Actor       Actor
+	Input       ExecInput
+	LeaseID     string
+	Timeout     time.Duration
+	Limit       OutputLimit
+	Started     time.Time // zero if the command never started
+	Ended       time.Time
+	Result      *CommandResult
+	Err         *CommandError
+	StdoutBytes int64
+	StderrBytes int64
+}
+
+// Control is the sandbox control consumers resolve: the provider's
+// preparation plus core's RunCommand. It is safe for concurrent use.
+type Control struct {
+	provider Provider
+	opts     ControlOptions
+}
+
+// NewControl returns the control over provider p.
+func NewControl(p Provider, opts ControlOptions) *Control {
+	if opts.HeartbeatInterval <= 0 {
+		opts.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if opts.CancelWait <= 0 {
+		opts.CancelWait = 5 * time.Second
+	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 2 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Control{provider: p, opts: opts}
+}
+
+// WithDomain returns a copy of c whose records are stamped with domain.
+func (c *Control) WithDomain(domain string) *Control {
+	cp := *c
+	cp.opts.Domain = domain
+	return &cp
+}
+
+// PrepareExecution resolves the actor (explicit, else the turn scope),
+// validates the input, asks the provider to prepare and checks the returned
+// target. On success the caller owns the prepared execution: it must
+// heartbeat and release the lease, and cancel what it started. On a target
+// mismatch the lease is released and an error returned.
+func (c *Control) PrepareExecution(ctx context.Context, in ExecInput, actor *Actor) (Prepared, error) {
+	a, err := resolveActor(ctx, actor)
+	if err != nil {
+		return nil, newError(KindPrepare, err, "%v", err)
+	}
+	if err := in.Validate(); err != nil {
+		return nil, newError(KindPrepare, err, "%v", err)
+	}
+	prep, err := c.provider.PrepareExecution(ctx, in, a)
+	if err != nil {
+		return nil, newError(KindPrepare, err, "preparation refused: %v", err)
+	}
+	if err := CheckTarget(in, a, prep); err != nil {
+		ce := newError(KindPrepare, err, "%v", err)
+		if prep != nil && prep.Common().Lease != nil {
+			ce.Cleanup = releaseLease(ctx, prep.Common().Lease)
+		}
+		return nil, ce
+	}
+	return prep, nil
+}
+
+// CheckTarget validates a prepared execution against its request: the
+// branch matches the project kind, the project is the one asked for, the
+// lease exists, belongs to the actor and has the requested kind, and the
+// branch is complete.
+func CheckTarget(in ExecInput, actor Actor, p Prepared) error {
+	if p == nil {
+		return errors.New("provider returned no prepared execution")
+	}
+	c := p.Common()
+	switch t := p.(type) {
+	case *LocalPrepared:
+		if in.Project.Kind != ProjectHost {
+			return fmt.Errorf("provider prepared a local execution for a %s project", in.Project.Kind)
+		}
+		if t.Launch.Path == "" || len(t.Launch.Args) == 0 {
+			return errors.New("provider prepared an empty launch")
+		}
+		if t.Mode != LocalConfined && t.Mode != LocalDirect {
+			return fmt.Errorf("provider prepared unknown local mode %q", t.Mode)
+		}
+	case *ManagedPrepared:
+		if in.Project.Kind != ProjectManaged {
+			return fmt.Errorf("provider prepared a managed execution for a %s project", in.Project.Kind)
+		}
+		if t.Start == nil || t.Cancel == nil {
+			return errors.New("provider prepared a managed execution without Start and Cancel")
+		}
+	default:
+		return fmt.Errorf("provider returned unknown prepared type %T", p)
+	}
+	if c.Project != in.Project {
+		return fmt.Errorf("provider prepared project %s/%d, not %s/%d", c.Project.Kind, c.Project.ProjectID, in.Project.Kind, in.Project.ProjectID)
+	}
+	if c.Lease == nil {
+		return errors.New("provider prepared no lease")
+	}
+	if c.Lease.AccountUserID() != actor.AccountUserID {
+		return fmt.Errorf("lease %s belongs to account %d, not the actor %d", c.Lease.ID(), c.Lease.AccountUserID(), actor.AccountUserID)
+	}
+	if c.Lease.Kind() != in.LeaseKind {
+		return fmt.Errorf("lease %s has kind %q, not %q", c.Lease.ID(), c.Lease.Kind(), in.LeaseKind)
+	}
+	return nil
+}
+
+func releaseLease(ctx context.Context, l Lease) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := l.Release(ctx); err != nil {
+		return fmt.Errorf("release lease %s: %w", l.ID(), err)
+	}
+	return nil
+}

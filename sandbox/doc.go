@@ -1,0 +1,24 @@
+// Package sandbox is the seam between corral's consumers and its sandbox
+// providers.
+//
+// Consumers (the HTTP API, the CLI, editor Git reads, GitHub export, runner
+// jobs) run one-shot commands through [Control.RunCommand], the one bounded
+// runner, which core owns: it captures output into bounded buffers, enforces
+// the timeout and output limits, heartbeats the lease every five seconds,
+// cancels the whole process tree on timeout, abort, overflow or transport
+// failure, releases the lease, and reports the outcome as a [CommandResult] or
+// a typed [*CommandError] carrying sanitized partial output. It never invents
+// an exit code.
+//
+// Providers implement [Provider.PrepareExecution] only: they check tenancy and
+// confinement, mint a [Lease], and describe what to run as a [Prepared]: a
+// [*LocalPrepared] for a host project (direct or confined), or a
+// [*ManagedPrepared] for a managed project, whose Start opens a
+// [ManagedExecutionSession] inside the project's machine. Providers never run
+// commands themselves.
+//
+// Long-lived sessions (language servers) use [Control.PrepareExecution] and
+// the raw session, and heartbeat their own lease.
+//
+// This package imports no other corral package.
+package sandbox

@@ -1,0 +1,105 @@
+package sandbox
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrorKind classifies a CommandError.
+type ErrorKind string
+
+// The kinds of CommandError.
+const (
+	// KindPrepare: the input or options were invalid, preparation refused
+	// the command, or the prepared target did not match the request.
+	// Nothing was started.
+	KindPrepare ErrorKind = "prepare"
+	// KindStart: the command could not be started (OnStart failed, the
+	// program could not be executed). It never ran, so there is no code.
+	KindStart ErrorKind = "start"
+	// KindTimeout: the command outlived RunOptions.Timeout and was cancelled.
+	KindTimeout ErrorKind = "timeout"
+	// KindAbort: the caller's context ended and the command was cancelled
+	// (or never started).
+	KindAbort ErrorKind = "abort"
+	// KindOverflow: the command wrote more than its output limit and was
+	// cancelled.
+	KindOverflow ErrorKind = "overflow"
+	// KindTransport: the link to the command was lost (a failed lease
+	// heartbeat, a lost worker connection); the command was cancelled.
+	KindTransport ErrorKind = "transport"
+	// KindCleanup: the command completed but cancelling or releasing it
+	// failed. A cleanup failure is a failure.
+	KindCleanup ErrorKind = "cleanup"
+)
+
+// Sentinel errors. CommandError unwraps to its Cause and Cleanup, so
+// errors.Is works through it.
+var (
+	// ErrUnavailable reports that no sandbox provider is loaded. Callers
+	// report "unavailable" (HTTP 503), never crash.
+	ErrUnavailable = errors.New("sandbox: unavailable")
+	// ErrNoActor: neither an explicit actor nor a turn scope was given.
+	ErrNoActor = errors.New("sandbox: no actor and no turn scope")
+	// ErrNotStarted is wrapped by providers when the program could not be
+	// executed inside the sandbox (missing, not executable). RunCommand
+	// reports it as KindStart.
+	ErrNotStarted = errors.New("sandbox: program could not be started")
+	// ErrTransport is wrapped by providers when the link to a running
+	// command was lost. RunCommand reports it as KindTransport.
+	ErrTransport = errors.New("sandbox: transport lost")
+	// ErrDenied is wrapped by providers when tenancy refuses the actor
+	// (not a member of the project). The daemon answers 403.
+	ErrDenied = errors.New("sandbox: access denied")
+	// ErrNotFound is wrapped by providers when the project does not exist.
+	ErrNotFound = errors.New("sandbox: project not found")
+)
+
+// CommandError is a command that did not complete. It never carries an exit
+// code. Stdout and Stderr hold the decoded, sanitized output captured before
+// the failure (empty when nothing started). Cause is the underlying error;
+// Cleanup holds failures of the cancellation or lease release that followed
+// (nil when cleanup succeeded). For KindCleanup, the command completed and
+// Cleanup is why the result was withheld.
+type CommandError struct {
+	Kind    ErrorKind
+	Message string
+	Stdout  string
+	Stderr  string
+	Cause   error
+	Cleanup error
+}
+
+func (e *CommandError) Error() string {
+	msg := fmt.Sprintf("sandbox: %s: %s", e.Kind, e.Message)
+	if e.Cleanup != nil && e.Kind != KindCleanup {
+		msg += fmt.Sprintf(" (cleanup: %v)", e.Cleanup)
+	}
+	return msg
+}
+
+// Unwrap returns Cause and Cleanup, whichever are set.
+func (e *CommandError) Unwrap() []error {
+	var errs []error
+	if e.Cause != nil {
+		errs = append(errs, e.Cause)
+	}
+	if e.Cleanup != nil {
+		errs = append(errs, e.Cleanup)
+	}
+	return errs
+}
+
+// KindOf returns the kind of the CommandError in err's chain, or "" if there
+// is none.
+func KindOf(err error) ErrorKind {
+	var ce *CommandError
+	if errors.As(err, &ce) {
+		return ce.Kind
+	}
+	return ""
+}
+
+func newError(kind ErrorKind, cause error, format string, args ...any) *CommandError {
+	return &CommandError{Kind: kind, Message: fmt.Sprintf(format, args...), Cause: cause}
+}

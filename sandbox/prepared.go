@@ -1,0 +1,165 @@
+package sandbox
+
+import (
+	"context"
+	"io"
+	"sync"
+)
+
+// Lease is a provider-side claim on a project for one piece of work. It is
+// minted by preparation before anything starts; whoever holds the work
+// heartbeats it (RunCommand does, every five seconds); a lease whose
+// heartbeats stop for its TTL is expired and its work cancelled.
+type Lease interface {
+	ID() string
+	AccountUserID() int64
+	Kind() LeaseKind
+	// Heartbeat extends the lease. It fails if the lease expired or was
+	// released, or the lease store cannot be reached.
+	Heartbeat(ctx context.Context) error
+	// Release ends the lease. It is idempotent; releasing a lease that
+	// already expired reports an error rather than hiding it.
+	Release(ctx context.Context) error
+}
+
+// Provider prepares executions. It checks tenancy and confinement, mints a
+// lease and describes what to run; it never runs anything itself.
+type Provider interface {
+	// PrepareExecution returns a *LocalPrepared for a host project or a
+	// *ManagedPrepared for a managed project. A refusal is an error; the
+	// caller starts nothing and there is nothing to clean up.
+	PrepareExecution(ctx context.Context, in ExecInput, actor Actor) (Prepared, error)
+}
+
+// Prepared is the sealed union of prepared executions: *LocalPrepared or
+// *ManagedPrepared. No other type implements it.
+type Prepared interface {
+	Common() *PreparedCommon
+	sealed()
+}
+
+// PreparedCommon is the part every prepared execution carries.
+type PreparedCommon struct {
+	// Project is the project the provider prepared for; it must equal the
+	// requested one.
+	Project ProjectRef
+	// Cwd is the working directory as the sandbox sees it (a host path for
+	// host projects, a guest path for managed ones).
+	Cwd string
+	// DisplayCwd is Cwd as it may be shown to the actor (no host paths).
+	DisplayCwd string
+	// Lease covers the execution. It must belong to the actor and have the
+	// requested kind.
+	Lease Lease
+	// Sanitize, if non-nil, is applied to decoded output before it leaves
+	// RunCommand (results and partial output alike): host paths become
+	// display paths, known secrets are redacted.
+	Sanitize func(string) string
+}
+
+// LocalMode says how a host command is launched.
+type LocalMode string
+
+const (
+	// LocalConfined launches through corral's confinement helper, which
+	// restricts writes to the project root and the actor's roots.
+	LocalConfined LocalMode = "confined"
+	// LocalDirect launches the program unconfined (trusted actors only).
+	LocalDirect LocalMode = "direct"
+)
+
+// Launch describes a host process. Path is the executable; Args is the full
+// argv including argv[0]; Env is the complete environment (nothing is
+// inherited); Dir is the working directory.
+type Launch struct {
+	Path string
+	Args []string
+	Env  []string
+	Dir  string
+	// ExecStatus says the launched program is corral's confinement helper,
+	// which reports a failure to execute the target program as a message on
+	// file descriptor 3 and closes it (close-on-exec) when exec succeeds.
+	// Core then reports that failure as KindStart, never as an exit code.
+	ExecStatus bool
+}
+
+// LocalPrepared is a host project's prepared execution (direct or
+// confined). Core starts Launch in its own process group; cancelling kills
+// the group and then calls Cancel.
+type LocalPrepared struct {
+	PreparedCommon
+	Mode   LocalMode
+	Launch Launch
+	// Stdin is written to the command's standard input, which is then
+	// closed. Nil means the command reads an empty input.
+	Stdin []byte
+	// Cancel, if non-nil, releases whatever the provider holds for this
+	// execution beyond the process group (which core kills itself). It is
+	// called at most once, only when the command is cancelled.
+	Cancel func(ctx context.Context) error
+}
+
+// ManagedPrepared is a managed project's prepared execution: nothing runs
+// until Start.
+type ManagedPrepared struct {
+	PreparedCommon
+	// Start starts the command inside the project's machine and returns its
+	// session. A program that cannot be executed fails with an error
+	// wrapping ErrNotStarted (from Start or from the session's Wait).
+	Start func(ctx context.Context) (*ManagedExecutionSession, error)
+	// Cancel kills the session's whole process tree. It is idempotent and
+	// may be called before Start.
+	Cancel func(ctx context.Context) error
+	// Stdin is written to the session's standard input, which is then
+	// closed. Nil means an empty input.
+	Stdin []byte
+}
+
+// Common returns the common part.
+func (p *LocalPrepared) Common() *PreparedCommon { return &p.PreparedCommon }
+
+// Common returns the common part.
+func (p *ManagedPrepared) Common() *PreparedCommon { return &p.PreparedCommon }
+
+func (*LocalPrepared) sealed()   {}
+func (*ManagedPrepared) sealed() {}
+
+// ManagedExecutionSession is a running managed command: its standard
+// streams and its settlement. Managed consumers use only this contract.
+type ManagedExecutionSession struct {
+	// Stdin is the command's standard input; closing it delivers EOF.
+	Stdin io.WriteCloser
+	// Stdout and Stderr are the command's output streams; they reach EOF
+	// when every process holding them has ended.
+	Stdout io.ReadCloser
+	Stderr io.ReadCloser
+
+	done chan struct{}
+	once sync.Once
+	exit Exit
+	err  error
+}
+
+// NewManagedSession returns a session over the given streams and the
+// function that settles it. Providers call settle exactly once, with the
+// observed exit or an error (wrapping ErrNotStarted or ErrTransport); later
+// calls are ignored.
+func NewManagedSession(stdin io.WriteCloser, stdout, stderr io.ReadCloser) (s *ManagedExecutionSession, settle func(Exit, error)) {
+	s = &ManagedExecutionSession{Stdin: stdin, Stdout: stdout, Stderr: stderr, done: make(chan struct{})}
+	return s, func(e Exit, err error) {
+		s.once.Do(func() {
+			s.exit, s.err = e, err
+			close(s.done)
+		})
+	}
+}
+
+// Done is closed when the session has settled.
+func (s *ManagedExecutionSession) Done() <-chan struct{} { return s.done }
+
+// Wait blocks until the session settles and returns how its main process
+// ended, or why that cannot be known. It may be called any number of times.
+func (s *ManagedExecutionSession) Wait() (Exit, error) {
+	<-s.done
+	return s.exit, s.err
+}

@@ -1,0 +1,224 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// process is a started command, local or managed, as RunCommand drives it.
+type process interface {
+	outputs() (stdout, stderr io.Reader)
+	// done is closed when the main process has ended (or the session settled).
+	done() <-chan struct{}
+	// exit reports how it ended; valid after done is closed.
+	exit() (Exit, error)
+	// ended runs once the main process ended normally: a one-shot command
+	// leaves nothing running.
+	ended()
+	// cancel kills the whole process tree and calls the provider's cancel.
+	cancel(ctx context.Context) error
+	// closeOutputs unblocks any reader still draining.
+	closeOutputs()
+}
+
+// localProcess is a host command in its own process group.
+type localProcess struct {
+	cmd      *exec.Cmd
+	stdout   *os.File
+	stderr   *os.File
+	doneCh   chan struct{}
+	exitVal  Exit
+	exitErr  error
+	provider func(context.Context) error
+}
+
+// startLocal starts p.Launch in a new process group with a minimal, explicit
+// environment. The child is killed if this process dies (Pdeathsig).
+func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
+	l := p.Launch
+	var closers []*os.File
+	defer func() {
+		if err != nil {
+			for _, f := range closers {
+				f.Close()
+			}
+		}
+	}()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, outR, outW)
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, errR, errW)
+	cmd := &exec.Cmd{
+		Path:   l.Path,
+		Args:   l.Args,
+		Env:    l.Env,
+		Dir:    l.Dir,
+		Stdout: outW,
+		Stderr: errW,
+		SysProcAttr: &syscall.SysProcAttr{
+			Setpgid:   true,
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+	if cmd.Env == nil {
+		cmd.Env = []string{}
+	}
+	var inW *os.File
+	if len(p.Stdin) > 0 {
+		var inR *os.File
+		inR, inW, err = os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, inR, inW)
+		cmd.Stdin = inR
+	}
+	var statusR *os.File
+	if l.ExecStatus {
+		var statusW *os.File
+		statusR, statusW, err = os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, statusR, statusW)
+		cmd.ExtraFiles = []*os.File{statusW}
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotStarted, err)
+	}
+	// The child holds its own copies now.
+	outW.Close()
+	errW.Close()
+	if cmd.Stdin != nil {
+		cmd.Stdin.(*os.File).Close()
+	}
+	proc = &localProcess{cmd: cmd, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
+	if statusR != nil {
+		cmd.ExtraFiles[0].Close()
+		msg, _ := io.ReadAll(io.LimitReader(statusR, 4096))
+		statusR.Close()
+		if len(msg) > 0 {
+			// The helper could not exec the program; it exits at once.
+			_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+			_ = cmd.Wait()
+			outR.Close()
+			errR.Close()
+			if inW != nil {
+				inW.Close()
+			}
+			return nil, fmt.Errorf("%w: %s", ErrNotStarted, msg)
+		}
+	}
+	if inW != nil {
+		go func(data []byte) {
+			_, _ = inW.Write(data)
+			inW.Close()
+		}(p.Stdin)
+	}
+	go proc.wait()
+	return proc, nil
+}
+
+func (p *localProcess) wait() {
+	err := p.cmd.Wait()
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+		p.exitVal = ExitCode(0)
+	case errors.As(err, &ee):
+		ws, ok := ee.Sys().(syscall.WaitStatus)
+		switch {
+		case ok && ws.Signaled():
+			p.exitVal = ExitSignal(unix.SignalName(ws.Signal()))
+		case ok && ws.Exited():
+			p.exitVal = ExitCode(ws.ExitStatus())
+		default:
+			p.exitErr = fmt.Errorf("%w: unexpected wait status %v", ErrTransport, err)
+		}
+	default:
+		p.exitErr = fmt.Errorf("%w: wait: %w", ErrTransport, err)
+	}
+	close(p.doneCh)
+}
+
+func (p *localProcess) outputs() (io.Reader, io.Reader) { return p.stdout, p.stderr }
+func (p *localProcess) done() <-chan struct{}           { return p.doneCh }
+func (p *localProcess) exit() (Exit, error)             { return p.exitVal, p.exitErr }
+
+func (p *localProcess) killGroup() error {
+	err := unix.Kill(-p.cmd.Process.Pid, unix.SIGKILL)
+	if err == unix.ESRCH {
+		return nil
+	}
+	return err
+}
+
+func (p *localProcess) ended() { _ = p.killGroup() }
+
+func (p *localProcess) cancel(ctx context.Context) error {
+	var errs []error
+	if err := p.killGroup(); err != nil {
+		errs = append(errs, fmt.Errorf("kill process group: %w", err))
+	}
+	if p.provider != nil {
+		if err := p.provider(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (p *localProcess) closeOutputs() {
+	p.stdout.Close()
+	p.stderr.Close()
+}
+
+// managedProcess adapts a ManagedExecutionSession.
+type managedProcess struct {
+	s        *ManagedExecutionSession
+	provider func(context.Context) error
+}
+
+func startManaged(ctx context.Context, p *ManagedPrepared) (*managedProcess, error) {
+	s, err := p.Start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if s == nil || s.done == nil || s.Stdout == nil || s.Stderr == nil {
+		return nil, fmt.Errorf("provider returned an incomplete session")
+	}
+	if s.Stdin != nil {
+		go func(data []byte) {
+			if len(data) > 0 {
+				_, _ = s.Stdin.Write(data)
+			}
+			s.Stdin.Close()
+		}(p.Stdin)
+	}
+	return &managedProcess{s: s, provider: p.Cancel}, nil
+}
+
+func (p *managedProcess) outputs() (io.Reader, io.Reader) { return p.s.Stdout, p.s.Stderr }
+func (p *managedProcess) done() <-chan struct{}           { return p.s.done }
+func (p *managedProcess) exit() (Exit, error)             { return p.s.exit, p.s.err }
+func (p *managedProcess) ended()                          {}
+func (p *managedProcess) cancel(ctx context.Context) error {
+	return p.provider(ctx)
+}
+func (p *managedProcess) closeOutputs() {
+	p.s.Stdout.Close()
+	p.s.Stderr.Close()
+}

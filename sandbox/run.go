@@ -1,0 +1,314 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// RunCommand runs one bounded command and returns its result.
+//
+// The actor is the explicit actor if non-nil, else the turn scope of ctx
+// (see WithTurn); with neither, RunCommand refuses. opts may be nil; see
+// RunOptions for the defaults.
+//
+// RunCommand follows the same steps for every provider: validate, prepare,
+// check the returned target, heartbeat the lease (every five seconds),
+// refuse an already-cancelled ctx, call OnStart, start, capture stdout and
+// stderr into bounded buffers, and settle on the first of: the command's exit,
+// the timeout, ctx's cancellation, an output overflow or a lost transport
+// (including a failed heartbeat).
+//
+// If the command exits, RunCommand releases the lease (without cancelling)
+// and returns a *CommandResult with exactly one of Code and Signal: a
+// nonzero exit is a result. If the main process exits while descendants keep
+// its output open, RunCommand kills what is left of a host command's process
+// group and stops reading after ControlOptions.DrainTimeout.
+//
+// Otherwise RunCommand cancels the command's whole process tree, waits (for
+// at most ControlOptions.CancelWait) for it to end, releases the lease and
+// returns a *CommandError whose Kind says why, with the output captured so
+// far. A CommandError never carries an exit code. If the command was never
+// started (KindPrepare, or KindStart/KindAbort before starting), there is no
+// output. Prepare errors before a lease exists clean nothing up.
+//
+// Output is decoded as UTF-8 (each invalid byte becomes U+FFFD; NUL bytes and
+// newlines are kept) and passed through the provider's Sanitize, for results
+// and partial output alike.
+//
+// Cleanup failures remain failures: if releasing the lease fails after the
+// command completed, RunCommand returns a KindCleanup error carrying the
+// output; if cancellation or release fails after another failure, the
+// cleanup error is joined into that error's Cleanup field.
+func (c *Control) RunCommand(ctx context.Context, in ExecInput, actor *Actor, opts *RunOptions) (*CommandResult, error) {
+	var o RunOptions
+	if opts != nil {
+		o = *opts
+	}
+	a, err := resolveActor(ctx, actor)
+	if err != nil {
+		return nil, newError(KindPrepare, err, "%v", err)
+	}
+	if err := in.Validate(); err != nil {
+		return nil, newError(KindPrepare, err, "%v", err)
+	}
+	if o.Timeout < 0 {
+		return nil, newError(KindPrepare, nil, "timeout must not be negative")
+	}
+	if o.Timeout == 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if err := o.OutputLimit.validate(); err != nil {
+		return nil, newError(KindPrepare, err, "%v", err)
+	}
+	o.OutputLimit = o.OutputLimit.withDefaults()
+
+	r := &run{c: c, in: in, actor: a, opts: o}
+	res, cerr := r.execute(ctx)
+	if c.opts.Observe != nil {
+		c.opts.Observe(r.record(res, cerr))
+	}
+	if cerr != nil {
+		return nil, cerr
+	}
+	return res, nil
+}
+
+// run is the state of one RunCommand call.
+type run struct {
+	c     *Control
+	in    ExecInput
+	actor Actor
+	opts  RunOptions
+
+	prep    Prepared
+	common  *PreparedCommon
+	cap     *capture
+	started time.Time
+	ended   time.Time
+
+	stopHeartbeat func()
+	heartbeatErr  chan error
+}
+
+func (r *run) record(res *CommandResult, cerr *CommandError) Record {
+	rec := Record{
+		Domain:  r.c.opts.Domain,
+		Actor:   r.actor,
+		Input:   r.in,
+		Timeout: r.opts.Timeout,
+		Limit:   r.opts.OutputLimit,
+		Started: r.started,
+		Ended:   r.ended,
+		Result:  res,
+		Err:     cerr,
+	}
+	if r.common != nil && r.common.Lease != nil {
+		rec.LeaseID = r.common.Lease.ID()
+	}
+	if r.cap != nil {
+		out, errb := r.cap.snapshot()
+		rec.StdoutBytes, rec.StderrBytes = int64(len(out)), int64(len(errb))
+	}
+	return rec
+}
+
+func (r *run) execute(ctx context.Context) (*CommandResult, *CommandError) {
+	defer func() { r.ended = time.Now() }()
+	prep, err := r.c.provider.PrepareExecution(ctx, r.in, r.actor)
+	if err != nil {
+		return nil, newError(KindPrepare, err, "preparation refused: %v", err)
+	}
+	if err := CheckTarget(r.in, r.actor, prep); err != nil {
+		ce := newError(KindPrepare, err, "%v", err)
+		if prep != nil && prep.Common().Lease != nil {
+			ce.Cleanup = releaseLease(ctx, prep.Common().Lease)
+		}
+		return nil, ce
+	}
+	r.prep, r.common = prep, prep.Common()
+	r.startHeartbeat(ctx)
+
+	if err := ctx.Err(); err != nil {
+		return nil, r.failUnstarted(ctx, newError(KindAbort, err, "aborted before start"))
+	}
+	if r.opts.OnStart != nil {
+		info := StartInfo{LeaseID: r.common.Lease.ID(), Project: r.common.Project, DisplayCwd: r.common.DisplayCwd}
+		if err := r.opts.OnStart(info); err != nil {
+			return nil, r.failUnstarted(ctx, newError(KindStart, err, "onStart: %v", err))
+		}
+	}
+
+	timer := time.NewTimer(r.opts.Timeout)
+	defer timer.Stop()
+	r.started = time.Now()
+	proc, err := r.start(ctx)
+	if err != nil {
+		kind := KindStart
+		if errors.Is(err, ErrTransport) {
+			kind = KindTransport
+		}
+		return nil, r.failUnstarted(ctx, newError(kind, err, "start %s: %v", r.in.Command.File, err))
+	}
+	r.cap = newCapture(r.opts.OutputLimit)
+	r.cap.start(proc.outputs())
+
+	var failure *CommandError
+	select {
+	case <-proc.done():
+	case <-timer.C:
+		failure = newError(KindTimeout, context.DeadlineExceeded, "command timed out after %v", r.opts.Timeout)
+	case <-ctx.Done():
+		failure = newError(KindAbort, ctx.Err(), "aborted: %v", ctx.Err())
+	case <-r.cap.overflow:
+		failure = r.overflowError()
+	case err := <-r.heartbeatErr:
+		failure = newError(KindTransport, err, "lease heartbeat failed: %v", err)
+	}
+
+	if failure == nil {
+		// The main process ended. Leave nothing running, then drain.
+		proc.ended()
+		r.drain(proc)
+		exit, err := proc.exit()
+		switch {
+		case r.cap.overflowed():
+			failure = r.overflowError()
+		case err != nil && errors.Is(err, ErrNotStarted):
+			failure = newError(KindStart, err, "start %s: %v", r.in.Command.File, err)
+		case err != nil:
+			failure = newError(KindTransport, err, "%v", err)
+		case !exit.valid():
+			failure = newError(KindTransport, nil, "provider reported an exit with neither code nor signal")
+		default:
+			r.stopHeartbeat()
+			stdout, stderr := r.output()
+			res := &CommandResult{Stdout: stdout, Stderr: stderr, Code: exit.Code, Signal: exit.Signal}
+			if err := releaseLease(ctx, r.common.Lease); err != nil {
+				return nil, &CommandError{Kind: KindCleanup, Message: err.Error(), Stdout: stdout, Stderr: stderr, Cleanup: err}
+			}
+			return res, nil
+		}
+	}
+
+	// Failure: cancel the tree, wait for it (bounded), drain, release.
+	r.stopHeartbeat()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.c.opts.CancelWait)
+	defer cancel()
+	var cleanup []error
+	if err := proc.cancel(cctx); err != nil {
+		cleanup = append(cleanup, fmt.Errorf("cancel: %w", err))
+	}
+	select {
+	case <-proc.done():
+	case <-cctx.Done():
+		cleanup = append(cleanup, fmt.Errorf("command did not end within %v of cancellation", r.c.opts.CancelWait))
+	}
+	r.drain(proc)
+	if err := releaseLease(ctx, r.common.Lease); err != nil {
+		cleanup = append(cleanup, err)
+	}
+	failure.Stdout, failure.Stderr = r.output()
+	failure.Cleanup = errors.Join(cleanup...)
+	return nil, failure
+}
+
+func (r *run) overflowError() *CommandError {
+	l := r.opts.OutputLimit
+	if l.Combined > 0 {
+		return newError(KindOverflow, nil, "output exceeded the combined limit of %d bytes", l.Combined)
+	}
+	return newError(KindOverflow, nil, "output exceeded its limit (stdout %d, stderr %d bytes)", l.Stdout, l.Stderr)
+}
+
+func (r *run) start(ctx context.Context) (process, error) {
+	switch p := r.prep.(type) {
+	case *LocalPrepared:
+		return startLocal(p)
+	case *ManagedPrepared:
+		return startManaged(ctx, p)
+	}
+	return nil, fmt.Errorf("unknown prepared type %T", r.prep)
+}
+
+// failUnstarted cancels a preparation whose command never ran and releases
+// its lease.
+func (r *run) failUnstarted(ctx context.Context, ce *CommandError) *CommandError {
+	r.stopHeartbeat()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.c.opts.CancelWait)
+	defer cancel()
+	var cleanup []error
+	var cancelFn func(context.Context) error
+	switch p := r.prep.(type) {
+	case *LocalPrepared:
+		cancelFn = p.Cancel
+	case *ManagedPrepared:
+		cancelFn = p.Cancel
+	}
+	if cancelFn != nil {
+		if err := cancelFn(cctx); err != nil {
+			cleanup = append(cleanup, fmt.Errorf("cancel: %w", err))
+		}
+	}
+	if err := releaseLease(ctx, r.common.Lease); err != nil {
+		cleanup = append(cleanup, err)
+	}
+	ce.Cleanup = errors.Join(cleanup...)
+	return ce
+}
+
+// drain waits for the output readers to finish, at most DrainTimeout, then
+// closes the streams so no reader is left behind.
+func (r *run) drain(proc process) {
+	t := time.NewTimer(r.c.opts.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-r.cap.done:
+	case <-r.cap.overflow:
+	case <-t.C:
+	}
+	proc.closeOutputs()
+	<-r.cap.done
+}
+
+func (r *run) output() (stdout, stderr string) {
+	// drain has returned: the readers are done and the buffers are ours.
+	return render(r.cap.stdout, r.common.Sanitize), render(r.cap.stderr, r.common.Sanitize)
+}
+
+func (r *run) startHeartbeat(ctx context.Context) {
+	r.heartbeatErr = make(chan error, 1)
+	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	lease := r.common.Lease
+	interval := r.c.opts.HeartbeatInterval
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-hctx.Done():
+				return
+			case <-t.C:
+				if err := lease.Heartbeat(hctx); err != nil {
+					if hctx.Err() != nil {
+						return
+					}
+					r.heartbeatErr <- fmt.Errorf("lease %s: %w", lease.ID(), err)
+					return
+				}
+			}
+		}
+	}()
+	var stopped bool
+	r.stopHeartbeat = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		<-done
+	}
+}

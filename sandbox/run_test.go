@@ -1,0 +1,269 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var actor = sandbox.Actor{AccountUserID: 7}
+
+func input(kind sandbox.ProjectKind, argv ...string) sandbox.ExecInput {
+	return sandbox.ExecInput{
+		Command:   sandbox.Command{Type: "argv", File: argv[0], Args: argv[1:]},
+		LeaseKind: sandbox.LeaseTerminal,
+		Project:   sandbox.ProjectRef{Kind: kind, ProjectID: 1},
+	}
+}
+
+func TestConformanceFake(t *testing.T) {
+	for _, kind := range []sandbox.ProjectKind{sandbox.ProjectHost, sandbox.ProjectManaged} {
+		t.Run(string(kind), func(t *testing.T) {
+			dir := t.TempDir()
+			p := &sandboxtest.Provider{Kind: kind, Dir: dir, Sanitize: func(s string) string { return strings.ReplaceAll(s, dir, "/display") }}
+			ctl := sandbox.NewControl(p, sandbox.ControlOptions{DrainTimeout: 300 * time.Millisecond})
+			sandboxtest.Run(t, sandboxtest.Target{
+				Control: ctl, Actor: actor, Project: sandbox.ProjectRef{Kind: kind, ProjectID: 1},
+				HostCwd: dir, HostPath: dir, DisplayPath: "/display",
+				LiveLeases: func(t *testing.T) int {
+					n := 0
+					for _, l := range p.Leases() {
+						if !l.Released() {
+							n++
+						}
+					}
+					return n
+				},
+			})
+		})
+	}
+}
+
+// TestCancelThenReleaseExactlyOnce checks every failure kind cancels once
+// and releases once, and a completed command releases without cancel.
+func TestCancelThenReleaseExactlyOnce(t *testing.T) {
+	boom := errors.New("boom")
+	cases := []struct {
+		name   string
+		argv   []string
+		opts   *sandbox.RunOptions
+		ctx    func() (context.Context, context.CancelFunc)
+		hbErr  bool
+		kind   sandbox.ErrorKind
+		cancel int64
+	}{
+		{name: "completed", argv: []string{"sh", "-c", "exit 4"}, cancel: 0},
+		{name: "timeout", argv: []string{"sleep", "100"}, opts: &sandbox.RunOptions{Timeout: 100 * time.Millisecond}, kind: sandbox.KindTimeout, cancel: 1},
+		{name: "abortBefore", argv: []string{"true"}, ctx: func() (context.Context, context.CancelFunc) {
+			ctx, c := context.WithCancel(context.Background())
+			c()
+			return ctx, c
+		}, kind: sandbox.KindAbort, cancel: 1},
+		{name: "abortAfter", argv: []string{"sleep", "100"}, ctx: func() (context.Context, context.CancelFunc) {
+			return context.WithTimeout(context.Background(), 150*time.Millisecond)
+		}, kind: sandbox.KindAbort, cancel: 1},
+		{name: "overflow", argv: []string{"sh", "-c", "yes"}, opts: &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Stdout: 10}}, kind: sandbox.KindOverflow, cancel: 1},
+		{name: "combinedOverflow", argv: []string{"sh", "-c", "yes >&2"}, opts: &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Combined: 10}}, kind: sandbox.KindOverflow, cancel: 1},
+		{name: "onStart", argv: []string{"true"}, opts: &sandbox.RunOptions{OnStart: func(sandbox.StartInfo) error { return boom }}, kind: sandbox.KindStart, cancel: 1},
+		{name: "heartbeat", argv: []string{"sleep", "100"}, hbErr: true, kind: sandbox.KindTransport, cancel: 1},
+		{name: "notStarted", argv: []string{"/no/such/program"}, kind: sandbox.KindStart, cancel: 1},
+	}
+	for _, kind := range []sandbox.ProjectKind{sandbox.ProjectHost, sandbox.ProjectManaged} {
+		for _, tc := range cases {
+			t.Run(string(kind)+"/"+tc.name, func(t *testing.T) {
+				p := &sandboxtest.Provider{}
+				if tc.hbErr {
+					p.OnLease = func(l *sandboxtest.Lease) { e := errors.New("store gone"); l.HeartbeatErr.Store(&e) }
+				}
+				ctl := sandbox.NewControl(p, sandbox.ControlOptions{HeartbeatInterval: 20 * time.Millisecond})
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if tc.ctx != nil {
+					ctx, cancel = tc.ctx()
+				}
+				defer cancel()
+				res, err := ctl.RunCommand(ctx, input(kind, tc.argv...), &actor, tc.opts)
+				if tc.kind == "" {
+					if err != nil {
+						t.Fatal(err)
+					}
+					if *res.Code != 4 {
+						t.Fatalf("code = %d", *res.Code)
+					}
+				} else {
+					if got := sandbox.KindOf(err); got != tc.kind {
+						t.Fatalf("kind = %q (%v), want %q", got, err, tc.kind)
+					}
+					var ce *sandbox.CommandError
+					errors.As(err, &ce)
+					if ce.Cleanup != nil {
+						t.Errorf("unexpected cleanup error: %v", ce.Cleanup)
+					}
+				}
+				if got := p.Cancels(); got != tc.cancel {
+					t.Errorf("cancels = %d, want %d", got, tc.cancel)
+				}
+				l := p.LastLease()
+				if got := l.Releases.Load(); got != 1 {
+					t.Errorf("releases = %d, want 1", got)
+				}
+			})
+		}
+	}
+}
+
+func TestHeartbeatsAtInterval(t *testing.T) {
+	p := &sandboxtest.Provider{}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{HeartbeatInterval: 10 * time.Millisecond})
+	if _, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "sleep", "0.3"), &actor, nil); err != nil {
+		t.Fatal(err)
+	}
+	n := p.LastLease().Heartbeats.Load()
+	if n < 10 || n > 40 {
+		t.Fatalf("heartbeats over 300ms at 10ms = %d, want about 30", n)
+	}
+	// The default interval is five seconds: a short command is not heartbeated.
+	ctl = sandbox.NewControl(p, sandbox.ControlOptions{})
+	if _, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "sleep", "0.1"), &actor, nil); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.LastLease().Heartbeats.Load(); n != 0 {
+		t.Fatalf("heartbeats with default interval after 100ms = %d", n)
+	}
+}
+
+func TestReleaseFailureIsCleanupError(t *testing.T) {
+	relErr := errors.New("release failed")
+	p := &sandboxtest.Provider{OnLease: func(l *sandboxtest.Lease) { l.ReleaseErr.Store(&relErr) }}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+
+	_, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "echo", "hi"), &actor, nil)
+	var ce *sandbox.CommandError
+	if !errors.As(err, &ce) || ce.Kind != sandbox.KindCleanup {
+		t.Fatalf("err = %v, want cleanup", err)
+	}
+	if ce.Stdout != "hi\n" || !errors.Is(err, relErr) {
+		t.Fatalf("cleanup error = %+v", ce)
+	}
+
+	_, err = ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "sleep", "10"), &actor, &sandbox.RunOptions{Timeout: 50 * time.Millisecond})
+	if !errors.As(err, &ce) || ce.Kind != sandbox.KindTimeout {
+		t.Fatalf("err = %v, want timeout", err)
+	}
+	if !errors.Is(ce.Cleanup, relErr) || !errors.Is(err, relErr) {
+		t.Fatalf("release failure not joined into the primary error: %+v", ce)
+	}
+}
+
+func TestTargetMismatchRefusedAndReleased(t *testing.T) {
+	cases := map[string]func(sandbox.Prepared){
+		"projectID":    func(p sandbox.Prepared) { p.Common().Project.ProjectID = 99 },
+		"leaseAccount": func(p sandbox.Prepared) { p.Common().Lease = sandboxtest.NewLease("x", 8, sandbox.LeaseTerminal) },
+		"leaseKind":    func(p sandbox.Prepared) { p.Common().Lease = sandboxtest.NewLease("x", 7, sandbox.LeaseEditor) },
+		"noStart": func(p sandbox.Prepared) {
+			if m, ok := p.(*sandbox.ManagedPrepared); ok {
+				m.Start = nil
+			}
+		},
+	}
+	for name, mut := range cases {
+		t.Run(name, func(t *testing.T) {
+			var leases []*sandboxtest.Lease
+			p := &sandboxtest.Provider{OnLease: func(l *sandboxtest.Lease) { leases = append(leases, l) }}
+			p.Mutate = func(prep sandbox.Prepared) {
+				mut(prep)
+				if l, ok := prep.Common().Lease.(*sandboxtest.Lease); ok && l.ID() == "x" {
+					leases = append(leases, l)
+				}
+			}
+			ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+			started := false
+			_, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectManaged, "true"), &actor,
+				&sandbox.RunOptions{OnStart: func(sandbox.StartInfo) error { started = true; return nil }})
+			if sandbox.KindOf(err) != sandbox.KindPrepare {
+				t.Fatalf("err = %v, want prepare", err)
+			}
+			if started {
+				t.Fatal("a mismatched target was started")
+			}
+			last := leases[len(leases)-1]
+			if last.Releases.Load() != 1 {
+				t.Fatalf("the returned lease was released %d times, want 1", last.Releases.Load())
+			}
+		})
+	}
+}
+
+func TestInvalidInputNeverReachesProvider(t *testing.T) {
+	p := &sandboxtest.Provider{}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+	bad := map[string]struct {
+		in   sandbox.ExecInput
+		opts *sandbox.RunOptions
+	}{
+		"type":      {in: sandbox.ExecInput{Command: sandbox.Command{Type: "shell", File: "ls"}, LeaseKind: "terminal", Project: sandbox.ProjectRef{Kind: "host", ProjectID: 1}}},
+		"leaseKind": {in: sandbox.ExecInput{Command: sandbox.Command{Type: "argv", File: "ls"}, LeaseKind: "root", Project: sandbox.ProjectRef{Kind: "host", ProjectID: 1}}},
+		"nul":       {in: input(sandbox.ProjectHost, "ls", "a\x00b")},
+		"empty":     {in: sandbox.ExecInput{Command: sandbox.Command{Type: "argv"}, LeaseKind: "terminal", Project: sandbox.ProjectRef{Kind: "host", ProjectID: 1}}},
+		"project":   {in: sandbox.ExecInput{Command: sandbox.Command{Type: "argv", File: "ls"}, LeaseKind: "terminal", Project: sandbox.ProjectRef{Kind: "cloud", ProjectID: 1}}},
+		"limits":    {in: input(sandbox.ProjectHost, "ls"), opts: &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Stdout: 1, Combined: 2}}},
+		"timeout":   {in: input(sandbox.ProjectHost, "ls"), opts: &sandbox.RunOptions{Timeout: -1}},
+	}
+	for name, tc := range bad {
+		_, err := ctl.RunCommand(context.Background(), tc.in, &actor, tc.opts)
+		if sandbox.KindOf(err) != sandbox.KindPrepare {
+			t.Errorf("%s: err = %v, want prepare", name, err)
+		}
+	}
+	if p.Calls() != 0 {
+		t.Fatalf("provider called %d times for invalid input", p.Calls())
+	}
+}
+
+func TestPreparationRefusal(t *testing.T) {
+	p := &sandboxtest.Provider{Refuse: sandbox.ErrDenied}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+	_, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "true"), &actor, nil)
+	if sandbox.KindOf(err) != sandbox.KindPrepare || !errors.Is(err, sandbox.ErrDenied) {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestNoDescriptorLeak(t *testing.T) {
+	p := &sandboxtest.Provider{}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+	count := func() int { e, _ := os.ReadDir("/proc/self/fd"); return len(e) }
+	run := func() {
+		for _, kind := range []sandbox.ProjectKind{sandbox.ProjectHost, sandbox.ProjectManaged} {
+			_, _ = ctl.RunCommand(context.Background(), input(kind, "echo", "x"), &actor, nil)
+			_, _ = ctl.RunCommand(context.Background(), input(kind, "sleep", "5"), &actor, &sandbox.RunOptions{Timeout: 20 * time.Millisecond})
+			_, _ = ctl.RunCommand(context.Background(), input(kind, "/no/such"), &actor, nil)
+			_, _ = ctl.RunCommand(context.Background(), input(kind, "yes"), &actor, &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Combined: 5}})
+		}
+	}
+	run()
+	before := count()
+	for i := 0; i < 5; i++ {
+		run()
+	}
+	if after := count(); after > before {
+		t.Fatalf("descriptors: %d before, %d after", before, after)
+	}
+}
+
+func TestResultJSON(t *testing.T) {
+	code := 0
+	b, _ := (sandbox.CommandResult{Stdout: "a", Code: &code}).MarshalJSON()
+	if string(b) != `{"stdout":"a","stderr":"","code":0,"signal":null}` {
+		t.Fatalf("json = %s", b)
+	}
+}

@@ -1,0 +1,327 @@
+package sandboxtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// Target describes a provider under conformance test.
+type Target struct {
+	// Control runs commands through the provider under test.
+	Control *sandbox.Control
+	// Actor is a member of Project allowed to run commands in it.
+	Actor sandbox.Actor
+	// Project is the project commands run in.
+	Project sandbox.ProjectRef
+	// Cwd is the working directory commands are given ("" for the
+	// provider's default); it must be writable by the command.
+	Cwd string
+	// HostCwd is Cwd as this test process sees it on the host, to check
+	// files the command created or did not create.
+	HostCwd string
+	// HostPath is a string that the provider's Sanitize must hide, and
+	// DisplayPath what it must become. Empty skips the sanitizer checks.
+	HostPath, DisplayPath string
+	// LiveLeases reports the project's live leases. Nil skips lease checks.
+	LiveLeases func(t *testing.T) int
+}
+
+func (tg Target) input(argv ...string) sandbox.ExecInput {
+	return sandbox.ExecInput{
+		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
+		Cwd:       tg.Cwd,
+		LeaseKind: sandbox.LeaseTerminal,
+		Project:   tg.Project,
+	}
+}
+
+func (tg Target) run(ctx context.Context, opts *sandbox.RunOptions, argv ...string) (*sandbox.CommandResult, error) {
+	a := tg.Actor
+	return tg.Control.RunCommand(ctx, tg.input(argv...), &a, opts)
+}
+
+func (tg Target) noLiveLeases(t *testing.T) {
+	t.Helper()
+	if tg.LiveLeases == nil {
+		return
+	}
+	if n := tg.LiveLeases(t); n != 0 {
+		t.Errorf("%d live leases remain after the command settled", n)
+	}
+}
+
+// marker returns a token unique to this test, to find leftover processes.
+func marker(t *testing.T) string {
+	return fmt.Sprintf("corral-conf-%d-%d", os.Getpid(), time.Now().UnixNano())
+}
+
+// processesWith lists host processes whose command line contains token.
+func processesWith(token string) []string {
+	var found []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(b), token) {
+			// Ignore zombies: they hold nothing and are being reaped.
+			st, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+			if i := strings.LastIndexByte(string(st), ')'); i > 0 && i+2 < len(st) && st[i+2] == 'Z' {
+				continue
+			}
+			found = append(found, e.Name()+": "+strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return found
+}
+
+// AssertNoProcesses fails t if a host process whose command line contains
+// token is still alive a short while after the call.
+func AssertNoProcesses(t *testing.T, token string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		left := processesWith(token)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("processes left running: %v", left)
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func wantKind(t *testing.T, err error, kind sandbox.ErrorKind) *sandbox.CommandError {
+	t.Helper()
+	var ce *sandbox.CommandError
+	if !errors.As(err, &ce) {
+		t.Fatalf("error = %v (%T), want a *CommandError of kind %s", err, err, kind)
+	}
+	if ce.Kind != kind {
+		t.Fatalf("error kind = %s (%v), want %s", ce.Kind, ce, kind)
+	}
+	return ce
+}
+
+// Run runs the conformance suite against tg. Every provider must pass it.
+func Run(t *testing.T, tg Target) {
+	ctx := context.Background()
+
+	t.Run("Success", func(t *testing.T) {
+		res, err := tg.run(ctx, nil, "sh", "-c", "printf out; printf err >&2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "out" || res.Stderr != "err" || res.Code == nil || *res.Code != 0 || res.Signal != "" {
+			t.Fatalf("result = %+v", res)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("NonzeroExitIsAResult", func(t *testing.T) {
+		res, err := tg.run(ctx, nil, "sh", "-c", "echo partial; exit 3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Code == nil || *res.Code != 3 || res.Signal != "" || res.Stdout != "partial\n" {
+			t.Fatalf("result = %+v, want code 3", res)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("SignalDeathHasNoCode", func(t *testing.T) {
+		res, err := tg.run(ctx, nil, "sh", "-c", "kill -TERM $$")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Code != nil || res.Signal != "SIGTERM" {
+			t.Fatalf("result = code %v signal %q, want signal SIGTERM and no code", res.Code, res.Signal)
+		}
+	})
+
+	t.Run("MissingProgramIsStartError", func(t *testing.T) {
+		_, err := tg.run(ctx, nil, "/nonexistent/corral-no-such-program")
+		wantKind(t, err, sandbox.KindStart)
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("Timeout", func(t *testing.T) {
+		tok := marker(t)
+		_, err := tg.run(ctx, &sandbox.RunOptions{Timeout: 500 * time.Millisecond},
+			"sh", "-c", "echo before; sleep 100 & sleep 100; echo "+tok)
+		ce := wantKind(t, err, sandbox.KindTimeout)
+		if ce.Stdout != "before\n" {
+			t.Errorf("partial stdout = %q, want %q", ce.Stdout, "before\n")
+		}
+		AssertNoProcesses(t, "sleep 100")
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("AbortAfterStart", func(t *testing.T) {
+		actx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { time.Sleep(300 * time.Millisecond); cancel() }()
+		_, err := tg.run(actx, nil, "sh", "-c", "echo started; exec sleep 100")
+		ce := wantKind(t, err, sandbox.KindAbort)
+		if ce.Stdout != "started\n" {
+			t.Errorf("partial stdout = %q", ce.Stdout)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("AbortBeforeStartNeverStarts", func(t *testing.T) {
+		if tg.HostCwd == "" {
+			t.Skip("no host view of the working directory")
+		}
+		actx, cancel := context.WithCancel(ctx)
+		cancel()
+		name := "never-" + marker(t)
+		called := false
+		_, err := tg.run(actx, &sandbox.RunOptions{OnStart: func(sandbox.StartInfo) error { called = true; return nil }},
+			"touch", name)
+		wantKind(t, err, sandbox.KindAbort)
+		if called {
+			t.Error("OnStart was called for a pre-cancelled context")
+		}
+		if _, err := os.Stat(filepath.Join(tg.HostCwd, name)); err == nil {
+			t.Error("the command ran despite a pre-cancelled context")
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("StdoutOverflow", func(t *testing.T) {
+		_, err := tg.run(ctx, &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Stdout: 1000}},
+			"sh", "-c", "head -c 100000 /dev/zero | tr '\\0' a; sleep 100")
+		ce := wantKind(t, err, sandbox.KindOverflow)
+		if len(ce.Stdout) != 1000 || strings.Trim(ce.Stdout, "a") != "" {
+			t.Errorf("partial stdout has %d bytes, want exactly the 1000-byte limit", len(ce.Stdout))
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("CombinedOverflow", func(t *testing.T) {
+		_, err := tg.run(ctx, &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Combined: 100}},
+			"sh", "-c", "printf '%060d' 0; printf '%060d' 0 >&2; sleep 100")
+		ce := wantKind(t, err, sandbox.KindOverflow)
+		if n := len(ce.Stdout) + len(ce.Stderr); n != 100 {
+			t.Errorf("partial output has %d bytes, want the combined limit 100", n)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("OnStartFailure", func(t *testing.T) {
+		boom := errors.New("boom")
+		var info sandbox.StartInfo
+		tok := marker(t)
+		_, err := tg.run(ctx, &sandbox.RunOptions{OnStart: func(si sandbox.StartInfo) error { info = si; return boom }},
+			"sh", "-c", "echo "+tok)
+		ce := wantKind(t, err, sandbox.KindStart)
+		if !errors.Is(err, boom) {
+			t.Errorf("error %v does not wrap the OnStart error", err)
+		}
+		if ce.Stdout != "" {
+			t.Errorf("command ran: stdout %q", ce.Stdout)
+		}
+		if info.LeaseID == "" || info.Project != tg.Project {
+			t.Errorf("StartInfo = %+v", info)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("DecodeKeepsNULAndReplacesInvalidUTF8", func(t *testing.T) {
+		res, err := tg.run(ctx, nil, "printf", "a\\377b\\000c\\n")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "a\uFFFDb\x00c\n"; res.Stdout != want {
+			t.Fatalf("stdout = %q, want %q", res.Stdout, want)
+		}
+	})
+
+	t.Run("GrandchildHoldingStdoutDoesNotHang", func(t *testing.T) {
+		start := time.Now()
+		res, err := tg.run(ctx, &sandbox.RunOptions{Timeout: 20 * time.Second},
+			"sh", "-c", "setsid sleep 77 & echo done")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "done\n" || res.Code == nil || *res.Code != 0 {
+			t.Fatalf("result = %+v", res)
+		}
+		if d := time.Since(start); d > 15*time.Second {
+			t.Fatalf("call took %v: the drain is not bounded", d)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("StdinIsEmpty", func(t *testing.T) {
+		res, err := tg.run(ctx, &sandbox.RunOptions{Timeout: 5 * time.Second}, "cat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "" || *res.Code != 0 {
+			t.Fatalf("result = %+v", res)
+		}
+	})
+
+	t.Run("SanitizerAppliesToResultsAndPartialOutput", func(t *testing.T) {
+		if tg.HostPath == "" {
+			t.Skip("target declares no host path to hide")
+		}
+		res, err := tg.run(ctx, nil, "echo", "at "+tg.HostPath+"/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(res.Stdout, tg.HostPath) || !strings.Contains(res.Stdout, tg.DisplayPath+"/x") {
+			t.Errorf("stdout = %q: host path not sanitized to %q", res.Stdout, tg.DisplayPath)
+		}
+		_, err = tg.run(ctx, &sandbox.RunOptions{Timeout: 300 * time.Millisecond},
+			"sh", "-c", "echo at "+tg.HostPath+" >&2; exec sleep 100")
+		ce := wantKind(t, err, sandbox.KindTimeout)
+		if strings.Contains(ce.Stderr, tg.HostPath) || !strings.Contains(ce.Stderr, tg.DisplayPath) {
+			t.Errorf("partial stderr = %q: host path not sanitized", ce.Stderr)
+		}
+	})
+
+	t.Run("NoActorRefused", func(t *testing.T) {
+		_, err := tg.Control.RunCommand(ctx, tg.input("true"), nil, nil)
+		wantKind(t, err, sandbox.KindPrepare)
+		if !errors.Is(err, sandbox.ErrNoActor) {
+			t.Errorf("error %v is not ErrNoActor", err)
+		}
+	})
+
+	t.Run("TurnScopeActor", func(t *testing.T) {
+		res, err := tg.Control.RunCommand(sandbox.WithTurn(ctx, tg.Actor), tg.input("true"), nil, nil)
+		if err != nil || *res.Code != 0 {
+			t.Fatalf("res %+v err %v", res, err)
+		}
+	})
+
+	t.Run("WrongProjectKindRefused", func(t *testing.T) {
+		in := tg.input("true")
+		if in.Project.Kind == sandbox.ProjectHost {
+			in.Project.Kind = sandbox.ProjectManaged
+		} else {
+			in.Project.Kind = sandbox.ProjectHost
+		}
+		a := tg.Actor
+		_, err := tg.Control.RunCommand(ctx, in, &a, nil)
+		wantKind(t, err, sandbox.KindPrepare)
+		tg.noLiveLeases(t)
+	})
+}

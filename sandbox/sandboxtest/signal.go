@@ -1,0 +1,9 @@
+package sandboxtest
+
+import (
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+func signalName(s syscall.Signal) string { return unix.SignalName(s) }

@@ -1,0 +1,149 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// LeaseKind says what a lease covers. Only the kinds declared here are
+// accepted; any other is refused before a provider is contacted.
+type LeaseKind string
+
+// The lease kinds corral knows.
+const (
+	LeaseEditor   LeaseKind = "editor"
+	LeaseFiles    LeaseKind = "files"
+	LeaseTerminal LeaseKind = "terminal"
+	LeaseGitHub   LeaseKind = "github"
+	LeaseLSP      LeaseKind = "lsp"
+	LeaseRunner   LeaseKind = "runner"
+)
+
+// Valid reports whether k is one of the declared lease kinds.
+func (k LeaseKind) Valid() bool {
+	switch k {
+	case LeaseEditor, LeaseFiles, LeaseTerminal, LeaseGitHub, LeaseLSP, LeaseRunner:
+		return true
+	}
+	return false
+}
+
+// ProjectKind says where a project's commands run.
+type ProjectKind string
+
+const (
+	// ProjectManaged projects run inside their own machine, through the
+	// privileged worker.
+	ProjectManaged ProjectKind = "managed"
+	// ProjectHost projects run on the host, rooted at a host directory,
+	// confined by default.
+	ProjectHost ProjectKind = "host"
+)
+
+// ProjectRef names the project a command runs in.
+type ProjectRef struct {
+	Kind      ProjectKind `json:"kind"`
+	ProjectID int64       `json:"projectId"`
+}
+
+// CommandTypeArgv is the only command type: an executable and its arguments,
+// never interpreted by a shell.
+const CommandTypeArgv = "argv"
+
+// Command is what to run. Type must be [CommandTypeArgv]. File is the program
+// (looked up in the sandbox's PATH when it contains no slash); Args are its
+// arguments, not including the program name.
+type Command struct {
+	Type string   `json:"type"`
+	File string   `json:"file"`
+	Args []string `json:"args"`
+}
+
+// Argv returns File followed by Args.
+func (c Command) Argv() []string {
+	return append([]string{c.File}, c.Args...)
+}
+
+// ExecInput is one request to run a command in a project.
+//
+// Cwd is the working directory: for a host project a host path inside the
+// project root or one of the actor's roots; for a managed project a guest
+// path (an empty Cwd means the project's root, /workspace in a machine).
+type ExecInput struct {
+	Command   Command    `json:"command"`
+	Cwd       string     `json:"cwd"`
+	LeaseKind LeaseKind  `json:"leaseKind"`
+	Project   ProjectRef `json:"project"`
+}
+
+// Validate checks the input's shape. It does not check tenancy or paths;
+// that is preparation's job.
+func (in ExecInput) Validate() error {
+	if in.Command.Type != CommandTypeArgv {
+		return fmt.Errorf("command type %q is not supported (only %q)", in.Command.Type, CommandTypeArgv)
+	}
+	if in.Command.File == "" {
+		return fmt.Errorf("command file is empty")
+	}
+	for _, s := range in.Command.Argv() {
+		if strings.IndexByte(s, 0) >= 0 {
+			return fmt.Errorf("command contains a NUL byte")
+		}
+	}
+	if strings.IndexByte(in.Cwd, 0) >= 0 {
+		return fmt.Errorf("cwd contains a NUL byte")
+	}
+	if !in.LeaseKind.Valid() {
+		return fmt.Errorf("lease kind %q is not allowed", in.LeaseKind)
+	}
+	switch in.Project.Kind {
+	case ProjectManaged, ProjectHost:
+	default:
+		return fmt.Errorf("project kind %q is not supported", in.Project.Kind)
+	}
+	if in.Project.ProjectID <= 0 {
+		return fmt.Errorf("project id %d is not valid", in.Project.ProjectID)
+	}
+	return nil
+}
+
+// Actor is the account on whose behalf a command runs.
+//
+// Roots are additional host directories the actor may use as a working
+// directory and write to, beyond the project root (host projects only).
+// An explicit actor still passes preparation's confinement and tenancy
+// rules: naming an actor grants nothing by itself.
+type Actor struct {
+	AccountUserID int64    `json:"accountUserId"`
+	Roots         []string `json:"roots"`
+}
+
+type turnKey struct{}
+
+// WithTurn returns a context whose turn scope is actor: RunCommand and
+// PrepareExecution called with a nil actor act as this actor.
+func WithTurn(ctx context.Context, actor Actor) context.Context {
+	return context.WithValue(ctx, turnKey{}, actor)
+}
+
+// TurnActor returns the actor of ctx's turn scope, if any.
+func TurnActor(ctx context.Context) (Actor, bool) {
+	a, ok := ctx.Value(turnKey{}).(Actor)
+	return a, ok
+}
+
+// resolveActor applies the actor rule: an explicit actor wins; a nil actor
+// means the turn scope; no actor at all is refused.
+func resolveActor(ctx context.Context, actor *Actor) (Actor, error) {
+	if actor != nil {
+		if actor.AccountUserID <= 0 {
+			return Actor{}, fmt.Errorf("%w: actor account %d is not valid", ErrNoActor, actor.AccountUserID)
+		}
+		return *actor, nil
+	}
+	if a, ok := TurnActor(ctx); ok && a.AccountUserID > 0 {
+		return a, nil
+	}
+	return Actor{}, ErrNoActor
+}
