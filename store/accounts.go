@@ -1,0 +1,204 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Account is a principal commands run for.
+type Account struct {
+	ID      int64
+	Name    string
+	Created time.Time
+}
+
+// Token is a bearer token's metadata. The token itself is shown once, by
+// CreateToken, and never stored: the store keeps only its SHA-256.
+type Token struct {
+	ID       int64
+	Account  int64
+	Name     string
+	Created  time.Time
+	LastUsed time.Time // zero if never used
+	Revoked  time.Time // zero if live
+}
+
+// TokenPrefix starts every bearer token CreateToken mints, so that secret
+// scanners and log redaction can recognize one.
+const TokenPrefix = "corral_"
+
+// lastUsedGranularity bounds how often Authenticate writes last_used_at for
+// one token: authentication is a read unless the recorded use is older.
+const lastUsedGranularity = time.Minute
+
+// CreateAccount creates an account. A duplicate name is ErrExists.
+func (s *Store) CreateAccount(ctx context.Context, name string) (Account, error) {
+	a := Account{Name: name, Created: s.stamp()}
+	err := s.w.QueryRowContext(ctx,
+		"INSERT INTO accounts (name, created_at) VALUES (?, ?) RETURNING id",
+		name, ms(a.Created)).Scan(&a.ID)
+	if err != nil {
+		return Account{}, classify(err, "create account "+strconvQuote(name))
+	}
+	return a, nil
+}
+
+// GetAccount returns the account with the given ID, or ErrNotFound.
+func (s *Store) GetAccount(ctx context.Context, id int64) (Account, error) {
+	return scanAccount(s.r.QueryRowContext(ctx, "SELECT id, name, created_at FROM accounts WHERE id = ?", id),
+		fmt.Sprintf("account %d", id))
+}
+
+// AccountByName returns the account with the given name, or ErrNotFound.
+func (s *Store) AccountByName(ctx context.Context, name string) (Account, error) {
+	return scanAccount(s.r.QueryRowContext(ctx, "SELECT id, name, created_at FROM accounts WHERE name = ?", name),
+		"account "+strconvQuote(name))
+}
+
+// ListAccounts returns every account, by ID.
+func (s *Store) ListAccounts(ctx context.Context) ([]Account, error) {
+	rows, err := s.r.QueryContext(ctx, "SELECT id, name, created_at FROM accounts ORDER BY id")
+	if err != nil {
+		return nil, fmt.Errorf("store: list accounts: %w", err)
+	}
+	defer rows.Close()
+	var out []Account
+	for rows.Next() {
+		a, err := scanAccount(rows, "list accounts")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list accounts: %w", err)
+	}
+	return out, nil
+}
+
+func scanAccount(r scanner, what string) (Account, error) {
+	var a Account
+	var created int64
+	if err := r.Scan(&a.ID, &a.Name, &created); err != nil {
+		return Account{}, classify(err, what)
+	}
+	a.Created = fromMS(created)
+	return a, nil
+}
+
+// HashToken returns the form in which a bearer token is stored: the
+// lowercase hex SHA-256 of its plaintext.
+func HashToken(plaintext string) string {
+	sum := sha256.Sum256([]byte(plaintext))
+	return hex.EncodeToString(sum[:])
+}
+
+// CreateToken mints a new bearer token for account and stores its hash. It
+// returns the plaintext, which cannot be recovered later. An unknown
+// account is ErrNotFound.
+func (s *Store) CreateToken(ctx context.Context, account int64, name string) (string, Token, error) {
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", Token{}, fmt.Errorf("store: create token: %w", err)
+	}
+	plaintext := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	t := Token{Account: account, Name: name, Created: s.stamp()}
+	err := s.w.QueryRowContext(ctx,
+		"INSERT INTO tokens (account, hash, name, created_at) VALUES (?, ?, ?, ?) RETURNING id",
+		account, HashToken(plaintext), name, ms(t.Created)).Scan(&t.ID)
+	if err != nil {
+		return "", Token{}, classify(err, fmt.Sprintf("create token for account %d", account))
+	}
+	return plaintext, t, nil
+}
+
+// Authenticate returns the account a live bearer token belongs to. A token
+// that is unknown or revoked is ErrNotFound; the error never says which.
+// The token is looked up by its hash, so the plaintext is never compared.
+// It records the token's use at most once per minute.
+func (s *Store) Authenticate(ctx context.Context, plaintext string) (Account, error) {
+	if !strings.HasPrefix(plaintext, TokenPrefix) {
+		return Account{}, fmt.Errorf("store: authenticate: %w", ErrNotFound)
+	}
+	var (
+		a        Account
+		tokenID  int64
+		created  int64
+		lastUsed sql.NullInt64
+	)
+	err := s.r.QueryRowContext(ctx, `
+		SELECT a.id, a.name, a.created_at, t.id, t.last_used_at
+		FROM tokens t JOIN accounts a ON a.id = t.account
+		WHERE t.hash = ? AND t.revoked_at IS NULL`, HashToken(plaintext)).
+		Scan(&a.ID, &a.Name, &created, &tokenID, &lastUsed)
+	if errors.Is(err, sql.ErrNoRows) {
+		return Account{}, fmt.Errorf("store: authenticate: %w", ErrNotFound)
+	}
+	if err != nil {
+		return Account{}, fmt.Errorf("store: authenticate: %w", err)
+	}
+	a.Created = fromMS(created)
+	now := s.now()
+	if !lastUsed.Valid || now.Sub(fromMS(lastUsed.Int64)) >= lastUsedGranularity {
+		if _, err := s.w.ExecContext(ctx, "UPDATE tokens SET last_used_at = ? WHERE id = ?", ms(now), tokenID); err != nil {
+			return Account{}, fmt.Errorf("store: authenticate: record use: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// RevokeToken revokes a token. Revoking a revoked token is a no-op; an
+// unknown token is ErrNotFound.
+func (s *Store) RevokeToken(ctx context.Context, id int64) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		var revoked sql.NullInt64
+		if err := tx.QueryRowContext(ctx, "SELECT revoked_at FROM tokens WHERE id = ?", id).Scan(&revoked); err != nil {
+			return classify(err, fmt.Sprintf("revoke token %d", id))
+		}
+		if revoked.Valid {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE tokens SET revoked_at = ? WHERE id = ?", ms(s.now()), id); err != nil {
+			return fmt.Errorf("store: revoke token %d: %w", id, err)
+		}
+		return nil
+	})
+}
+
+// ListTokens returns the account's tokens (live and revoked), by ID.
+func (s *Store) ListTokens(ctx context.Context, account int64) ([]Token, error) {
+	rows, err := s.r.QueryContext(ctx, `
+		SELECT id, account, name, created_at, last_used_at, revoked_at
+		FROM tokens WHERE account = ? ORDER BY id`, account)
+	if err != nil {
+		return nil, fmt.Errorf("store: list tokens: %w", err)
+	}
+	defer rows.Close()
+	var out []Token
+	for rows.Next() {
+		var (
+			t                 Token
+			created           int64
+			lastUsed, revoked sql.NullInt64
+		)
+		if err := rows.Scan(&t.ID, &t.Account, &t.Name, &created, &lastUsed, &revoked); err != nil {
+			return nil, fmt.Errorf("store: list tokens: %w", err)
+		}
+		t.Created, t.LastUsed, t.Revoked = fromMS(created), fromNullMS(lastUsed), fromNullMS(revoked)
+		out = append(out, t)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list tokens: %w", err)
+	}
+	return out, nil
+}
+
+func strconvQuote(s string) string { return fmt.Sprintf("%q", s) }

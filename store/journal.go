@@ -1,0 +1,307 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Outcome says how a journaled command ended.
+type Outcome string
+
+const (
+	// OutcomeExit: the command exited; JournalEntry.Code holds the status.
+	OutcomeExit Outcome = "exit"
+	// OutcomeSignal: the command was killed by JournalEntry.Signal.
+	OutcomeSignal Outcome = "signal"
+	// OutcomeError: RunCommand failed with a CommandError of ErrorKind.
+	OutcomeError Outcome = "error"
+	// OutcomeInterrupted: the command's end was never recorded (its process
+	// died, or its lease expired under it).
+	OutcomeInterrupted Outcome = "interrupted"
+)
+
+// Limits are a command's bounds as the journal records them.
+type Limits struct {
+	TimeoutMS int64 `json:"timeoutMs,omitempty"`
+	Stdout    int64 `json:"stdout,omitempty"`
+	Stderr    int64 `json:"stderr,omitempty"`
+	Combined  int64 `json:"combined,omitempty"`
+}
+
+// JournalCommand is what the journal knows when a command starts.
+type JournalCommand struct {
+	Account   int64
+	Project   int64
+	Domain    string // the domain of the plugin the call was made under
+	Lease     string
+	LeaseKind string
+	// Argv is the command line with secrets already redacted: the store
+	// records it as given.
+	Argv   []string
+	Limits Limits
+}
+
+// JournalEnd is how a command ended. Exactly one of Code (with
+// OutcomeExit), Signal (OutcomeSignal) and ErrorKind (OutcomeError) is set.
+type JournalEnd struct {
+	Outcome     Outcome
+	Code        *int
+	Signal      string
+	ErrorKind   string
+	StdoutBytes int64
+	StderrBytes int64
+	Message     string
+}
+
+// JournalEntry is one row of the command journal.
+type JournalEntry struct {
+	ID int64
+	JournalCommand
+	Started time.Time
+	Ended   time.Time // zero while running
+	// End is the zero value (Outcome "") while the command runs.
+	End JournalEnd
+}
+
+// JournalStart records that a command starts now and returns its entry's
+// ID, which JournalFinish takes.
+func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, error) {
+	argv := in.Argv
+	if argv == nil {
+		argv = []string{}
+	}
+	argvJSON, err := json.Marshal(argv)
+	if err != nil {
+		return 0, fmt.Errorf("store: journal start: %w", err)
+	}
+	limitsJSON, err := json.Marshal(in.Limits)
+	if err != nil {
+		return 0, fmt.Errorf("store: journal start: %w", err)
+	}
+	var id int64
+	err = s.w.QueryRowContext(ctx, `
+		INSERT INTO journal (account, project, domain, lease, lease_kind, argv, limits, started_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, string(argvJSON), string(limitsJSON), ms(s.now())).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("store: journal start: %w", err)
+	}
+	return id, nil
+}
+
+// JournalFinish records how the command of entry id ended. An unknown or
+// already finished entry is ErrNotFound (an entry ends once).
+func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) error {
+	if err := end.validate(); err != nil {
+		return fmt.Errorf("store: journal finish %d: %w", id, err)
+	}
+	var code sql.NullInt64
+	if end.Code != nil {
+		code = sql.NullInt64{Int64: int64(*end.Code), Valid: true}
+	}
+	res, err := s.w.ExecContext(ctx, `
+		UPDATE journal SET ended_at = ?, outcome = ?, code = ?, signal = ?, error_kind = ?,
+			stdout_bytes = ?, stderr_bytes = ?, message = ?
+		WHERE id = ? AND outcome IS NULL`,
+		ms(s.now()), string(end.Outcome), code, end.Signal, end.ErrorKind,
+		end.StdoutBytes, end.StderrBytes, end.Message, id)
+	if err != nil {
+		return fmt.Errorf("store: journal finish %d: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: journal finish %d: no running entry: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+func (e JournalEnd) validate() error {
+	switch e.Outcome {
+	case OutcomeExit:
+		if e.Code == nil || e.Signal != "" || e.ErrorKind != "" {
+			return fmt.Errorf("outcome %q needs a code and nothing else", e.Outcome)
+		}
+	case OutcomeSignal:
+		if e.Signal == "" || e.Code != nil || e.ErrorKind != "" {
+			return fmt.Errorf("outcome %q needs a signal and nothing else", e.Outcome)
+		}
+	case OutcomeError:
+		if e.ErrorKind == "" || e.Code != nil || e.Signal != "" {
+			return fmt.Errorf("outcome %q needs an error kind and nothing else", e.Outcome)
+		}
+	case OutcomeInterrupted:
+		if e.Code != nil || e.Signal != "" || e.ErrorKind != "" {
+			return fmt.Errorf("outcome %q carries no code, signal or error kind", e.Outcome)
+		}
+	default:
+		return fmt.Errorf("invalid outcome %q", e.Outcome)
+	}
+	return nil
+}
+
+// JournalInterrupt marks every running entry of a lease interrupted with
+// message and returns how many it marked. A lease reconciler calls it for
+// the leases it expires: their commands can no longer report an end.
+func (s *Store) JournalInterrupt(ctx context.Context, lease, message string) (int, error) {
+	res, err := s.w.ExecContext(ctx,
+		"UPDATE journal SET ended_at = ?, outcome = 'interrupted', message = ? WHERE lease = ? AND outcome IS NULL",
+		ms(s.now()), message, lease)
+	if err != nil {
+		return 0, fmt.Errorf("store: journal interrupt lease %s: %w", lease, err)
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
+}
+
+// JournalFilter selects journal entries; zero fields match everything.
+type JournalFilter struct {
+	Project int64
+	Account int64
+	Lease   string
+	// Limit caps the number of entries (the newest are kept). If zero, 100.
+	Limit int
+}
+
+// ListJournal returns the newest entries matching f, newest first.
+func (s *Store) ListJournal(ctx context.Context, f JournalFilter) ([]JournalEntry, error) {
+	var (
+		where []string
+		args  []any
+	)
+	if f.Project != 0 {
+		where, args = append(where, "project = ?"), append(args, f.Project)
+	}
+	if f.Account != 0 {
+		where, args = append(where, "account = ?"), append(args, f.Account)
+	}
+	if f.Lease != "" {
+		where, args = append(where, "lease = ?"), append(args, f.Lease)
+	}
+	limit := f.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	q := `SELECT id, account, project, domain, lease, lease_kind, argv, limits, started_at, ended_at,
+		outcome, code, signal, error_kind, stdout_bytes, stderr_bytes, message FROM journal`
+	if len(where) > 0 {
+		q += " WHERE " + strings.Join(where, " AND ")
+	}
+	q += " ORDER BY id DESC LIMIT ?"
+	args = append(args, limit)
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list journal: %w", err)
+	}
+	defer rows.Close()
+	var out []JournalEntry
+	for rows.Next() {
+		var (
+			e            JournalEntry
+			argv, limits string
+			started      int64
+			ended, code  sql.NullInt64
+			outcome      sql.NullString
+		)
+		if err := rows.Scan(&e.ID, &e.Account, &e.Project, &e.Domain, &e.Lease, &e.LeaseKind, &argv, &limits,
+			&started, &ended, &outcome, &code, &e.End.Signal, &e.End.ErrorKind,
+			&e.End.StdoutBytes, &e.End.StderrBytes, &e.End.Message); err != nil {
+			return nil, fmt.Errorf("store: list journal: %w", err)
+		}
+		if err := json.Unmarshal([]byte(argv), &e.Argv); err != nil {
+			return nil, fmt.Errorf("store: journal %d argv: %w", e.ID, err)
+		}
+		if err := json.Unmarshal([]byte(limits), &e.Limits); err != nil {
+			return nil, fmt.Errorf("store: journal %d limits: %w", e.ID, err)
+		}
+		e.Started, e.Ended = fromMS(started), fromNullMS(ended)
+		e.End.Outcome = Outcome(outcome.String)
+		if code.Valid {
+			c := int(code.Int64)
+			e.End.Code = &c
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list journal: %w", err)
+	}
+	return out, nil
+}
+
+// Artifact is a file core created inside a managed machine and owns: it
+// must be deleted when no longer needed.
+type Artifact struct {
+	ID      int64
+	Project int64
+	Path    string // the guest path
+	Lease   string // the lease it was created under
+	Created time.Time
+	Deleted time.Time // zero while it exists
+}
+
+// RecordArtifact records a file core created. An unknown project is
+// ErrNotFound.
+func (s *Store) RecordArtifact(ctx context.Context, project int64, path, lease string) (Artifact, error) {
+	if path == "" {
+		return Artifact{}, fmt.Errorf("store: record artifact: empty path")
+	}
+	a := Artifact{Project: project, Path: path, Lease: lease, Created: s.stamp()}
+	err := s.w.QueryRowContext(ctx,
+		"INSERT INTO artifacts (project, path, lease, created_at) VALUES (?, ?, ?, ?) RETURNING id",
+		project, path, lease, ms(a.Created)).Scan(&a.ID)
+	if err != nil {
+		return Artifact{}, classify(err, fmt.Sprintf("record artifact in project %d", project))
+	}
+	return a, nil
+}
+
+// ListArtifacts returns a project's artifacts, oldest first; deleted ones
+// only if includeDeleted.
+func (s *Store) ListArtifacts(ctx context.Context, project int64, includeDeleted bool) ([]Artifact, error) {
+	q := "SELECT id, project, path, lease, created_at, deleted_at FROM artifacts WHERE project = ?"
+	if !includeDeleted {
+		q += " AND deleted_at IS NULL"
+	}
+	rows, err := s.r.QueryContext(ctx, q+" ORDER BY id", project)
+	if err != nil {
+		return nil, fmt.Errorf("store: list artifacts: %w", err)
+	}
+	defer rows.Close()
+	var out []Artifact
+	for rows.Next() {
+		var (
+			a       Artifact
+			created int64
+			deleted sql.NullInt64
+		)
+		if err := rows.Scan(&a.ID, &a.Project, &a.Path, &a.Lease, &created, &deleted); err != nil {
+			return nil, fmt.Errorf("store: list artifacts: %w", err)
+		}
+		a.Created, a.Deleted = fromMS(created), fromNullMS(deleted)
+		out = append(out, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list artifacts: %w", err)
+	}
+	return out, nil
+}
+
+// MarkArtifactDeleted records that an artifact was deleted. Marking it again
+// is a no-op; an unknown artifact is ErrNotFound.
+func (s *Store) MarkArtifactDeleted(ctx context.Context, id int64) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		var deleted sql.NullInt64
+		if err := tx.QueryRowContext(ctx, "SELECT deleted_at FROM artifacts WHERE id = ?", id).Scan(&deleted); err != nil {
+			return classify(err, fmt.Sprintf("artifact %d", id))
+		}
+		if deleted.Valid {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, "UPDATE artifacts SET deleted_at = ? WHERE id = ?", ms(s.now()), id); err != nil {
+			return fmt.Errorf("store: mark artifact %d deleted: %w", id, err)
+		}
+		return nil
+	})
+}

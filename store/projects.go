@@ -1,0 +1,240 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// ProjectKind says where a project's files live and how its commands run.
+type ProjectKind string
+
+const (
+	// ProjectManaged: a workspace inside a managed machine.
+	ProjectManaged ProjectKind = "managed"
+	// ProjectHost: a directory on the host.
+	ProjectHost ProjectKind = "host"
+)
+
+// Project is a unit of tenancy: a directory commands run in, and its members.
+type Project struct {
+	ID   int64
+	Kind ProjectKind
+	Name string
+	// Root is the host directory of a host project, or the workspace
+	// directory on the host of a managed project.
+	Root    string
+	Created time.Time
+}
+
+// NewProject describes a project to create.
+type NewProject struct {
+	Kind ProjectKind
+	Name string // unique
+	Root string
+}
+
+// Role is a member's role in a project.
+type Role string
+
+const (
+	RoleOwner  Role = "owner"
+	RoleMember Role = "member"
+)
+
+// Member is an account's membership of a project.
+type Member struct {
+	Project int64
+	Account int64
+	Role    Role
+	// Trusted marks an actor the project trusts to run host commands
+	// without confinement.
+	Trusted bool
+	Created time.Time
+}
+
+// CreateProject creates a project. A duplicate name is ErrExists; an invalid
+// kind or an empty name or root is an error (not a sentinel).
+func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error) {
+	if p.Kind != ProjectManaged && p.Kind != ProjectHost {
+		return Project{}, fmt.Errorf("store: create project %q: invalid kind %q", p.Name, p.Kind)
+	}
+	if p.Name == "" || p.Root == "" {
+		return Project{}, fmt.Errorf("store: create project: name and root are required")
+	}
+	out := Project{Kind: p.Kind, Name: p.Name, Root: p.Root, Created: s.stamp()}
+	err := s.w.QueryRowContext(ctx,
+		"INSERT INTO projects (kind, name, root, created_at) VALUES (?, ?, ?, ?) RETURNING id",
+		string(p.Kind), p.Name, p.Root, ms(out.Created)).Scan(&out.ID)
+	if err != nil {
+		return Project{}, classify(err, fmt.Sprintf("create project %q", p.Name))
+	}
+	return out, nil
+}
+
+const projectCols = "id, kind, name, root, created_at"
+
+func scanProject(r scanner, what string) (Project, error) {
+	var (
+		p       Project
+		kind    string
+		created int64
+	)
+	if err := r.Scan(&p.ID, &kind, &p.Name, &p.Root, &created); err != nil {
+		return Project{}, classify(err, what)
+	}
+	p.Kind, p.Created = ProjectKind(kind), fromMS(created)
+	return p, nil
+}
+
+// GetProject returns the project with the given ID, or ErrNotFound.
+func (s *Store) GetProject(ctx context.Context, id int64) (Project, error) {
+	return scanProject(s.r.QueryRowContext(ctx, "SELECT "+projectCols+" FROM projects WHERE id = ?", id),
+		fmt.Sprintf("project %d", id))
+}
+
+// ProjectByName returns the project with the given name, or ErrNotFound.
+func (s *Store) ProjectByName(ctx context.Context, name string) (Project, error) {
+	return scanProject(s.r.QueryRowContext(ctx, "SELECT "+projectCols+" FROM projects WHERE name = ?", name),
+		fmt.Sprintf("project %q", name))
+}
+
+// ListProjects returns every project, by ID.
+func (s *Store) ListProjects(ctx context.Context) ([]Project, error) {
+	rows, err := s.r.QueryContext(ctx, "SELECT "+projectCols+" FROM projects ORDER BY id")
+	if err != nil {
+		return nil, fmt.Errorf("store: list projects: %w", err)
+	}
+	defer rows.Close()
+	var out []Project
+	for rows.Next() {
+		p, err := scanProject(rows, "list projects")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list projects: %w", err)
+	}
+	return out, nil
+}
+
+// DeleteProject deletes a project with its members, lease history and
+// artifact records (the command journal keeps its rows). It refuses with
+// ErrProjectBusy while the project has a live lease; the check and the
+// deletion are one transaction, so no lease can be acquired in between. An
+// unknown project is ErrNotFound.
+func (s *Store) DeleteProject(ctx context.Context, id int64) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		var live int
+		if err := tx.QueryRowContext(ctx,
+			"SELECT count(*) FROM leases WHERE project = ? AND state = 'live'", id).Scan(&live); err != nil {
+			return fmt.Errorf("store: delete project %d: %w", id, err)
+		}
+		if live > 0 {
+			return fmt.Errorf("store: delete project %d: %d live lease(s): %w", id, live, ErrProjectBusy)
+		}
+		res, err := tx.ExecContext(ctx, "DELETE FROM projects WHERE id = ?", id)
+		if err != nil {
+			return fmt.Errorf("store: delete project %d: %w", id, err)
+		}
+		if n, _ := res.RowsAffected(); n == 0 {
+			return fmt.Errorf("store: delete project %d: %w", id, ErrNotFound)
+		}
+		return nil
+	})
+}
+
+// AddMember adds an account to a project. An existing membership is
+// ErrExists; an unknown project or account is ErrNotFound. A zero Role is
+// RoleMember.
+func (s *Store) AddMember(ctx context.Context, m Member) (Member, error) {
+	if m.Role == "" {
+		m.Role = RoleMember
+	}
+	if m.Role != RoleOwner && m.Role != RoleMember {
+		return Member{}, fmt.Errorf("store: add member: invalid role %q", m.Role)
+	}
+	m.Created = s.stamp()
+	_, err := s.w.ExecContext(ctx,
+		"INSERT INTO members (project, account, role, trusted, created_at) VALUES (?, ?, ?, ?, ?)",
+		m.Project, m.Account, string(m.Role), m.Trusted, ms(m.Created))
+	if err != nil {
+		return Member{}, classify(err, fmt.Sprintf("add account %d to project %d", m.Account, m.Project))
+	}
+	return m, nil
+}
+
+// UpdateMember changes an existing membership's role and trust, or returns
+// ErrNotFound.
+func (s *Store) UpdateMember(ctx context.Context, m Member) error {
+	if m.Role != RoleOwner && m.Role != RoleMember {
+		return fmt.Errorf("store: update member: invalid role %q", m.Role)
+	}
+	res, err := s.w.ExecContext(ctx, "UPDATE members SET role = ?, trusted = ? WHERE project = ? AND account = ?",
+		string(m.Role), m.Trusted, m.Project, m.Account)
+	if err != nil {
+		return fmt.Errorf("store: update member: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: account %d in project %d: %w", m.Account, m.Project, ErrNotFound)
+	}
+	return nil
+}
+
+// RemoveMember removes an account from a project, or returns ErrNotFound.
+func (s *Store) RemoveMember(ctx context.Context, project, account int64) error {
+	res, err := s.w.ExecContext(ctx, "DELETE FROM members WHERE project = ? AND account = ?", project, account)
+	if err != nil {
+		return fmt.Errorf("store: remove member: %w", err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: account %d in project %d: %w", account, project, ErrNotFound)
+	}
+	return nil
+}
+
+// GetMember returns an account's membership of a project; a non-member is
+// ErrNotFound.
+func (s *Store) GetMember(ctx context.Context, project, account int64) (Member, error) {
+	return scanMember(s.r.QueryRowContext(ctx,
+		"SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?",
+		project, account), fmt.Sprintf("account %d in project %d", account, project))
+}
+
+// ListMembers returns a project's members, by account ID.
+func (s *Store) ListMembers(ctx context.Context, project int64) ([]Member, error) {
+	rows, err := s.r.QueryContext(ctx,
+		"SELECT project, account, role, trusted, created_at FROM members WHERE project = ? ORDER BY account", project)
+	if err != nil {
+		return nil, fmt.Errorf("store: list members: %w", err)
+	}
+	defer rows.Close()
+	var out []Member
+	for rows.Next() {
+		m, err := scanMember(rows, "list members")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: list members: %w", err)
+	}
+	return out, nil
+}
+
+func scanMember(r scanner, what string) (Member, error) {
+	var (
+		m       Member
+		role    string
+		created int64
+	)
+	if err := r.Scan(&m.Project, &m.Account, &role, &m.Trusted, &created); err != nil {
+		return Member{}, classify(err, what)
+	}
+	m.Role, m.Created = Role(role), fromMS(created)
+	return m, nil
+}

@@ -1,0 +1,281 @@
+// Package store is corral's embedded database: accounts and their bearer
+// tokens, projects and their members, provider-side leases, the command
+// journal and the artifacts core owns inside machines.
+//
+// A Store is one SQLite file (through modernc.org/sqlite, no cgo) in WAL mode,
+// shared by every corral process on the machine: the daemon and each runner
+// open the same file and see each other's rows. Within a process, writes go
+// through a single connection, so they queue in Go instead of spinning on
+// SQLite's busy handler; reads use a small pool of read-only connections and
+// never wait for a writer. Between processes, writers wait for each other for
+// up to Options.BusyTimeout, and every write transaction takes the write lock
+// when it begins (BEGIN IMMEDIATE), so two processes never deadlock upgrading
+// a read transaction.
+//
+// The schema is versioned (PRAGMA user_version) and its migrations are
+// compiled into the binary. Exactly one kind of process should migrate (the
+// daemon, or `corral run` on embedded defaults); the others open with
+// Migrate false and refuse a schema they do not know.
+//
+// Times are stored as unix milliseconds and returned as time.Time values with
+// millisecond precision; a zero time.Time means "not (yet)".
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"modernc.org/sqlite"
+	sqlite3 "modernc.org/sqlite/lib"
+)
+
+// Errors callers branch on. Every error the package returns for these
+// conditions wraps one of them; test with errors.Is.
+var (
+	// ErrNotFound: the row asked for does not exist (or, for Authenticate,
+	// no live token matches).
+	ErrNotFound = errors.New("store: not found")
+	// ErrExists: a row with the same unique key already exists.
+	ErrExists = errors.New("store: already exists")
+	// ErrProjectBusy: the project has live leases and cannot be deleted.
+	ErrProjectBusy = errors.New("store: project has live leases")
+	// ErrSchemaMismatch: the database's schema version is not the one this
+	// binary knows and the store was opened without Migrate (or the
+	// database is newer than this binary). The error is a *SchemaError.
+	ErrSchemaMismatch = errors.New("store: schema version mismatch")
+	// ErrLeaseExpired: the lease expired (or is past its expiry and about
+	// to be expired by a reconciler).
+	ErrLeaseExpired = errors.New("store: lease expired")
+	// ErrLeaseReleased: the lease was released.
+	ErrLeaseReleased = errors.New("store: lease released")
+)
+
+// SchemaError reports a database whose schema version differs from the one
+// this binary knows. It matches ErrSchemaMismatch with errors.Is.
+type SchemaError struct {
+	Path string
+	Have int // the database's PRAGMA user_version; 0 for a new file
+	Want int // the latest version this binary knows
+}
+
+func (e *SchemaError) Error() string {
+	switch {
+	case e.Have < e.Want:
+		return fmt.Sprintf("store: %s has schema version %d, this corral needs %d: it must be migrated by a process that may migrate", e.Path, e.Have, e.Want)
+	default:
+		return fmt.Sprintf("store: %s has schema version %d, newer than version %d this corral knows", e.Path, e.Have, e.Want)
+	}
+}
+
+// Is reports whether target is ErrSchemaMismatch.
+func (e *SchemaError) Is(target error) bool { return target == ErrSchemaMismatch }
+
+// Options configure Open. The zero value opens an existing, up-to-date
+// database without migrating, with the wall clock and a 5 s busy timeout.
+type Options struct {
+	// Migrate applies pending migrations, in one transaction, and creates
+	// the file if it does not exist. If false, Open never writes the schema
+	// and fails with a *SchemaError unless the database's version is exactly
+	// the one this binary knows; a missing file is such a database
+	// (version 0) and is not created.
+	Migrate bool
+
+	// Now is the clock for every timestamp the store records and for the
+	// expiry it computes. If nil, time.Now is used.
+	Now func() time.Time
+
+	// BusyTimeout is how long a statement waits for another process's
+	// write lock before failing with SQLITE_BUSY. If zero, 5 s.
+	BusyTimeout time.Duration
+
+	// ReadConns is the number of read-only connections. If zero, 4.
+	ReadConns int
+}
+
+// Store is an open corral database. Its methods are safe for concurrent use
+// by multiple goroutines. Close it when done.
+type Store struct {
+	path string
+	now  func() time.Time
+	w    *sql.DB // one read-write connection
+	r    *sql.DB // read-only connections
+}
+
+// Open opens (and with opts.Migrate, creates and migrates) the database at
+// path. On error nothing stays open.
+func Open(ctx context.Context, path string, opts Options) (*Store, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	want := LatestVersion()
+	if !opts.Migrate {
+		// Do not let SQLite create the file: a missing database is an
+		// un-migrated one.
+		if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) {
+			return nil, &SchemaError{Path: abs, Have: 0, Want: want}
+		}
+	}
+	busy := opts.BusyTimeout
+	if busy <= 0 {
+		busy = 5 * time.Second
+	}
+	readConns := opts.ReadConns
+	if readConns <= 0 {
+		readConns = 4
+	}
+	s := &Store{path: abs, now: opts.Now}
+	if s.now == nil {
+		s.now = time.Now
+	}
+
+	mode := "rw"
+	if opts.Migrate {
+		mode = "rwc"
+	}
+	base := (&url.URL{Scheme: "file", Path: abs}).String()
+	common := "&_pragma=busy_timeout(" + strconv.FormatInt(busy.Milliseconds(), 10) + ")" +
+		"&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+
+	s.w, err = sql.Open("sqlite", base+"?mode="+mode+common+"&_pragma=journal_mode(WAL)&_txlock=immediate")
+	if err != nil {
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+	s.w.SetMaxOpenConns(1)
+	s.w.SetMaxIdleConns(1)
+	s.w.SetConnMaxLifetime(0)
+	s.w.SetConnMaxIdleTime(0)
+	if err := s.w.PingContext(ctx); err != nil {
+		s.w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+
+	if opts.Migrate {
+		if err := s.migrate(ctx); err != nil {
+			s.w.Close()
+			return nil, err
+		}
+	} else {
+		have, err := s.userVersion(ctx)
+		if err != nil {
+			s.w.Close()
+			return nil, err
+		}
+		if have != want {
+			s.w.Close()
+			return nil, &SchemaError{Path: abs, Have: have, Want: want}
+		}
+	}
+
+	// Readers never write: query_only makes an accidental write fail
+	// instead of contending for the write lock.
+	s.r, err = sql.Open("sqlite", base+"?mode=rw"+common+"&_pragma=query_only(1)")
+	if err != nil {
+		s.w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+	s.r.SetMaxOpenConns(readConns)
+	s.r.SetMaxIdleConns(readConns)
+	if err := s.r.PingContext(ctx); err != nil {
+		s.r.Close()
+		s.w.Close()
+		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	}
+	return s, nil
+}
+
+// Close closes the database. It waits for statements in progress to finish.
+// Calling it more than once returns an error from the second call on.
+func (s *Store) Close() error {
+	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// Path returns the absolute path of the database file.
+func (s *Store) Path() string { return s.path }
+
+// Now returns the current time of the store's clock (Options.Now).
+func (s *Store) Now() time.Time { return s.now() }
+
+// SchemaVersion returns the database's current schema version.
+func (s *Store) SchemaVersion(ctx context.Context) (int, error) { return s.userVersion(ctx) }
+
+func (s *Store) userVersion(ctx context.Context) (int, error) {
+	var v int
+	if err := s.w.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
+		return 0, fmt.Errorf("store: read schema version: %w", err)
+	}
+	return v, nil
+}
+
+// tx runs fn in a write transaction (BEGIN IMMEDIATE) and commits it if fn
+// returns nil.
+func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
+	tx, err := s.w.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("store: begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("store: commit: %w", err)
+	}
+	return nil
+}
+
+// sqliteCode returns the extended SQLite result code of err, or 0.
+func sqliteCode(err error) int {
+	var se *sqlite.Error
+	if errors.As(err, &se) {
+		return se.Code()
+	}
+	return 0
+}
+
+// classify maps constraint violations to the package's sentinels, wrapping
+// the driver error so both remain visible.
+func classify(err error, what string) error {
+	switch sqliteCode(err) {
+	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+		return fmt.Errorf("store: %s: %w (%w)", what, ErrExists, err)
+	case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
+		return fmt.Errorf("store: %s: referenced row: %w (%w)", what, ErrNotFound, err)
+	}
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("store: %s: %w", what, ErrNotFound)
+	}
+	return fmt.Errorf("store: %s: %w", what, err)
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+// nullMS stores a zero time as NULL.
+func nullMS(t time.Time) sql.NullInt64 {
+	if t.IsZero() {
+		return sql.NullInt64{}
+	}
+	return sql.NullInt64{Int64: t.UnixMilli(), Valid: true}
+}
+
+func fromMS(v int64) time.Time { return time.UnixMilli(v) }
+
+func fromNullMS(v sql.NullInt64) time.Time {
+	if !v.Valid {
+		return time.Time{}
+	}
+	return time.UnixMilli(v.Int64)
+}
+
+// scanner is *sql.Row or *sql.Rows.
+type scanner interface{ Scan(dest ...any) error }
+
+// stamp returns the store clock's current time at the stored precision.
+func (s *Store) stamp() time.Time { return fromMS(ms(s.now())) }

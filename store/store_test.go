@@ -1,0 +1,675 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	_ "modernc.org/sqlite"
+)
+
+// clock is a settable test clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock { return &clock{t: time.UnixMilli(1_800_000_000_000)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func openTest(t *testing.T, path string, opts Options) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), path, opts)
+	if err != nil {
+		t.Fatalf("Open(%s, %+v): %v", path, opts, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func newTestStore(t *testing.T) (*Store, *clock) {
+	t.Helper()
+	c := newClock()
+	return openTest(t, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true, Now: c.Now}), c
+}
+
+// rawDB opens the file directly, bypassing the package, to inspect or
+// tamper with it.
+func rawDB(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func TestMigrationsApplyAndAreIdempotent(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	s := openTest(t, path, Options{Migrate: true})
+	v, err := s.SchemaVersion(ctx)
+	if err != nil || v != LatestVersion() || v < 1 {
+		t.Fatalf("SchemaVersion = %d, %v; want %d", v, err, LatestVersion())
+	}
+	a, err := s.CreateAccount(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mode string
+	if err := s.w.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+		t.Errorf("journal_mode = %q, %v; want wal", mode, err)
+	}
+	var fk int
+	if err := s.r.QueryRowContext(ctx, "PRAGMA foreign_keys").Scan(&fk); err != nil || fk != 1 {
+		t.Errorf("foreign_keys on reader = %d, %v; want 1", fk, err)
+	}
+	s.Close()
+
+	// Migrating again applies nothing and keeps the data.
+	s2 := openTest(t, path, Options{Migrate: true})
+	if got, err := s2.GetAccount(ctx, a.ID); err != nil || got.Name != "alice" {
+		t.Fatalf("after re-migrate GetAccount = %+v, %v", got, err)
+	}
+	if v, _ := s2.SchemaVersion(ctx); v != LatestVersion() {
+		t.Fatalf("version after re-migrate = %d", v)
+	}
+	s2.Close()
+
+	// A process that must not migrate opens an up-to-date database.
+	s3 := openTest(t, path, Options{})
+	if _, err := s3.GetAccount(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestConcurrentMigratorsApplyOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corral.db")
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := Open(context.Background(), path, Options{Migrate: true})
+			if err != nil {
+				errs <- err
+				return
+			}
+			errs <- s.Close()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := openTest(t, path, Options{})
+	if v, _ := s.SchemaVersion(context.Background()); v != LatestVersion() {
+		t.Fatalf("version = %d", v)
+	}
+}
+
+func TestNoMigrateRefusesUnknownSchema(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+
+	t.Run("missing file", func(t *testing.T) {
+		path := filepath.Join(dir, "missing.db")
+		_, err := Open(ctx, path, Options{})
+		var se *SchemaError
+		if !errors.Is(err, ErrSchemaMismatch) || !errors.As(err, &se) || se.Have != 0 || se.Want != LatestVersion() {
+			t.Fatalf("Open = %v; want *SchemaError{Have: 0}", err)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("Open without Migrate created the file: %v", err)
+		}
+	})
+
+	t.Run("unmigrated file", func(t *testing.T) {
+		path := filepath.Join(dir, "empty.db")
+		db := rawDB(t, path)
+		if _, err := db.Exec("CREATE TABLE unrelated (x)"); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		_, err := Open(ctx, path, Options{})
+		var se *SchemaError
+		if !errors.As(err, &se) || se.Have != 0 || !strings.Contains(err.Error(), "migrated") {
+			t.Fatalf("Open = %v; want *SchemaError{Have: 0}", err)
+		}
+	})
+
+	t.Run("older version", func(t *testing.T) {
+		path := filepath.Join(dir, "old.db")
+		openTest(t, path, Options{Migrate: true}).Close()
+		db := rawDB(t, path)
+		if _, err := db.Exec("PRAGMA user_version = " + strconv.Itoa(LatestVersion()-1)); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		_, err := Open(ctx, path, Options{})
+		var se *SchemaError
+		if !errors.As(err, &se) || se.Have != LatestVersion()-1 {
+			t.Fatalf("Open = %v; want *SchemaError{Have: %d}", err, LatestVersion()-1)
+		}
+	})
+
+	t.Run("newer version", func(t *testing.T) {
+		path := filepath.Join(dir, "new.db")
+		openTest(t, path, Options{Migrate: true}).Close()
+		db := rawDB(t, path)
+		if _, err := db.Exec("PRAGMA user_version = " + strconv.Itoa(LatestVersion()+1)); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		for _, migrate := range []bool{false, true} {
+			_, err := Open(ctx, path, Options{Migrate: migrate})
+			var se *SchemaError
+			if !errors.As(err, &se) || se.Have != LatestVersion()+1 || !strings.Contains(err.Error(), "newer") {
+				t.Fatalf("Open(Migrate: %v) = %v; want *SchemaError{Have: %d}", migrate, err, LatestVersion()+1)
+			}
+		}
+	})
+}
+
+func TestAccountsAndTokens(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	alice, err := s.CreateAccount(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateAccount(ctx, "alice"); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate account: %v; want ErrExists", err)
+	}
+	if got, err := s.AccountByName(ctx, "alice"); err != nil || got != alice {
+		t.Fatalf("AccountByName = %+v, %v; want %+v", got, err, alice)
+	}
+	if _, err := s.GetAccount(ctx, 999); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetAccount(999) = %v; want ErrNotFound", err)
+	}
+
+	plain, tok, err := s.CreateToken(ctx, alice.ID, "laptop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(plain, TokenPrefix) || len(plain) < len(TokenPrefix)+40 {
+		t.Fatalf("token %q: want prefix %q and 256 bits", plain, TokenPrefix)
+	}
+	if _, _, err := s.CreateToken(ctx, 999, "x"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("CreateToken(unknown account) = %v; want ErrNotFound", err)
+	}
+
+	// The plaintext appears nowhere in the table; its hash does.
+	rows, err := s.r.QueryContext(ctx, "SELECT * FROM tokens")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cols, _ := rows.Columns()
+	var sawHash bool
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range vals {
+			var str string
+			switch v := v.(type) {
+			case string:
+				str = v
+			case []byte:
+				str = string(v)
+			}
+			if strings.Contains(str, plain) || strings.Contains(str, strings.TrimPrefix(plain, TokenPrefix)) {
+				t.Errorf("column %s holds the token's plaintext", cols[i])
+			}
+			if str == HashToken(plain) {
+				sawHash = true
+			}
+		}
+	}
+	rows.Close()
+	if !sawHash {
+		t.Error("the token's SHA-256 is not stored")
+	}
+	// Nor is it anywhere in the file (WAL included).
+	for _, f := range []string{s.Path(), s.Path() + "-wal"} {
+		b, err := os.ReadFile(f)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), strings.TrimPrefix(plain, TokenPrefix)) {
+			t.Errorf("%s contains the token's plaintext", f)
+		}
+	}
+
+	got, err := s.Authenticate(ctx, plain)
+	if err != nil || got.ID != alice.ID {
+		t.Fatalf("Authenticate = %+v, %v; want alice", got, err)
+	}
+	toks, err := s.ListTokens(ctx, alice.ID)
+	if err != nil || len(toks) != 1 || toks[0].ID != tok.ID || !toks[0].LastUsed.Equal(c.Now()) {
+		t.Fatalf("ListTokens = %+v, %v; want one token used now", toks, err)
+	}
+	for _, bad := range []string{"", "corral_nope", plain + "x", strings.TrimPrefix(plain, TokenPrefix), HashToken(plain)} {
+		if _, err := s.Authenticate(ctx, bad); !errors.Is(err, ErrNotFound) {
+			t.Errorf("Authenticate(%q) = %v; want ErrNotFound", bad, err)
+		}
+	}
+
+	c.Advance(time.Hour)
+	if err := s.RevokeToken(ctx, tok.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RevokeToken(ctx, tok.ID); err != nil {
+		t.Fatalf("second revoke: %v", err)
+	}
+	if err := s.RevokeToken(ctx, 999); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("RevokeToken(999) = %v", err)
+	}
+	if _, err := s.Authenticate(ctx, plain); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Authenticate(revoked) = %v; want ErrNotFound", err)
+	}
+	toks, _ = s.ListTokens(ctx, alice.ID)
+	if !toks[0].Revoked.Equal(c.Now()) {
+		t.Fatalf("Revoked = %v; want %v", toks[0].Revoked, c.Now())
+	}
+}
+
+func TestProjectsAndMembers(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	alice, _ := s.CreateAccount(ctx, "alice")
+	bob, _ := s.CreateAccount(ctx, "bob")
+
+	p, err := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "web", Root: "/srv/web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "web", Root: "/x"}); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate project = %v; want ErrExists", err)
+	}
+	if _, err := s.CreateProject(ctx, NewProject{Kind: "vm", Name: "v", Root: "/x"}); err == nil {
+		t.Fatal("invalid kind accepted")
+	}
+	m, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "api", Root: "/var/lib/corral/api"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetProject(ctx, p.ID); err != nil || got != p {
+		t.Fatalf("GetProject = %+v, %v; want %+v", got, err, p)
+	}
+	if got, err := s.ProjectByName(ctx, "api"); err != nil || got != m {
+		t.Fatalf("ProjectByName = %+v, %v", got, err)
+	}
+	if list, err := s.ListProjects(ctx); err != nil || len(list) != 2 || list[0] != p || list[1] != m {
+		t.Fatalf("ListProjects = %+v, %v", list, err)
+	}
+
+	if _, err := s.AddMember(ctx, Member{Project: p.ID, Account: alice.ID, Role: RoleOwner, Trusted: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: p.ID, Account: bob.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: p.ID, Account: bob.ID}); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate member = %v; want ErrExists", err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: 999, Account: bob.ID}); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("member of unknown project = %v; want ErrNotFound", err)
+	}
+	if mm, err := s.GetMember(ctx, p.ID, alice.ID); err != nil || mm.Role != RoleOwner || !mm.Trusted {
+		t.Fatalf("GetMember(alice) = %+v, %v; want trusted owner", mm, err)
+	}
+	if mm, err := s.GetMember(ctx, p.ID, bob.ID); err != nil || mm.Role != RoleMember || mm.Trusted {
+		t.Fatalf("GetMember(bob) = %+v, %v; want untrusted member", mm, err)
+	}
+	if _, err := s.GetMember(ctx, m.ID, bob.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("GetMember(non-member) = %v; want ErrNotFound", err)
+	}
+	if err := s.UpdateMember(ctx, Member{Project: p.ID, Account: bob.ID, Role: RoleMember, Trusted: true}); err != nil {
+		t.Fatal(err)
+	}
+	if mm, _ := s.GetMember(ctx, p.ID, bob.ID); !mm.Trusted {
+		t.Fatal("UpdateMember did not mark bob trusted")
+	}
+	if list, err := s.ListMembers(ctx, p.ID); err != nil || len(list) != 2 {
+		t.Fatalf("ListMembers = %+v, %v", list, err)
+	}
+	if err := s.RemoveMember(ctx, p.ID, bob.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveMember(ctx, p.ID, bob.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second RemoveMember = %v; want ErrNotFound", err)
+	}
+
+	if err := s.DeleteProject(ctx, p.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetProject(ctx, p.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("deleted project: %v", err)
+	}
+	if _, err := s.GetMember(ctx, p.ID, alice.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("membership survived its project: %v", err)
+	}
+	if err := s.DeleteProject(ctx, p.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second DeleteProject = %v; want ErrNotFound", err)
+	}
+	// IDs are never reused (the journal refers to them).
+	q, _ := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "web", Root: "/srv/web"})
+	if q.ID <= m.ID {
+		t.Fatalf("project ID %d reused", q.ID)
+	}
+}
+
+func TestLeaseLifecycle(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p, _ := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
+	const ttl = 15 * time.Second
+
+	if _, err := s.CreateLease(ctx, NewLease{Project: 999, Kind: "terminal", TTL: ttl}, c.Now()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("lease on unknown project = %v; want ErrNotFound", err)
+	}
+	l, err := s.CreateLease(ctx, NewLease{Account: 7, Project: p.ID, Kind: "terminal", Domain: "sandbox", Holder: "test", TTL: ttl}, c.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.ID == "" || l.State != LeaseLive || !l.ExpiresAt.Equal(c.Now().Add(ttl)) {
+		t.Fatalf("CreateLease = %+v", l)
+	}
+	if _, err := s.CreateLease(ctx, NewLease{ID: l.ID, Project: p.ID, Kind: "terminal", TTL: ttl}, c.Now()); !errors.Is(err, ErrExists) {
+		t.Fatalf("duplicate lease ID = %v; want ErrExists", err)
+	}
+	if got, err := s.GetLease(ctx, l.ID); err != nil || got != l {
+		t.Fatalf("GetLease = %+v, %v; want %+v", got, err, l)
+	}
+
+	c.Advance(10 * time.Second)
+	if err := s.HeartbeatLease(ctx, l.ID, c.Now(), ttl); err != nil {
+		t.Fatal(err)
+	}
+	c.Advance(10 * time.Second) // 20 s after creation, 10 s after the beat
+	if exp, err := s.ExpireLeases(ctx, c.Now()); err != nil || len(exp) != 0 {
+		t.Fatalf("ExpireLeases after a heartbeat = %+v, %v; want none", exp, err)
+	}
+	if n, _ := s.LiveLeaseCount(ctx); n != 1 {
+		t.Fatalf("LiveLeaseCount = %d", n)
+	}
+
+	// Overdue: heartbeat and release both report expiry; the lease is
+	// expired by exactly one ExpireLeases.
+	c.Advance(ttl)
+	if err := s.HeartbeatLease(ctx, l.ID, c.Now(), ttl); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("heartbeat overdue = %v; want ErrLeaseExpired", err)
+	}
+	if _, err := s.ReleaseLease(ctx, l.ID, c.Now()); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("release overdue = %v; want ErrLeaseExpired", err)
+	}
+	exp, err := s.ExpireLeases(ctx, c.Now())
+	if err != nil || len(exp) != 1 || exp[0].ID != l.ID || exp[0].State != LeaseExpired || !exp[0].ExpiredAt.Equal(c.Now()) {
+		t.Fatalf("ExpireLeases = %+v, %v; want the lease", exp, err)
+	}
+	if exp, _ := s.ExpireLeases(ctx, c.Now()); len(exp) != 0 {
+		t.Fatalf("second ExpireLeases = %+v", exp)
+	}
+	if _, err := s.ReleaseLease(ctx, l.ID, c.Now()); !errors.Is(err, ErrLeaseExpired) {
+		t.Fatalf("release expired = %v; want ErrLeaseExpired", err)
+	}
+
+	// Release is idempotent; heartbeat after release is refused.
+	r, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: ttl}, c.Now())
+	for i := range 2 {
+		got, err := s.ReleaseLease(ctx, r.ID, c.Now())
+		if err != nil || got.State != LeaseReleased || !got.ReleasedAt.Equal(c.Now()) {
+			t.Fatalf("release #%d = %+v, %v", i, got, err)
+		}
+	}
+	if err := s.HeartbeatLease(ctx, r.ID, c.Now(), ttl); !errors.Is(err, ErrLeaseReleased) {
+		t.Fatalf("heartbeat released = %v; want ErrLeaseReleased", err)
+	}
+	if err := s.HeartbeatLease(ctx, "nope", c.Now(), ttl); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("heartbeat unknown = %v; want ErrNotFound", err)
+	}
+	if _, err := s.ReleaseLease(ctx, "nope", c.Now()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("release unknown = %v; want ErrNotFound", err)
+	}
+}
+
+func TestHeartbeatLeasesBatch(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p, _ := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
+	const ttl = 15 * time.Second
+	var ids []string
+	for range 5 {
+		l, err := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "lsp", TTL: ttl}, c.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, l.ID)
+	}
+	if _, err := s.ReleaseLease(ctx, ids[1], c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	c.Advance(5 * time.Second)
+	errs, err := s.HeartbeatLeases(ctx, append(ids, "missing"), c.Now(), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []error{nil, ErrLeaseReleased, nil, nil, nil, ErrNotFound} {
+		if (want == nil) != (errs[i] == nil) || (want != nil && !errors.Is(errs[i], want)) {
+			t.Errorf("errs[%d] = %v; want %v", i, errs[i], want)
+		}
+	}
+	got, _ := s.LeasesByID(ctx, ids)
+	if l := got[ids[0]]; !l.ExpiresAt.Equal(c.Now().Add(ttl)) || !l.HeartbeatAt.Equal(c.Now()) {
+		t.Fatalf("heartbeat did not extend: %+v", l)
+	}
+}
+
+func TestDeleteProjectBlockedByLiveLease(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p, _ := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
+	l, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "terminal", TTL: time.Second}, c.Now())
+	if err := s.DeleteProject(ctx, p.ID); !errors.Is(err, ErrProjectBusy) {
+		t.Fatalf("DeleteProject with a live lease = %v; want ErrProjectBusy", err)
+	}
+	// Even overdue, a live lease blocks until it is marked expired.
+	c.Advance(time.Minute)
+	if err := s.DeleteProject(ctx, p.ID); !errors.Is(err, ErrProjectBusy) {
+		t.Fatalf("DeleteProject with an overdue lease = %v; want ErrProjectBusy", err)
+	}
+	if _, err := s.ExpireLeases(ctx, c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteProject(ctx, p.ID); err != nil {
+		t.Fatalf("DeleteProject after expiry: %v", err)
+	}
+	if _, err := s.GetLease(ctx, l.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("lease history survived its project: %v", err)
+	}
+}
+
+func TestJournalRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	in := JournalCommand{
+		Account: 3, Project: 4, Domain: "editor", Lease: "L1", LeaseKind: "editor",
+		Argv: []string{"git", "-c", "http.extraHeader=[REDACTED]", "log"}, Limits: Limits{TimeoutMS: 10000, Stdout: 1 << 20, Stderr: 1 << 20},
+	}
+	id, err := s.JournalStart(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := c.Now()
+	list, err := s.ListJournal(ctx, JournalFilter{Lease: "L1"})
+	if err != nil || len(list) != 1 || list[0].End.Outcome != "" || !list[0].Ended.IsZero() {
+		t.Fatalf("running entry = %+v, %v", list, err)
+	}
+	c.Advance(1500 * time.Millisecond)
+	code := 2
+	end := JournalEnd{Outcome: OutcomeExit, Code: &code, StdoutBytes: 10, StderrBytes: 3, Message: "exit status 2"}
+	if err := s.JournalFinish(ctx, id, end); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.JournalFinish(ctx, id, end); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second finish = %v; want ErrNotFound", err)
+	}
+	if err := s.JournalFinish(ctx, id, JournalEnd{Outcome: OutcomeExit}); err == nil {
+		t.Fatal("exit outcome without a code accepted")
+	}
+	list, err = s.ListJournal(ctx, JournalFilter{Project: 4})
+	if err != nil || len(list) != 1 {
+		t.Fatalf("ListJournal = %+v, %v", list, err)
+	}
+	e := list[0]
+	if e.ID != id || e.Account != 3 || e.Domain != "editor" || e.LeaseKind != "editor" ||
+		strings.Join(e.Argv, " ") != strings.Join(in.Argv, " ") || e.Limits != in.Limits ||
+		!e.Started.Equal(started) || !e.Ended.Equal(c.Now()) ||
+		e.End.Outcome != OutcomeExit || e.End.Code == nil || *e.End.Code != 2 || e.End.StdoutBytes != 10 ||
+		e.End.StderrBytes != 3 || e.End.Message != "exit status 2" {
+		t.Fatalf("entry = %+v", e)
+	}
+
+	// A signal, an error, and an interrupted one.
+	id2, _ := s.JournalStart(ctx, JournalCommand{Project: 4, Lease: "L2", LeaseKind: "runner", Argv: []string{"sleep", "9"}})
+	id3, _ := s.JournalStart(ctx, JournalCommand{Project: 4, Lease: "L2", LeaseKind: "runner", Argv: []string{"yes"}})
+	id4, _ := s.JournalStart(ctx, JournalCommand{Project: 5, Lease: "L3", LeaseKind: "runner"})
+	if err := s.JournalFinish(ctx, id2, JournalEnd{Outcome: OutcomeSignal, Signal: "SIGKILL"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.JournalFinish(ctx, id3, JournalEnd{Outcome: OutcomeError, ErrorKind: "overflow", StdoutBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.JournalInterrupt(ctx, "L3", "lease expired"); err != nil || n != 1 {
+		t.Fatalf("JournalInterrupt = %d, %v", n, err)
+	}
+	if n, _ := s.JournalInterrupt(ctx, "L2", "lease expired"); n != 0 {
+		t.Fatalf("JournalInterrupt touched %d finished entries", n)
+	}
+	all, _ := s.ListJournal(ctx, JournalFilter{})
+	if len(all) != 4 || all[0].ID != id4 || all[0].End.Outcome != OutcomeInterrupted || all[0].Argv == nil ||
+		all[1].End.ErrorKind != "overflow" || all[1].End.Code != nil ||
+		all[2].End.Signal != "SIGKILL" || all[2].End.Code != nil {
+		t.Fatalf("journal = %+v", all)
+	}
+	if lim, _ := s.ListJournal(ctx, JournalFilter{Limit: 2}); len(lim) != 2 || lim[0].ID != id4 {
+		t.Fatalf("Limit 2 = %+v", lim)
+	}
+}
+
+func TestArtifacts(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p, _ := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
+	a, err := s.RecordArtifact(ctx, p.ID, "/tmp/corral-export-1.bundle", "L1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := s.RecordArtifact(ctx, p.ID, "/tmp/corral-export-2.bundle", "L2")
+	if _, err := s.RecordArtifact(ctx, 999, "/x", "L"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("artifact of unknown project = %v", err)
+	}
+	c.Advance(time.Second)
+	if err := s.MarkArtifactDeleted(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkArtifactDeleted(ctx, a.ID); err != nil {
+		t.Fatalf("second mark: %v", err)
+	}
+	if err := s.MarkArtifactDeleted(ctx, 999); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("mark unknown = %v", err)
+	}
+	live, _ := s.ListArtifacts(ctx, p.ID, false)
+	if len(live) != 1 || live[0] != b {
+		t.Fatalf("live artifacts = %+v; want %+v", live, b)
+	}
+	all, _ := s.ListArtifacts(ctx, p.ID, true)
+	if len(all) != 2 || all[0].Path != a.Path || !all[0].Deleted.Equal(c.Now()) {
+		t.Fatalf("all artifacts = %+v", all)
+	}
+}
+
+// Two handles on one file, as the daemon and a runner hold, see each other's
+// writes, and writers in both do not fail each other with SQLITE_BUSY.
+func TestTwoHandlesShareLeases(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	c := newClock()
+	daemon := openTest(t, path, Options{Migrate: true, Now: c.Now})
+	runner := openTest(t, path, Options{Now: c.Now})
+	p, _ := daemon.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
+
+	l, err := runner.CreateLease(ctx, NewLease{Project: p.ID, Kind: "runner", Holder: "runner", TTL: 15 * time.Second}, c.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := daemon.GetLease(ctx, l.ID); err != nil || got.State != LeaseLive {
+		t.Fatalf("daemon sees runner's lease: %+v, %v", got, err)
+	}
+	if err := daemon.DeleteProject(ctx, p.ID); !errors.Is(err, ErrProjectBusy) {
+		t.Fatalf("daemon deleting a project with the runner's lease = %v; want ErrProjectBusy", err)
+	}
+
+	// Concurrent writers on both handles.
+	var wg sync.WaitGroup
+	errs := make(chan error, 400)
+	for _, st := range []*Store{daemon, runner} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				l, err := st.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: time.Minute}, c.Now())
+				if err == nil {
+					_, err = st.ReleaseLease(ctx, l.ID, c.Now())
+				}
+				if err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	if _, err := runner.ReleaseLease(ctx, l.ID, c.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := daemon.LiveLeaseCount(ctx); n != 0 {
+		t.Fatalf("daemon LiveLeaseCount = %d", n)
+	}
+	if err := daemon.DeleteProject(ctx, p.ID); err != nil {
+		t.Fatalf("DeleteProject after the runner released: %v", err)
+	}
+}
