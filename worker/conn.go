@@ -1,0 +1,269 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// handshakeTimeout bounds how long a new connection may take to say hello.
+const handshakeTimeout = 10 * time.Second
+
+// conn serves one protocol-2 connection. Its frames are handled in order
+// by one goroutine (serve); the machines' readers send exec-started and
+// exec-exit frames on it concurrently.
+type conn struct {
+	w  *Worker
+	wc *wire.Conn
+
+	mu       sync.Mutex
+	sessions map[string]*session // accepted and not yet ended, by client id
+	closed   bool
+}
+
+func newConn(w *Worker, wc *wire.Conn) *conn {
+	return &conn{w: w, wc: wc, sessions: make(map[string]*session)}
+}
+
+// serve runs the connection until it closes or violates the protocol; then
+// every session of the connection is cancelled.
+func (c *conn) serve() {
+	defer c.shutdown()
+	uc := c.wc.UnixConn()
+	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
+	if err := wire.ServerHello(c.wc, c.w.cfg.Name); err != nil {
+		c.w.log.Debug("handshake failed", "err", err)
+		return
+	}
+	_ = uc.SetReadDeadline(time.Time{})
+	for {
+		m, files, err := c.wc.Recv()
+		if err != nil {
+			var pe *wire.ProtocolError
+			if errors.As(err, &pe) {
+				c.w.log.Warn("protocol error, closing connection", "code", pe.Code, "err", pe.Message)
+				_ = c.wc.Send(pe.Frame())
+			}
+			return
+		}
+		if !c.handle(m, files) {
+			return
+		}
+	}
+}
+
+// shutdown closes the connection and cancels its sessions.
+func (c *conn) shutdown() {
+	c.wc.Close()
+	c.mu.Lock()
+	c.closed = true
+	ss := make([]*session, 0, len(c.sessions))
+	for _, s := range c.sessions {
+		ss = append(ss, s)
+	}
+	c.mu.Unlock()
+	for _, s := range ss {
+		s.m.cancel(s)
+	}
+}
+
+// send sends m, ignoring failures: a broken connection is noticed by serve.
+func (c *conn) send(m wire.Message, files ...*os.File) {
+	if err := c.wc.Send(m, files...); err != nil {
+		c.w.log.Debug("send failed", "type", m.Type(), "err", err)
+	}
+}
+
+// finish forgets s and sends its last frame.
+func (c *conn) finish(s *session, last wire.Message) {
+	c.mu.Lock()
+	if c.sessions[s.id] == s {
+		delete(c.sessions, s.id)
+	}
+	closed := c.closed
+	c.mu.Unlock()
+	if !closed {
+		c.send(last)
+	}
+}
+
+// handle processes one frame; false closes the connection.
+func (c *conn) handle(m wire.Message, files []*os.File) bool {
+	switch m := m.(type) {
+	case *wire.Ping:
+		c.send(&wire.Pong{ID: m.ID})
+	case *wire.Pong:
+	case *wire.ExecStart:
+		c.execStart(m)
+	case *wire.ExecAttach:
+		c.execAttach(m, files)
+	case *wire.ExecCancel:
+		c.mu.Lock()
+		s := c.sessions[m.ID]
+		c.mu.Unlock()
+		if s != nil { // unknown or ended: nothing to do (idempotent)
+			s.m.cancel(s)
+		}
+	case *wire.NetDial:
+		c.netDial(m)
+	default:
+		closeAll(files)
+		c.send(&wire.Error{Code: wire.CodeBadFrame, Message: fmt.Sprintf("a client does not send %s", m.Type())})
+		return false
+	}
+	return true
+}
+
+func (c *conn) execStart(m *wire.ExecStart) {
+	reject := func(code, format string, args ...any) {
+		c.send(&wire.ExecRejected{ID: m.ID, Code: code, Message: fmt.Sprintf(format, args...)})
+	}
+	if m.ID == "" {
+		reject(wire.CodeBadField, "empty id")
+		return
+	}
+	if code, msg := checkArgv(m.Argv); code != "" {
+		reject(code, "%s", msg)
+		return
+	}
+	env, code, msg := buildEnv(m.Env)
+	if code != "" {
+		reject(code, "%s", msg)
+		return
+	}
+	cwd := m.Cwd
+	if cwd == "" {
+		cwd = GuestWorkspace
+	}
+	if !validCwd(cwd) {
+		reject(wire.CodeBadCwd, "cwd %q must be a clean absolute path inside %s or %s", m.Cwd, GuestWorkspace, GuestHome)
+		return
+	}
+	ws, err := c.w.resolveWorkspace(m.Project.Workspace)
+	if err != nil {
+		reject(wire.CodeBadWorkspace, "%v", err)
+		return
+	}
+	c.mu.Lock()
+	_, dup := c.sessions[m.ID]
+	c.mu.Unlock()
+	if dup {
+		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
+		return
+	}
+	mach, err := c.w.acquire(m.Project.ID, ws, true)
+	if err != nil {
+		var r *rejection
+		if errors.As(err, &r) {
+			reject(r.code, "%s", r.msg)
+		} else {
+			reject(wire.CodeMachineFailed, "%v", err)
+		}
+		return
+	}
+	s := mach.newSession(c, m.ID, m.Argv, env, cwd)
+	c.mu.Lock()
+	c.sessions[m.ID] = s
+	c.mu.Unlock()
+	c.send(&wire.ExecAccepted{ID: m.ID})
+}
+
+func (c *conn) execAttach(m *wire.ExecAttach, stdio []*os.File) {
+	c.mu.Lock()
+	s := c.sessions[m.ID]
+	c.mu.Unlock()
+	if s == nil || !s.m.attach(s, stdio) {
+		closeAll(stdio)
+		c.send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: fmt.Sprintf("no session %q awaiting attach", m.ID)})
+	}
+}
+
+func (c *conn) netDial(m *wire.NetDial) {
+	fail := func(code, format string, args ...any) {
+		c.send(&wire.Error{ID: m.ID, Code: code, Message: fmt.Sprintf(format, args...)})
+	}
+	if m.Port < 1 || m.Port > 65535 {
+		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
+		return
+	}
+	ws, err := c.w.resolveWorkspace(m.Project.Workspace)
+	if err != nil {
+		fail(wire.CodeBadWorkspace, "%v", err)
+		return
+	}
+	mach, err := c.w.acquire(m.Project.ID, ws, false)
+	if err != nil {
+		var r *rejection
+		if errors.As(err, &r) {
+			fail(r.code, "%s", r.msg)
+		} else {
+			fail(wire.CodeMachineFailed, "%v", err)
+		}
+		return
+	}
+	f, err := mach.dial(m.Port)
+	mach.release(false)
+	if err != nil {
+		fail(wire.CodeDialFailed, "%v", err)
+		return
+	}
+	c.send(&wire.NetDialed{ID: m.ID}, f)
+	f.Close()
+}
+
+// checkArgv validates a command line.
+func checkArgv(argv []string) (code, msg string) {
+	if len(argv) == 0 || argv[0] == "" {
+		return wire.CodeBadArgv, "empty argv"
+	}
+	for i, a := range argv {
+		if strings.IndexByte(a, 0) >= 0 {
+			return wire.CodeBadArgv, fmt.Sprintf("argv[%d] contains a NUL byte", i)
+		}
+	}
+	return "", ""
+}
+
+// buildEnv returns a session's environment: PATH and HOME, overridden or
+// extended by the request's variables.
+func buildEnv(req map[string]string) (env []string, code, msg string) {
+	env = make([]string, 0, len(req)+2)
+	_, hasPath := req["PATH"]
+	_, hasHome := req["HOME"]
+	if !hasPath {
+		env = append(env, "PATH="+DefaultPath)
+	}
+	if !hasHome {
+		env = append(env, "HOME="+GuestHome)
+	}
+	for k, v := range req {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			return nil, wire.CodeBadEnv, fmt.Sprintf("invalid variable name %q", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return nil, wire.CodeBadEnv, fmt.Sprintf("variable %q contains a NUL byte", k)
+		}
+		env = append(env, k+"="+v)
+	}
+	return env, "", ""
+}
+
+// validCwd reports whether cwd is a clean absolute guest path inside the
+// workspace or the home.
+func validCwd(cwd string) bool {
+	if !path.IsAbs(cwd) || path.Clean(cwd) != cwd || strings.IndexByte(cwd, 0) >= 0 {
+		return false
+	}
+	for _, dir := range []string{GuestWorkspace, GuestHome} {
+		if cwd == dir || strings.HasPrefix(cwd, dir+"/") {
+			return true
+		}
+	}
+	return false
+}

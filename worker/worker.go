@@ -1,0 +1,484 @@
+// Package worker is corral's privileged worker: a persistent root process
+// that serves protocol 2 (package wire) on a Unix socket and runs one
+// machine per project.
+//
+// A machine is a Linux sandbox built from user, mount, pid, network, ipc
+// and uts namespaces, with guest root mapped to an unprivileged host range
+// of 65536 ids distinct per project. Its filesystem is the host's root
+// read-only, the project workspace read-write at /workspace, a per-project
+// home at /home/corral, a tmpfs /tmp, a fresh /proc, a read-only sysfs and
+// a minimal /dev; its network is loopback only. Each machine has a cgroup
+// with memory and pids limits (v2 where /sys/fs/cgroup is unified, else the
+// v1 memory and pids hierarchies). PID 1 of a machine is corral's own init
+// (this binary re-executed; see MaybeRunInit): it reaps zombies and forks
+// sessions as the unprivileged guest user 1000 with exactly the three
+// descriptors the client attached as 0, 1 and 2.
+//
+// # Session containment
+//
+// Every session's main process is PID 1 of a pid namespace of its own,
+// nested in the machine's. When it ends — by exiting or by being killed on
+// exec-cancel or a closed connection — the kernel kills every process of
+// that namespace, whatever it double-forked or daemonised into, and the
+// init only reports the exit once wait4 has observed it, which is after
+// that teardown. This is the tree kill; it cannot be escaped from inside,
+// costs no cgroup writes on the exec path and works the same on cgroup v1
+// and v2. Resource limits are enforced by the machine's cgroup (the init is
+// placed in it before it may fork), and RLIMIT_NPROC for the guest user
+// keeps a fork bomb below the pids limit so that the init itself can still
+// create threads. Sessions have no cgroup of their own: on v1 a session
+// cgroup could only be joined after the fork (racy), and the nested pid
+// namespace already gives an exact tree for killing.
+//
+// # Workspace ownership
+//
+// The workspace and the home are idmapped mounts (open_tree and
+// mount_setattr with MOUNT_ATTR_IDMAP): the workspace's host owner is the
+// guest user inside, and what the guest creates belongs to that owner on
+// the host. Ids other than the owner's show as the overflow id inside.
+// Where a filesystem refuses idmapping, the worker logs a warning and falls
+// back: the workspace is bind-mounted as is (files the guest creates then
+// belong to the project's host range, UIDBase+1000, and the owner's files
+// are writable inside only through their "other" permission bits), and the
+// home directory is chowned to the guest user's host id.
+//
+// The worker never imports another corral package than wire.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/cgroup"
+	"github.com/corral-sandbox/corral/worker/internal/guest"
+)
+
+// Defaults for zero Config fields.
+const (
+	DefaultIdleGrace   = 2 * time.Minute
+	DefaultMaxSessions = 64
+	DefaultMemory      = 4 << 30
+	DefaultPids        = 1024
+	DefaultUIDBase     = 100000
+	// RangeSize is the number of host ids mapped into each machine.
+	RangeSize = 65536
+	// GuestUID and GuestGID are the ids sessions run as inside a machine.
+	GuestUID = 1000
+	GuestGID = 1000
+	// GuestWorkspace and GuestHome are where the workspace and the
+	// per-project home are mounted inside a machine.
+	GuestWorkspace = "/workspace"
+	GuestHome      = "/home/corral"
+	// DefaultPath is the PATH of a session unless its request sets one.
+	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+)
+
+// Re-execution arguments recognised by MaybeRunInit.
+const (
+	initArg = "__corral-machine-init"
+	holdArg = "__corral-userns-hold"
+)
+
+// Limits are a machine's resource limits.
+type Limits struct {
+	// Memory is the machine's memory limit in bytes (swap included where
+	// the kernel accounts it). Zero means DefaultMemory; negative means no
+	// limit.
+	Memory int64
+	// Pids is the machine's limit on tasks (threads count). Zero means
+	// DefaultPids; negative means no limit.
+	Pids int64
+}
+
+// Config configures a Worker. Only ProjectsRoot and StateDir are required.
+type Config struct {
+	// ProjectsRoot is the directory under which workspaces are accepted:
+	// an exec-start or net-dial whose workspace, after EvalSymlinks, is
+	// not strictly below it is rejected with "bad-workspace".
+	ProjectsRoot string
+	// StateDir holds the worker's state. It must be root-owned.
+	StateDir string
+	// HomesRoot holds the per-project home directories (HomesRoot/<id>).
+	// Empty means StateDir/homes.
+	HomesRoot string
+	// IdleGrace is how long a machine without sessions stays up. Zero
+	// means DefaultIdleGrace.
+	IdleGrace time.Duration
+	// MaxSessions limits the sessions (accepted and not yet ended) of one
+	// machine; more are rejected with "too-many-sessions". Zero means
+	// DefaultMaxSessions.
+	MaxSessions int
+	// Limits are every machine's resource limits.
+	Limits Limits
+	// UIDBase is the first host id of the ranges mapped into machines:
+	// the n-th distinct project served gets [UIDBase+n*RangeSize,
+	// UIDBase+(n+1)*RangeSize). Zero means DefaultUIDBase.
+	UIDBase uint32
+	// CgroupParent is where machine cgroups are created: relative to the
+	// worker's own cgroup on v1, to the root on v2. Empty means "corral".
+	CgroupParent string
+	// Logger receives the worker's logs. Nil means no logging.
+	Logger *slog.Logger
+	// SelfExe is the executable re-executed as a machine init; it must call
+	// MaybeRunInit first thing in main. Empty means /proc/self/exe.
+	SelfExe string
+	// Name is the worker's name in its hello frame. Empty means
+	// "corral-worker".
+	Name string
+}
+
+// RequireRoot returns an error unless the process runs as root.
+func RequireRoot() error {
+	if uid := os.Geteuid(); uid != 0 {
+		return fmt.Errorf("corral worker must run as root (effective uid is %d): it creates user namespaces with mapped id ranges, cgroups and idmapped mounts", uid)
+	}
+	return nil
+}
+
+// MaybeRunInit must be the first thing main (and TestMain) does in a binary
+// that serves as Config.SelfExe. If the process was started by the worker
+// as a machine init (or as one of its helpers), it runs that and never
+// returns; otherwise it returns at once.
+func MaybeRunInit() {
+	if len(os.Args) < 2 {
+		return
+	}
+	switch os.Args[1] {
+	case initArg:
+		guest.Main()
+	case holdArg:
+		// Holds a user namespace open for the worker until stdin closes.
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}
+}
+
+// Worker serves protocol 2 and runs machines. Its methods are safe for
+// concurrent use.
+type Worker struct {
+	cfg      Config
+	log      *slog.Logger
+	root     string // ProjectsRoot, resolved
+	cgroups  *cgroup.Layout
+	hostNet  *os.File
+	memLimit int64
+	pidLimit int64
+
+	mu       sync.Mutex
+	machines map[int64]*machine
+	slots    map[int64]int // project id → id-range slot, stable for the worker's life
+	used     map[int]bool
+	conns    map[*conn]struct{}
+	closed   bool
+}
+
+// MachineInfo describes a running machine.
+type MachineInfo struct {
+	ProjectID int64
+	Workspace string
+	// InitPID is the host pid of the machine's init.
+	InitPID int
+	// HostUID is the host id that guest id 0 maps to.
+	HostUID uint32
+	// Sessions counts the accepted sessions not yet ended.
+	Sessions int
+	// Cgroups are the machine's cgroup directories.
+	Cgroups []string
+	// Idmapped reports whether the workspace is an idmapped mount.
+	Idmapped bool
+}
+
+// New checks cfg and prepares a worker; it starts nothing. It fails when
+// not run as root, when ProjectsRoot or StateDir are unusable, or when no
+// usable cgroup hierarchy exists.
+func New(cfg Config) (*Worker, error) {
+	if err := RequireRoot(); err != nil {
+		return nil, err
+	}
+	if cfg.ProjectsRoot == "" || cfg.StateDir == "" {
+		return nil, errors.New("worker: ProjectsRoot and StateDir are required")
+	}
+	root, err := filepath.EvalSymlinks(cfg.ProjectsRoot)
+	if err != nil {
+		return nil, fmt.Errorf("worker: projects root: %w", err)
+	}
+	if root, err = filepath.Abs(root); err != nil {
+		return nil, fmt.Errorf("worker: projects root: %w", err)
+	}
+	if cfg.HomesRoot == "" {
+		cfg.HomesRoot = filepath.Join(cfg.StateDir, "homes")
+	}
+	if err := os.MkdirAll(cfg.HomesRoot, 0o711); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if cfg.IdleGrace == 0 {
+		cfg.IdleGrace = DefaultIdleGrace
+	}
+	if cfg.MaxSessions == 0 {
+		cfg.MaxSessions = DefaultMaxSessions
+	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = DefaultUIDBase
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "corral"
+	}
+	if cfg.SelfExe == "" {
+		cfg.SelfExe = "/proc/self/exe"
+	}
+	if cfg.Name == "" {
+		cfg.Name = "corral-worker"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w := &Worker{
+		cfg: cfg, log: log, root: root,
+		memLimit: limit(cfg.Limits.Memory, DefaultMemory),
+		pidLimit: limit(cfg.Limits.Pids, DefaultPids),
+		machines: make(map[int64]*machine),
+		slots:    make(map[int64]int),
+		used:     make(map[int]bool),
+		conns:    make(map[*conn]struct{}),
+	}
+	if w.cgroups, err = cgroup.Detect(cfg.CgroupParent); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	if w.hostNet, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	return w, nil
+}
+
+func limit(v, def int64) int64 {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
+}
+
+// Serve accepts connections on ln and serves each until it closes. It
+// blocks until ctx is done or ln fails; it then closes ln and every
+// connection it accepted (which cancels their sessions) and returns — nil
+// when ctx ended, the accept error otherwise. Machines keep running until
+// they go idle or Shutdown is called.
+func (w *Worker) Serve(ctx context.Context, ln *net.UnixListener) error {
+	var wg sync.WaitGroup
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	var err error
+	for {
+		var uc *net.UnixConn
+		uc, err = ln.AcceptUnix()
+		if err != nil {
+			break
+		}
+		c := newConn(w, wire.NewConn(uc))
+		w.mu.Lock()
+		if w.closed {
+			w.mu.Unlock()
+			uc.Close()
+			continue
+		}
+		w.conns[c] = struct{}{}
+		w.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.serve()
+			w.mu.Lock()
+			delete(w.conns, c)
+			w.mu.Unlock()
+		}()
+	}
+	ln.Close()
+	w.mu.Lock()
+	for c := range w.conns {
+		c.wc.Close()
+	}
+	w.mu.Unlock()
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return fmt.Errorf("worker: accept: %w", err)
+}
+
+// Shutdown closes every connection, stops every machine (killing all their
+// processes) and removes their cgroups. It blocks until that is done or ctx
+// ends, returning ctx.Err() in the latter case. After Shutdown the worker
+// accepts no connection and starts no machine. It is idempotent.
+func (w *Worker) Shutdown(ctx context.Context) error {
+	w.mu.Lock()
+	w.closed = true
+	for c := range w.conns {
+		c.wc.Close()
+	}
+	ms := make([]*machine, 0, len(w.machines))
+	for id, m := range w.machines {
+		ms = append(ms, m)
+		delete(w.machines, id)
+	}
+	w.mu.Unlock()
+	for _, m := range ms {
+		m.stop("worker shutdown")
+	}
+	for _, m := range ms {
+		select {
+		case <-m.dead:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// Machines describes the running machines, sorted by project id.
+func (w *Worker) Machines() []MachineInfo {
+	w.mu.Lock()
+	ms := make([]*machine, 0, len(w.machines))
+	for _, m := range w.machines {
+		ms = append(ms, m)
+	}
+	w.mu.Unlock()
+	var out []MachineInfo
+	for _, m := range ms {
+		select {
+		case <-m.ready:
+		default:
+			continue
+		}
+		if m.startErr != nil {
+			continue
+		}
+		m.mu.Lock()
+		out = append(out, MachineInfo{
+			ProjectID: m.id, Workspace: m.workspace, InitPID: m.initPID, HostUID: m.hostUID,
+			Sessions: m.refs, Cgroups: m.cg.Paths(), Idmapped: m.idmapped,
+		})
+		m.mu.Unlock()
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ProjectID < out[j].ProjectID })
+	return out
+}
+
+// errClosed is returned when a machine is requested after Shutdown.
+var errClosed = errors.New("worker: shut down")
+
+// acquire returns the running machine of project id with workspace ws
+// (resolved), starting it if needed, and counts one reference on it that
+// the caller must release. It fails with a *rejection for a workspace
+// mismatch or too many sessions.
+func (w *Worker) acquire(id int64, ws string, session bool) (*machine, error) {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil, errClosed
+	}
+	m := w.machines[id]
+	if m != nil {
+		m.mu.Lock()
+		switch {
+		case m.stopping:
+			m.mu.Unlock()
+			m = nil
+		case m.workspace != ws:
+			m.mu.Unlock()
+			w.mu.Unlock()
+			return nil, &rejection{wire.CodeBadWorkspace, fmt.Sprintf("project %d runs with workspace %s", id, m.workspace)}
+		case session && m.sessions >= w.cfg.MaxSessions:
+			m.mu.Unlock()
+			w.mu.Unlock()
+			return nil, &rejection{wire.CodeTooManySessions, fmt.Sprintf("project %d already has %d sessions", id, w.cfg.MaxSessions)}
+		default:
+			m.hold(session)
+			m.mu.Unlock()
+		}
+	}
+	if m == nil {
+		m = w.newMachine(id, ws)
+		m.hold(session)
+		w.machines[id] = m
+		go m.start()
+	}
+	w.mu.Unlock()
+	<-m.ready
+	if m.startErr != nil {
+		m.release(session)
+		return nil, m.startErr
+	}
+	return m, nil
+}
+
+// slot returns the id-range slot of project id. Called with w.mu held.
+func (w *Worker) slot(id int64) int {
+	if s, ok := w.slots[id]; ok {
+		return s
+	}
+	s := 0
+	for w.used[s] {
+		s++
+	}
+	w.used[s] = true
+	w.slots[id] = s
+	return s
+}
+
+// forget removes m from the machine table if it is still there.
+func (w *Worker) forget(m *machine) {
+	w.mu.Lock()
+	if w.machines[m.id] == m {
+		delete(w.machines, m.id)
+	}
+	w.mu.Unlock()
+}
+
+// resolveWorkspace checks a requested workspace: absolute, existing, a
+// directory, and strictly below the projects root after EvalSymlinks.
+func (w *Worker) resolveWorkspace(p string) (string, error) {
+	if !filepath.IsAbs(p) {
+		return "", fmt.Errorf("workspace %q is not an absolute path", p)
+	}
+	r, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return "", fmt.Errorf("workspace %q: %w", p, unwrapPath(err))
+	}
+	rel, err := filepath.Rel(w.root, r)
+	if err != nil || rel == "." || rel == ".." || len(rel) >= 3 && rel[:3] == "../" {
+		return "", fmt.Errorf("workspace %q is not under the projects root %s", p, w.root)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(r, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "", fmt.Errorf("workspace %q is not a directory", p)
+	}
+	return r, nil
+}
+
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
+}
+
+// rejection is a refusal with a wire code.
+type rejection struct{ code, msg string }
+
+func (r *rejection) Error() string { return r.code + ": " + r.msg }
