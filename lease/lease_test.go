@@ -1,0 +1,435 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type clock struct {
+	mu   sync.Mutex
+	t    time.Time
+	tick time.Duration // added after every reading
+}
+
+func newClock() *clock { return &clock{t: time.UnixMilli(1_800_000_000_000)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.t
+	c.t = c.t.Add(c.tick)
+	return t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type fixture struct {
+	st      *store.Store
+	clock   *clock
+	project int64
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	c := newClock()
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	p, err := st.CreateProject(context.Background(), store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &fixture{st: st, clock: c, project: p.ID}
+}
+
+func (f *fixture) manager(opts Options) *Manager {
+	if opts.Now == nil {
+		opts.Now = f.clock.Now
+	}
+	if opts.HeartbeatWindow == 0 {
+		opts.HeartbeatWindow = time.Millisecond
+	}
+	return NewManager(f.st, opts)
+}
+
+func acquire(t *testing.T, m *Manager, project int64) *Lease {
+	t.Helper()
+	l, err := m.Acquire(context.Background(), AcquireRequest{Account: 42, Project: project, Kind: sandbox.LeaseTerminal, Domain: "sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestAcquireHeartbeatRelease(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	m := f.manager(Options{Holder: "test"})
+	if m.TTL() != DefaultTTL {
+		t.Fatalf("TTL = %v; want %v", m.TTL(), DefaultTTL)
+	}
+	l := acquire(t, m, f.project)
+	if l.ID() == "" || l.AccountUserID() != 42 || l.Kind() != sandbox.LeaseTerminal || l.ProjectID() != f.project || l.Domain() != "sandbox" {
+		t.Fatalf("lease = %s %d %s %d %s", l.ID(), l.AccountUserID(), l.Kind(), l.ProjectID(), l.Domain())
+	}
+	row, err := f.st.GetLease(ctx, l.ID())
+	if err != nil || row.State != store.LeaseLive || row.Holder != "test" || !row.ExpiresAt.Equal(f.clock.Now().Add(DefaultTTL)) {
+		t.Fatalf("row = %+v, %v", row, err)
+	}
+	if n, _ := m.LiveCount(ctx); n != 1 || m.Held() != 1 {
+		t.Fatalf("LiveCount = %d, Held = %d; want 1, 1", n, m.Held())
+	}
+
+	f.clock.Advance(10 * time.Second)
+	if err := l.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := f.clock.Now().Add(DefaultTTL)
+	if row, _ := f.st.GetLease(ctx, l.ID()); !row.ExpiresAt.Equal(want) || !l.Deadline().Equal(want) {
+		t.Fatalf("after heartbeat: expires %v, deadline %v; want %v", row.ExpiresAt, l.Deadline(), want)
+	}
+	// 20 s after acquisition, 10 s after the beat: still live.
+	f.clock.Advance(10 * time.Second)
+	if exp, err := m.Sweep(ctx); err != nil || len(exp) != 0 {
+		t.Fatalf("Sweep = %v, %v; want nothing expired", exp, err)
+	}
+
+	var cancels atomic.Int32
+	l.Watch(func() { cancels.Add(1) })
+	for i := range 2 {
+		if err := l.Release(ctx); err != nil {
+			t.Fatalf("Release #%d: %v", i+1, err)
+		}
+	}
+	if row, _ := f.st.GetLease(ctx, l.ID()); row.State != store.LeaseReleased {
+		t.Fatalf("state = %s; want released", row.State)
+	}
+	if err := l.Heartbeat(ctx); !errors.Is(err, ErrReleased) {
+		t.Fatalf("Heartbeat after Release = %v; want ErrReleased", err)
+	}
+	f.clock.Advance(time.Hour)
+	if _, err := m.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cancels.Load() != 0 || m.Held() != 0 {
+		t.Fatalf("released lease: cancels = %d, Held = %d", cancels.Load(), m.Held())
+	}
+	if n, _ := m.LiveCount(ctx); n != 0 {
+		t.Fatalf("LiveCount = %d", n)
+	}
+}
+
+func TestAcquireRefuses(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	m := f.manager(Options{})
+	if _, err := m.Acquire(ctx, AcquireRequest{Project: f.project, Kind: "shell"}); err == nil {
+		t.Fatal("invalid kind accepted")
+	}
+	if _, err := m.Acquire(ctx, AcquireRequest{Project: 999, Kind: sandbox.LeaseFiles}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("unknown project = %v; want store.ErrNotFound", err)
+	}
+	if n, _ := m.LiveCount(ctx); n != 0 {
+		t.Fatalf("LiveCount = %d", n)
+	}
+}
+
+// The reconciler expires a stale lease, cancels its work exactly once,
+// reports it to OnExpired, and leaves heartbeated leases alone.
+func TestSweepExpiresStaleLease(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	var hooked []string
+	m := f.manager(Options{OnExpired: func(l store.Lease) { hooked = append(hooked, l.ID) }})
+	stale := acquire(t, m, f.project)
+	fresh := acquire(t, m, f.project)
+	var cancels, freshCancels atomic.Int32
+	stale.Watch(func() { cancels.Add(1) })
+	fresh.Watch(func() { freshCancels.Add(1) })
+
+	f.clock.Advance(10 * time.Second)
+	if err := fresh.Heartbeat(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.clock.Advance(5*time.Second + time.Millisecond) // stale is 1 ms overdue
+	exp, err := m.Sweep(ctx)
+	if err != nil || len(exp) != 1 || exp[0].ID != stale.ID() || exp[0].State != store.LeaseExpired {
+		t.Fatalf("Sweep = %+v, %v; want the stale lease", exp, err)
+	}
+	if cancels.Load() != 1 || freshCancels.Load() != 0 {
+		t.Fatalf("cancels: stale %d, fresh %d; want 1, 0", cancels.Load(), freshCancels.Load())
+	}
+	if len(hooked) != 1 || hooked[0] != stale.ID() {
+		t.Fatalf("OnExpired saw %v", hooked)
+	}
+	// Sweeping again neither cancels nor reports it again.
+	f.clock.Advance(time.Second)
+	if exp, _ := m.Sweep(ctx); len(exp) != 0 || cancels.Load() != 1 || len(hooked) != 1 {
+		t.Fatalf("second sweep: %v, cancels %d, hooked %v", exp, cancels.Load(), hooked)
+	}
+	// A watcher registered after expiry runs at once.
+	var late atomic.Int32
+	stale.Watch(func() { late.Add(1) })
+	if late.Load() != 1 {
+		t.Fatal("Watch on an expired lease did not run its callback")
+	}
+	// Expiry is reported, not hidden.
+	if err := stale.Heartbeat(ctx); !errors.Is(err, ErrExpired) {
+		t.Fatalf("Heartbeat after expiry = %v; want ErrExpired", err)
+	}
+	for range 2 {
+		if err := stale.Release(ctx); !errors.Is(err, ErrExpired) {
+			t.Fatalf("Release after expiry = %v; want ErrExpired", err)
+		}
+	}
+	if err := fresh.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cancels.Load() != 1 {
+		t.Fatalf("cancels = %d", cancels.Load())
+	}
+}
+
+// A holder that finds its lease overdue before any sweep ran marks it
+// expired itself, and the expiry still reaches the watchers and the hook
+// exactly once.
+func TestOverdueFoundByHolder(t *testing.T) {
+	ctx := context.Background()
+	for _, op := range []string{"heartbeat", "release"} {
+		t.Run(op, func(t *testing.T) {
+			f := newFixture(t)
+			var hooked atomic.Int32
+			m := f.manager(Options{TTL: time.Second, OnExpired: func(store.Lease) { hooked.Add(1) }})
+			l := acquire(t, m, f.project)
+			var cancels atomic.Int32
+			l.Watch(func() { cancels.Add(1) })
+			f.clock.Advance(2 * time.Second)
+			var err error
+			if op == "heartbeat" {
+				err = l.Heartbeat(ctx)
+			} else {
+				err = l.Release(ctx)
+			}
+			if !errors.Is(err, ErrExpired) {
+				t.Fatalf("%s overdue = %v; want ErrExpired", op, err)
+			}
+			if row, _ := f.st.GetLease(ctx, l.ID()); row.State != store.LeaseExpired {
+				t.Fatalf("state = %s; want expired", row.State)
+			}
+			if _, err := m.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if cancels.Load() != 1 || hooked.Load() != 1 {
+				t.Fatalf("cancels %d, hooked %d; want 1, 1", cancels.Load(), hooked.Load())
+			}
+		})
+	}
+}
+
+// The daemon's reconciler expires a runner's lease; the runner's own sweep
+// then cancels the runner's work. Both processes share one file.
+func TestExpiryAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	c := newClock()
+	daemonStore, err := store.Open(ctx, path, store.Options{Migrate: true, Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer daemonStore.Close()
+	runnerStore, err := store.Open(ctx, path, store.Options{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer runnerStore.Close()
+	p, _ := daemonStore.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
+
+	var daemonHooked, runnerHooked []string
+	daemon := NewManager(daemonStore, Options{Holder: "daemon", HeartbeatWindow: -1, OnExpired: func(l store.Lease) { daemonHooked = append(daemonHooked, l.ID) }})
+	runner := NewManager(runnerStore, Options{Holder: "runner", HeartbeatWindow: -1, OnExpired: func(l store.Lease) { runnerHooked = append(runnerHooked, l.ID) }})
+
+	l, err := runner.Acquire(ctx, AcquireRequest{Account: 1, Project: p.ID, Kind: sandbox.LeaseRunner, Domain: "runner"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cancels atomic.Int32
+	l.Watch(func() { cancels.Add(1) })
+	if n, _ := daemon.LiveCount(ctx); n != 1 {
+		t.Fatalf("daemon sees %d live leases; want 1", n)
+	}
+	if err := daemonStore.DeleteProject(ctx, p.ID); !errors.Is(err, store.ErrProjectBusy) {
+		t.Fatalf("daemon DeleteProject = %v; want ErrProjectBusy", err)
+	}
+
+	c.Advance(DefaultTTL + time.Millisecond)
+	if exp, err := daemon.Sweep(ctx); err != nil || len(exp) != 1 || exp[0].Holder != "runner" {
+		t.Fatalf("daemon Sweep = %+v, %v", exp, err)
+	}
+	if cancels.Load() != 0 {
+		t.Fatal("the daemon cannot cancel the runner's work directly")
+	}
+	if exp, err := runner.Sweep(ctx); err != nil || len(exp) != 0 {
+		t.Fatalf("runner Sweep = %+v, %v; want nothing newly expired", exp, err)
+	}
+	if cancels.Load() != 1 || runner.Held() != 0 {
+		t.Fatalf("runner sweep: cancels %d, held %d; want 1, 0", cancels.Load(), runner.Held())
+	}
+	if len(daemonHooked) != 1 || len(runnerHooked) != 0 {
+		t.Fatalf("hooks: daemon %v, runner %v", daemonHooked, runnerHooked)
+	}
+	if err := l.Release(ctx); !errors.Is(err, ErrExpired) {
+		t.Fatalf("Release = %v; want ErrExpired", err)
+	}
+	if err := daemonStore.DeleteProject(ctx, p.ID); err != nil {
+		t.Fatalf("DeleteProject after expiry: %v", err)
+	}
+}
+
+func TestLiveLeaseBlocksProjectDeletion(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	m := f.manager(Options{})
+	l := acquire(t, m, f.project)
+	if err := f.st.DeleteProject(ctx, f.project); !errors.Is(err, store.ErrProjectBusy) {
+		t.Fatalf("DeleteProject with a live lease = %v; want ErrProjectBusy", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.st.DeleteProject(ctx, f.project); err != nil {
+		t.Fatalf("DeleteProject after release: %v", err)
+	}
+	if _, err := m.Acquire(ctx, AcquireRequest{Project: f.project, Kind: sandbox.LeaseFiles}); !errors.Is(err, store.ErrNotFound) {
+		t.Fatalf("Acquire on a deleted project = %v; want ErrNotFound", err)
+	}
+}
+
+// Heartbeats within one window share one transaction: with a clock that
+// moves on every reading, they all record the same time.
+func TestHeartbeatsAreBatched(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	m := f.manager(Options{HeartbeatWindow: 100 * time.Millisecond})
+	var leases []*Lease
+	for range 50 {
+		leases = append(leases, acquire(t, m, f.project))
+	}
+	f.clock.tick = time.Millisecond
+	var wg sync.WaitGroup
+	errs := make(chan error, len(leases))
+	for _, l := range leases {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- l.Heartbeat(ctx)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := f.st.ListLeases(ctx, store.LeaseFilter{Project: f.project})
+	if err != nil {
+		t.Fatal(err)
+	}
+	times := map[int64]bool{}
+	for _, r := range rows {
+		times[r.HeartbeatAt.UnixMilli()] = true
+	}
+	if len(times) > 3 {
+		t.Fatalf("50 concurrent heartbeats were written at %d different times; want them batched", len(times))
+	}
+
+	// A heartbeat whose context ends while it waits returns at once.
+	m2 := f.manager(Options{HeartbeatWindow: time.Hour})
+	l := acquire(t, m2, f.project)
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := l.Heartbeat(cctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Heartbeat with an ending context = %v", err)
+	}
+	// Let the hour-long batch go: flush it now so no timer goroutine
+	// outlives the test.
+	m2.mu.Lock()
+	b := m2.pending
+	m2.mu.Unlock()
+	m2.flush(b)
+}
+
+// Run, with real time: a lease whose holder stops heartbeating is expired
+// and its work cancelled within TTL plus a sweep.
+func TestRunCancelsAbandonedWork(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, _ := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectHost, Name: "p", Root: "/p"})
+	const ttl = 300 * time.Millisecond
+	m := NewManager(st, Options{TTL: ttl, SweepInterval: 20 * time.Millisecond, HeartbeatWindow: 5 * time.Millisecond})
+	runCtx, stop := context.WithCancel(ctx)
+	ran := make(chan error, 1)
+	go func() { ran <- m.Run(runCtx) }()
+	defer func() {
+		stop()
+		if err := <-ran; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	}()
+
+	kept := acquire(t, m, p.ID)
+	abandoned := acquire(t, m, p.ID)
+	work, cancelWork := context.WithCancel(ctx)
+	defer cancelWork()
+	abandoned.Watch(cancelWork)
+	keptWork, cancelKept := context.WithCancel(ctx)
+	defer cancelKept()
+	kept.Watch(cancelKept)
+
+	start := time.Now()
+	deadline := time.After(5 * time.Second)
+	beat := time.NewTicker(ttl / 4)
+	defer beat.Stop()
+	for work.Err() == nil {
+		select {
+		case <-beat.C:
+			if err := kept.Heartbeat(ctx); err != nil {
+				t.Fatalf("heartbeat of the kept lease: %v", err)
+			}
+		case <-work.Done():
+		case <-deadline:
+			t.Fatal("abandoned lease's work not cancelled within 5 s")
+		}
+	}
+	if d := time.Since(start); d < ttl {
+		t.Fatalf("work cancelled after %v, before the TTL %v", d, ttl)
+	}
+	if keptWork.Err() != nil {
+		t.Fatal("the heartbeated lease's work was cancelled")
+	}
+	if err := kept.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
