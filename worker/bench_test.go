@@ -1,0 +1,57 @@
+package worker
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// BenchmarkWarmExec measures one `true` in a running machine over the
+// socket: exec-start, exec-accepted, exec-attach (three descriptors),
+// exec-started, exec-exit. The client passes /dev/null three times so that
+// only the protocol and the machine are measured.
+func BenchmarkWarmExec(b *testing.B) {
+	h := newHarness(b, nil)
+	c := h.dial(b)
+	p := h.project(b, 1)
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer null.Close()
+	argv := []string{"true"}
+	once := func(id string) {
+		if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: "/workspace"}); err != nil {
+			b.Fatal(err)
+		}
+		if m, ok := recv(b, c).(*wire.ExecAccepted); !ok {
+			b.Fatalf("got %#v", m)
+		}
+		if err := c.Send(&wire.ExecAttach{ID: id}, null, null, null); err != nil {
+			b.Fatal(err)
+		}
+		if m, ok := recv(b, c).(*wire.ExecStarted); !ok {
+			b.Fatalf("got %#v", m)
+		}
+		m, ok := recv(b, c).(*wire.ExecExit)
+		if !ok || m.Code == nil || *m.Code != 0 {
+			b.Fatalf("got %#v", m)
+		}
+	}
+	once("warmup")
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		once("b")
+	}
+}
+
+// BenchmarkBareExec is the baseline: exec.Command("true").Run().
+func BenchmarkBareExec(b *testing.B) {
+	for b.Loop() {
+		if err := exec.Command("true").Run(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
