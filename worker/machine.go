@@ -185,7 +185,7 @@ func (m *machine) boot() (err error) {
 	m.ctl = ctlConn
 
 	cmd := exec.Command(w.cfg.SelfExe, initArg)
-	cmd.Env = []string{"XNOPID=" + os.Getenv("XNOPID")}
+	cmd.Env = []string{}
 	cmd.Stderr = os.Stderr
 	cmd.ExtraFiles = []*os.File{initEnd}
 	cmd.SysProcAttr = &syscall.SysProcAttr{

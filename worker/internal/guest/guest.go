@@ -31,9 +31,6 @@ const CtlFD = 3
 // Main runs the init. It never returns.
 func Main() {
 	runtime.LockOSThread()
-	if os.Getenv("XNOPID") != "" {
-		nsFlags = 0
-	}
 	// Every descriptor the init holds must be close-on-exec, so that a
 	// session inherits nothing but its three stdio descriptors. Go opens
 	// everything with O_CLOEXEC; the inherited ones are fixed here.
@@ -156,7 +153,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 			// A pid namespace per session: its main process is PID 1 there,
 			// so its death (exit or kill) takes down every descendant and
 			// no double fork escapes a cancel.
-			Cloneflags: nsFlags,
+			Cloneflags: syscall.CLONE_NEWPID,
 			Credential: &syscall.Credential{Uid: uint32(in.cfg.UID), Gid: uint32(in.cfg.GID), Groups: []uint32{}},
 		},
 	}
@@ -267,5 +264,3 @@ func lookPath(file, path string) (string, error) {
 	}
 	return "", fmt.Errorf("exec %q: executable file not found in $PATH", file)
 }
-
-var nsFlags uintptr = syscall.CLONE_NEWPID
