@@ -1,0 +1,740 @@
+package worker
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// machineOf returns the running machine of project id.
+func (h *harness) machineOf(t testing.TB, id int64) MachineInfo {
+	t.Helper()
+	for _, m := range h.w.Machines() {
+		if m.ProjectID == id {
+			return m
+		}
+	}
+	t.Fatalf("no machine for project %d", id)
+	return MachineInfo{}
+}
+
+// sessionPids lists the host pids in the machine's cgroup other than the
+// init.
+func sessionPids(t testing.TB, m MachineInfo) []int {
+	t.Helper()
+	var pids []int
+	for _, dir := range m.Cgroups {
+		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(f)
+			if pid != m.InitPID && !slices.Contains(pids, pid) {
+				pids = append(pids, pid)
+			}
+		}
+	}
+	return pids
+}
+
+func alive(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// A zombie has not been reaped yet but runs nothing.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+}
+
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestMachineIsolation(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 7)
+	// The workspace belongs to an ordinary host user: inside it is the
+	// guest user's, and what the guest writes is that user's on the host.
+	const owner = 4242
+	if err := os.Chown(p.Workspace, owner, owner); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("only stdio descriptors", func(t *testing.T) {
+		// ls itself opens /proc/self/fd as descriptor 3.
+		r := h.run(t, c, p, "ls", "-1", "/proc/self/fd")
+		if r.code() != 0 || r.stdout != "0\n1\n2\n3\n" {
+			t.Fatalf("descriptors in a session: %v", r)
+		}
+	})
+	t.Run("unprivileged guest user", func(t *testing.T) {
+		r := h.run(t, c, p, "sh", "-c", "id -u; id -g; grep CapEff /proc/self/status")
+		if r.code() != 0 || !strings.HasPrefix(r.stdout, "1000\n1000\nCapEff:\t0000000000000000") {
+			t.Fatalf("guest identity: %v", r)
+		}
+	})
+	t.Run("host uid of the session is not root", func(t *testing.T) {
+		run := h.start(t, c, p, "sleep", "100")
+		m := h.machineOf(t, 7)
+		var pids []int
+		eventually(t, "the session in the machine cgroup", func() bool { pids = sessionPids(t, m); return len(pids) == 1 })
+		st, err := os.ReadFile("/proc/" + strconv.Itoa(pids[0]) + "/status")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "Uid:\t" + strconv.Itoa(int(m.HostUID)+GuestUID)
+		if !strings.Contains(string(st), want+"\t") {
+			t.Errorf("host status of the session lacks %q:\n%s", want, st)
+		}
+		if m.HostUID < DefaultUIDBase {
+			t.Errorf("host uid base %d is privileged", m.HostUID)
+		}
+		if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+			t.Fatal(err)
+		}
+		if r := run.wait(t); r.exit.Signal != "SIGKILL" {
+			t.Fatalf("cancelled sleep: %v", r)
+		}
+	})
+	t.Run("root is read-only", func(t *testing.T) {
+		for _, path := range []string{"/x", "/usr/x", "/etc/x"} {
+			r := h.run(t, c, p, "touch", path)
+			if r.code() == 0 || !strings.Contains(r.stderr, "Read-only file system") {
+				t.Errorf("touch %s: %v", path, r)
+			}
+		}
+	})
+	t.Run("workspace is the project, writable, idmapped", func(t *testing.T) {
+		if err := os.WriteFile(filepath.Join(p.Workspace, "from-host"), []byte("host"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := h.run(t, c, p, "sh", "-c", "cat /workspace/from-host && echo guest > /workspace/from-guest && stat -c %u:%g /workspace && cd /home/corral && echo home > h && pwd")
+		if r.code() != 0 || r.stdout != "host1000:1000\n/home/corral\n" {
+			t.Fatalf("workspace: %v", r)
+		}
+		if !h.machineOf(t, 7).Idmapped {
+			t.Error("workspace not idmapped on ext4")
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(p.Workspace, "from-guest"), &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid != owner || st.Gid != owner {
+			t.Errorf("file written by the guest is owned by %d:%d on the host, want %d:%d", st.Uid, st.Gid, owner, owner)
+		}
+		b, _ := os.ReadFile(filepath.Join(p.Workspace, "from-guest"))
+		if string(b) != "guest\n" {
+			t.Errorf("host sees %q", b)
+		}
+	})
+	t.Run("loopback only", func(t *testing.T) {
+		r := h.run(t, c, p, "sh", "-c", "ls /sys/class/net; tail -n +3 /proc/net/dev | cut -d: -f1; cat /sys/class/net/lo/operstate /sys/class/net/lo/flags")
+		fields := strings.Fields(r.stdout)
+		if r.code() != 0 || len(fields) != 4 || fields[0] != "lo" || fields[1] != "lo" || fields[3] != "0x9" {
+			t.Fatalf("network: %v", r)
+		}
+	})
+	t.Run("hostname is the project's", func(t *testing.T) {
+		r := h.run(t, c, p, "hostname")
+		if r.stdout != "project-7\n" {
+			t.Fatalf("hostname: %v", r)
+		}
+	})
+	t.Run("fresh proc and minimal dev", func(t *testing.T) {
+		r := h.run(t, c, p, "sh", "-c", "ls /dev | tr '\\n' ' '; echo; cat /proc/1/cmdline | tr '\\0' ' '")
+		if r.code() != 0 || !strings.HasPrefix(r.stdout, "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero \n") ||
+			!strings.Contains(r.stdout, initArg) {
+			t.Fatalf("/dev and /proc: %v", r)
+		}
+	})
+}
+
+func TestExitReporting(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	t.Run("code", func(t *testing.T) {
+		r := h.run(t, c, p, "sh", "-c", "echo out; echo err >&2; exit 3")
+		if r.code() != 3 || r.exit.Signal != "" || r.exit.NotStarted || r.stdout != "out\n" || r.stderr != "err\n" {
+			t.Fatalf("%v", r)
+		}
+	})
+	t.Run("stdin", func(t *testing.T) {
+		run := h.start(t, c, p, "cat")
+		if _, err := run.stdinW.WriteString("through\n"); err != nil {
+			t.Fatal(err)
+		}
+		if r := run.wait(t); r.stdout != "through\n" || r.code() != 0 {
+			t.Fatalf("%v", r)
+		}
+	})
+	t.Run("missing program is not started", func(t *testing.T) {
+		r := h.run(t, c, p, "no-such-program-anywhere")
+		if r.started || !r.exit.NotStarted || r.exit.Code != nil || !strings.Contains(r.exit.Message, "not found") {
+			t.Fatalf("%v", r)
+		}
+	})
+	t.Run("not executable is not started", func(t *testing.T) {
+		if err := os.WriteFile(filepath.Join(p.Workspace, "script"), []byte("#!/bin/sh\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := h.run(t, c, p, "/workspace/script")
+		if r.started || !r.exit.NotStarted || r.exit.Code != nil || !strings.Contains(r.exit.Message, "permission denied") {
+			t.Fatalf("%v", r)
+		}
+	})
+	t.Run("missing cwd is not started", func(t *testing.T) {
+		id := newID()
+		if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: []string{"true"}, Cwd: "/workspace/nope"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := recv(t, c).(*wire.ExecAccepted); !ok {
+			t.Fatal("not accepted")
+		}
+		null, _ := os.Open(os.DevNull)
+		defer null.Close()
+		if err := c.Send(&wire.ExecAttach{ID: id}, null, null, null); err != nil {
+			t.Fatal(err)
+		}
+		exit, ok := recv(t, c).(*wire.ExecExit)
+		if !ok || !exit.NotStarted || !strings.Contains(exit.Message, "/workspace/nope") {
+			t.Fatalf("%#v", exit)
+		}
+	})
+}
+
+func TestCancelKillsWholeTree(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	run := h.start(t, c, p, "sh", "-c", "sleep 100 & sleep 100 & (sleep 100 &) ; sleep 100")
+	if !run.started {
+		t.Fatalf("not started: %#v", run.first)
+	}
+	m := h.machineOf(t, 1)
+	var pids []int
+	eventually(t, "sh and four sleeps", func() bool { pids = sessionPids(t, m); return len(pids) == 5 })
+	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+		t.Fatal(err)
+	}
+	// Idempotent: a second cancel changes nothing and sends nothing more.
+	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+		t.Fatal(err)
+	}
+	r := run.wait(t)
+	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil {
+		t.Fatalf("cancelled: %v", r)
+	}
+	for _, pid := range pids {
+		if alive(pid) {
+			t.Errorf("pid %d survived the cancel", pid)
+		}
+	}
+	if left := sessionPids(t, m); len(left) != 0 {
+		t.Errorf("left in the machine cgroup: %v", left)
+	}
+	// The connection is still usable: a cancel of an ended session is ignored.
+	if err := c.Send(&wire.Ping{ID: "after"}); err != nil {
+		t.Fatal(err)
+	}
+	if pong, ok := recv(t, c).(*wire.Pong); !ok || pong.ID != "after" {
+		t.Fatalf("want pong, got %#v", pong)
+	}
+}
+
+func TestSessionEndKillsLeftovers(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	r := h.run(t, c, p, "sh", "-c", "setsid sleep 100 & nohup sleep 100 >/dev/null 2>&1 & exit 0")
+	if r.code() != 0 {
+		t.Fatalf("%v", r)
+	}
+	m := h.machineOf(t, 1)
+	if left := sessionPids(t, m); len(left) != 0 {
+		t.Errorf("processes left behind after the session ended: %v", left)
+	}
+}
+
+func TestClosedConnectionCancelsSessions(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	run := h.start(t, c, p, "sleep", "100")
+	pending := &wire.ExecStart{ID: "pending", Project: p, Argv: []string{"true"}}
+	if err := c.Send(pending); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := recv(t, c).(*wire.ExecAccepted); !ok {
+		t.Fatal("not accepted")
+	}
+	m := h.machineOf(t, 1)
+	eventually(t, "sleep running", func() bool { return len(sessionPids(t, m)) == 1 })
+	pid := sessionPids(t, m)[0]
+	c.Close()
+	eventually(t, "sleep killed", func() bool { return !alive(pid) })
+	eventually(t, "sessions released", func() bool { return h.machineOf(t, 1).Sessions == 0 })
+	run.stdinW.Close()
+	<-run.out
+	<-run.errOut
+}
+
+func TestForkBombStaysBounded(t *testing.T) {
+	const pidsMax = 64
+	h := newHarness(t, func(c *Config) { c.Limits.Pids = pidsMax })
+	c := h.dial(t)
+	p := h.project(t, 1)
+	run := h.start(t, c, p, "sh", "-c", "b() { b | b & }; b; sleep 100")
+	m := h.machineOf(t, 1)
+	pidsDir := ""
+	for _, d := range m.Cgroups {
+		if _, err := os.Stat(filepath.Join(d, "pids.max")); err == nil {
+			pidsDir = d
+		}
+	}
+	if pidsDir == "" {
+		t.Fatal("no pids cgroup")
+	}
+	limit, _ := os.ReadFile(filepath.Join(pidsDir, "pids.max"))
+	if strings.TrimSpace(string(limit)) != strconv.Itoa(pidsMax) {
+		t.Fatalf("pids.max = %q", limit)
+	}
+	peak := 0
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(filepath.Join(pidsDir, "pids.current"))
+		n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		peak = max(peak, n)
+		time.Sleep(20 * time.Millisecond)
+	}
+	if peak > pidsMax {
+		t.Errorf("machine reached %d tasks, limit %d", peak, pidsMax)
+	}
+	if peak < pidsMax/2 {
+		t.Errorf("fork bomb only reached %d tasks; did it run?", peak)
+	}
+	// The worker still answers, the machine still runs commands.
+	if err := c.Send(&wire.Ping{ID: "p"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := recv(t, c).(*wire.Pong); !ok {
+		t.Fatal("no pong during the fork bomb")
+	}
+	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run.wait(t); r.exit.Signal != "SIGKILL" {
+		t.Fatalf("bomb: %v", r)
+	}
+	if left := sessionPids(t, m); len(left) != 0 {
+		t.Errorf("bomb left %d processes", len(left))
+	}
+	if r := h.run(t, c, p, "echo", "alive"); r.stdout != "alive\n" {
+		t.Fatalf("after the bomb: %v", r)
+	}
+}
+
+func TestMemoryHogKilledBySignal(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Limits.Memory = 96 << 20 })
+	c := h.dial(t)
+	p := h.project(t, 1)
+	r := h.run(t, c, p, "python3", "-c", "b = b'x' * (512 << 20); print('survived')")
+	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil || strings.Contains(r.stdout, "survived") {
+		t.Fatalf("memory hog: %v", r)
+	}
+	if r := h.run(t, c, p, "echo", "alive"); r.stdout != "alive\n" {
+		t.Fatalf("after the hog: %v", r)
+	}
+}
+
+func TestMachineReusedThenStoppedWhenIdle(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.IdleGrace = 300 * time.Millisecond })
+	c := h.dial(t)
+	p := h.project(t, 3)
+	r1 := h.run(t, c, p, "sh", "-c", "echo $PPID")
+	first := h.machineOf(t, 3)
+	r2 := h.run(t, c, p, "sh", "-c", "echo $PPID")
+	second := h.machineOf(t, 3)
+	if first.InitPID != second.InitPID {
+		t.Fatalf("machine not reused: init %d then %d", first.InitPID, second.InitPID)
+	}
+	// Seen from inside, the parent of a session is a process of the same
+	// machine's pid namespace (the init).
+	if r1.stdout != "0\n" || r2.stdout != "0\n" {
+		t.Logf("PPID inside: %q %q", r1.stdout, r2.stdout)
+	}
+	eventually(t, "idle stop", func() bool { return len(h.w.Machines()) == 0 })
+	eventually(t, "init gone", func() bool { return !alive(first.InitPID) })
+	for _, d := range first.Cgroups {
+		eventually(t, "cgroup removed", func() bool { _, err := os.Stat(d); return errors.Is(err, os.ErrNotExist) })
+	}
+	// A new command starts a new machine.
+	h.run(t, c, p, "true")
+	if third := h.machineOf(t, 3); third.InitPID == first.InitPID {
+		t.Fatal("stopped machine reused")
+	}
+}
+
+func TestShutdownStopsMachines(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	h.run(t, c, h.project(t, 1), "true")
+	h.run(t, c, h.project(t, 2), "true")
+	ms := h.w.Machines()
+	if len(ms) != 2 || ms[0].HostUID == ms[1].HostUID {
+		t.Fatalf("machines: %+v", ms)
+	}
+	if ms[1].HostUID-ms[0].HostUID < RangeSize && ms[0].HostUID-ms[1].HostUID < RangeSize {
+		t.Fatalf("overlapping id ranges: %+v", ms)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.w.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if alive(m.InitPID) {
+			t.Errorf("init %d alive after Shutdown", m.InitPID)
+		}
+		for _, d := range m.Cgroups {
+			if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cgroup %s left: %v", d, err)
+			}
+		}
+	}
+	if len(h.w.Machines()) != 0 {
+		t.Error("machines listed after Shutdown")
+	}
+}
+
+func TestNetDial(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	srv := h.start(t, c, p, "python3", "-m", "http.server", "--bind", "127.0.0.1", "8000")
+	if !srv.started {
+		t.Fatalf("server not started: %#v", srv.first)
+	}
+	// The port is the machine's: the host's loopback does not have it.
+	if conn, err := net.Dial("tcp", "127.0.0.1:8000"); err == nil {
+		conn.Close()
+		t.Log("something listens on the host's 127.0.0.1:8000 too; skipping that check")
+	}
+	var sock *os.File
+	eventually(t, "net-dial to the server", func() bool {
+		if err := c.Send(&wire.NetDial{ID: "d", Project: p, Port: 8000}); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.UnixConn().SetReadDeadline(time.Now().Add(10 * time.Second))
+		m, files, err := c.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch m := m.(type) {
+		case *wire.NetDialed:
+			sock = files[0]
+			return true
+		case *wire.Error:
+			if m.Code != wire.CodeDialFailed || m.ID != "d" {
+				t.Fatalf("net-dial: %#v", m)
+			}
+			return false
+		default:
+			t.Fatalf("net-dial: %#v", m)
+		}
+		return false
+	})
+	defer sock.Close()
+	if _, err := sock.WriteString("GET / HTTP/1.0\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(sock).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.0 200") {
+		t.Fatalf("response %q, %v", line, err)
+	}
+	// A closed port fails cleanly.
+	if err := c.Send(&wire.NetDial{ID: "closed", Project: p, Port: 8001}); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := recv(t, c).(*wire.Error); !ok || e.Code != wire.CodeDialFailed || e.ID != "closed" {
+		t.Fatalf("dial to a closed port: %#v", e)
+	}
+	if err := c.Send(&wire.ExecCancel{ID: srv.id}); err != nil {
+		t.Fatal(err)
+	}
+	srv.wait(t)
+}
+
+func TestPing(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	if err := c.Send(&wire.Ping{ID: "42"}); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := recv(t, c).(*wire.Pong); !ok || m.ID != "42" {
+		t.Fatalf("got %#v", m)
+	}
+}
+
+func TestRejections(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxSessions = 2 })
+	c := h.dial(t)
+	p := h.project(t, 1)
+	outside := t.TempDir()
+	link := filepath.Join(h.root, "escape")
+	if err := os.Symlink(outside, link); err != nil {
+		t.Fatal(err)
+	}
+	start := func(id string, p wire.Project, argv []string, cwd string, env map[string]string) wire.Message {
+		t.Helper()
+		if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: cwd, Env: env}); err != nil {
+			t.Fatal(err)
+		}
+		return recv(t, c)
+	}
+	tests := []struct {
+		name string
+		p    wire.Project
+		argv []string
+		cwd  string
+		env  map[string]string
+		code string
+	}{
+		{"workspace outside the root", wire.Project{ID: 9, Workspace: outside}, []string{"true"}, "/workspace", nil, wire.CodeBadWorkspace},
+		{"workspace relative", wire.Project{ID: 9, Workspace: "p1"}, []string{"true"}, "/workspace", nil, wire.CodeBadWorkspace},
+		{"workspace escaping through a symlink", wire.Project{ID: 9, Workspace: link}, []string{"true"}, "/workspace", nil, wire.CodeBadWorkspace},
+		{"workspace with dot-dot", wire.Project{ID: 9, Workspace: p.Workspace + "/../.."}, []string{"true"}, "/workspace", nil, wire.CodeBadWorkspace},
+		{"workspace is the root", wire.Project{ID: 9, Workspace: h.root}, []string{"true"}, "/workspace", nil, wire.CodeBadWorkspace},
+		{"workspace missing", wire.Project{ID: 9, Workspace: h.root + "/nope"}, []string{"true"}, "/workspace", nil, wire.CodeBadWorkspace},
+		{"cwd relative", p, []string{"true"}, "workspace", nil, wire.CodeBadCwd},
+		{"cwd escaping", p, []string{"true"}, "/workspace/../etc", nil, wire.CodeBadCwd},
+		{"cwd elsewhere", p, []string{"true"}, "/etc", nil, wire.CodeBadCwd},
+		{"cwd not clean", p, []string{"true"}, "/workspace/", nil, wire.CodeBadCwd},
+		{"cwd prefix only", p, []string{"true"}, "/workspacex", nil, wire.CodeBadCwd},
+		{"empty argv", p, nil, "/workspace", nil, wire.CodeBadArgv},
+		{"empty program", p, []string{""}, "/workspace", nil, wire.CodeBadArgv},
+		{"NUL in argv", p, []string{"echo", "a\x00b"}, "/workspace", nil, wire.CodeBadArgv},
+		{"env name with =", p, []string{"true"}, "/workspace", map[string]string{"A=B": "c"}, wire.CodeBadEnv},
+		{"empty env name", p, []string{"true"}, "/workspace", map[string]string{"": "c"}, wire.CodeBadEnv},
+		{"NUL in env", p, []string{"true"}, "/workspace", map[string]string{"A": "\x00"}, wire.CodeBadEnv},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := start("r", tt.p, tt.argv, tt.cwd, tt.env)
+			rej, ok := m.(*wire.ExecRejected)
+			if !ok || rej.Code != tt.code || rej.ID != "r" {
+				t.Fatalf("want exec-rejected %s, got %#v", tt.code, m)
+			}
+		})
+	}
+	if n := len(h.w.Machines()); n != 0 {
+		t.Errorf("rejected requests started %d machines", n)
+	}
+	t.Run("duplicate id and too many sessions", func(t *testing.T) {
+		if _, ok := start("a", p, []string{"true"}, "", nil).(*wire.ExecAccepted); !ok {
+			t.Fatal("a not accepted")
+		}
+		if m, ok := start("a", p, []string{"true"}, "", nil).(*wire.ExecRejected); !ok || m.Code != wire.CodeDuplicateID {
+			t.Fatalf("duplicate: %#v", m)
+		}
+		if _, ok := start("b", p, []string{"true"}, "", nil).(*wire.ExecAccepted); !ok {
+			t.Fatal("b not accepted")
+		}
+		if m, ok := start("c", p, []string{"true"}, "", nil).(*wire.ExecRejected); !ok || m.Code != wire.CodeTooManySessions {
+			t.Fatalf("third session: %#v", m)
+		}
+		// Cancelling a session that was never attached ends it without
+		// running anything, and frees its slot.
+		if err := c.Send(&wire.ExecCancel{ID: "a"}); err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := recv(t, c).(*wire.ExecExit); !ok || !m.NotStarted || m.ID != "a" {
+			t.Fatalf("cancel before attach: %#v", m)
+		}
+		if _, ok := start("c", p, []string{"true"}, "", nil).(*wire.ExecAccepted); !ok {
+			t.Fatal("c not accepted after a freed its slot")
+		}
+	})
+	t.Run("attach to an unknown session", func(t *testing.T) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+		if err := c.Send(&wire.ExecAttach{ID: "nope"}, w, w, w); err != nil {
+			t.Fatal(err)
+		}
+		w.Close()
+		if m, ok := recv(t, c).(*wire.Error); !ok || m.Code != wire.CodeUnknownSession || m.ID != "nope" {
+			t.Fatalf("%#v", m)
+		}
+		// The worker kept no copy of the descriptors.
+		if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+			t.Fatalf("pipe still open in the worker: %d, %v", n, err)
+		}
+	})
+}
+
+// rawConn is a client that can send anything.
+func rawConn(t *testing.T, h *harness, hello bool) *net.UnixConn {
+	t.Helper()
+	nc, err := net.Dial("unixpacket", h.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc := nc.(*net.UnixConn)
+	if hello {
+		if _, err := uc.Write([]byte(`{"type":"hello","protocol":2}`)); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(readPacket(t, uc), `"hello"`) {
+			t.Fatal("no hello")
+		}
+	}
+	return uc
+}
+
+func readPacket(t *testing.T, uc *net.UnixConn) string {
+	t.Helper()
+	_ = uc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	b := make([]byte, 1<<17)
+	n, err := uc.Read(b)
+	if err != nil {
+		return "ERR:" + err.Error()
+	}
+	return string(b[:n])
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+func TestProtocolViolations(t *testing.T) {
+	h := newHarness(t, nil)
+	t.Run("protocol 1 refused", func(t *testing.T) {
+		c, err := wire.Dial(context.Background(), h.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := c.Send(&wire.Hello{Protocol: 1}); err != nil {
+			t.Fatal(err)
+		}
+		if m, ok := recv(t, c).(*wire.Error); !ok || m.Code != wire.CodeUnsupportedProtocol {
+			t.Fatalf("%#v", m)
+		}
+		if _, _, err := c.Recv(); !errors.Is(err, io.EOF) {
+			t.Fatalf("connection not closed: %v", err)
+		}
+	})
+	tests := []struct {
+		name   string
+		packet []byte
+		fds    int // pipe write ends sent along
+		code   string
+	}{
+		{"not json", []byte("hello there"), 0, wire.CodeBadFrame},
+		{"not an object", []byte(`[1,2]`), 0, wire.CodeBadFrame},
+		{"unknown type", []byte(`{"type":"launch-missiles"}`), 0, wire.CodeUnknownType},
+		{"oversized", append(append([]byte(`{"type":"ping","id":"`), make([]byte, wire.MaxFrame+100)...), '"', '}'), 0, wire.CodeTooLarge},
+		{"too few fds", []byte(`{"type":"exec-attach","id":"x","fds":3}`), 2, wire.CodeFDMismatch},
+		{"undeclared fds", []byte(`{"type":"ping","id":"x"}`), 1, wire.CodeFDMismatch},
+		{"fds on a type without", []byte(`{"type":"exec-cancel","id":"x","fds":1}`), 1, wire.CodeFDMismatch},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := openFDs(t)
+			uc := rawConn(t, h, true)
+			var readEnds, writeEnds []*os.File
+			var oob []byte
+			if tt.fds > 0 {
+				var fds []int
+				for range tt.fds {
+					r, w, err := os.Pipe()
+					if err != nil {
+						t.Fatal(err)
+					}
+					readEnds = append(readEnds, r)
+					writeEnds = append(writeEnds, w)
+					fds = append(fds, int(w.Fd()))
+				}
+				oob = unix.UnixRights(fds...)
+			}
+			_, _, err := uc.WriteMsgUnix(tt.packet, oob, nil)
+			for _, w := range writeEnds {
+				w.Close()
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := readPacket(t, uc)
+			if !strings.Contains(got, `"type":"error"`) || !strings.Contains(got, `"code":"`+tt.code+`"`) {
+				t.Fatalf("want error %s, got %s", tt.code, got)
+			}
+			if got := readPacket(t, uc); !strings.HasPrefix(got, "ERR:EOF") && got != "" {
+				t.Fatalf("connection not closed after the error: %q", got)
+			}
+			uc.Close()
+			// Our copies are closed; the worker must have closed its own:
+			// every read end sees EOF.
+			for _, r := range readEnds {
+				_ = r.SetReadDeadline(time.Now().Add(5 * time.Second))
+				if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+					t.Errorf("a descriptor sent with the bad frame is still open in the worker: %d, %v", n, err)
+				}
+				r.Close()
+			}
+			// And the worker process holds no more descriptors than before.
+			eventually(t, "descriptor count back to baseline", func() bool { return openFDs(t) <= before })
+		})
+	}
+	t.Run("frames a client does not send", func(t *testing.T) {
+		uc := rawConn(t, h, true)
+		defer uc.Close()
+		if _, err := uc.Write([]byte(`{"type":"exec-exit","id":"x","code":0}`)); err != nil {
+			t.Fatal(err)
+		}
+		if got := readPacket(t, uc); !strings.Contains(got, `"type":"error"`) {
+			t.Fatalf("got %s", got)
+		}
+	})
+	t.Run("no hello first", func(t *testing.T) {
+		uc := rawConn(t, h, false)
+		defer uc.Close()
+		if _, err := uc.Write([]byte(`{"type":"ping"}`)); err != nil {
+			t.Fatal(err)
+		}
+		if got := readPacket(t, uc); !strings.Contains(got, `"type":"error"`) {
+			t.Fatalf("got %s", got)
+		}
+	})
+}
