@@ -30,6 +30,11 @@ type ControlOptions struct {
 	// Observe, if non-nil, is called once for every RunCommand call that
 	// reached preparation, after it settled: journal, metrics, audit.
 	Observe func(Record)
+	// Journal, if non-nil, is called once a command's preparation was
+	// accepted (the lease is known), before anything starts; the function
+	// it returns (if non-nil) is called once the command settled. It lets
+	// the journal show commands in flight, so a crash leaves a trace.
+	Journal func(Record) (finish func(Record))
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 }

@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -119,7 +120,7 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 			if inW != nil {
 				inW.Close()
 			}
-			return nil, fmt.Errorf("%w: %s", ErrNotStarted, msg)
+			return nil, fmt.Errorf("%w: %s", ErrNotStarted, bytes.TrimSpace(msg))
 		}
 	}
 	if inW != nil {

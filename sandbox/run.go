@@ -114,7 +114,7 @@ func (r *run) record(res *CommandResult, cerr *CommandError) Record {
 	return rec
 }
 
-func (r *run) execute(ctx context.Context) (*CommandResult, *CommandError) {
+func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandError) {
 	defer func() { r.ended = time.Now() }()
 	prep, err := r.c.provider.PrepareExecution(ctx, r.in, r.actor)
 	if err != nil {
@@ -128,6 +128,14 @@ func (r *run) execute(ctx context.Context) (*CommandResult, *CommandError) {
 		return nil, ce
 	}
 	r.prep, r.common = prep, prep.Common()
+	if r.c.opts.Journal != nil {
+		if finish := r.c.opts.Journal(r.record(nil, nil)); finish != nil {
+			defer func() {
+				r.ended = time.Now()
+				finish(r.record(res, cerr))
+			}()
+		}
+	}
 	r.startHeartbeat(ctx)
 
 	if err := ctx.Err(); err != nil {

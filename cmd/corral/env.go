@@ -1,0 +1,144 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// localAccount is the account `corral run` acts as on its embedded defaults.
+const localAccount = "local"
+
+// stateDir returns the state directory: the flag, else
+// $XDG_STATE_HOME/corral, else ~/.local/state/corral.
+func stateDir(flag string) (string, error) {
+	if flag != "" {
+		return filepath.Abs(flag)
+	}
+	if x := os.Getenv("XDG_STATE_HOME"); x != "" && filepath.IsAbs(x) {
+		return filepath.Join(x, "corral"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("no state directory: set --state or $XDG_STATE_HOME: %w", err)
+	}
+	return filepath.Join(home, ".local", "state", "corral"), nil
+}
+
+// openRunEnv composes a core on the embedded defaults and registers the
+// project named by the flags.
+func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
+	state, err := stateDir(f.state)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		return nil, fmt.Errorf("state directory: %w", err)
+	}
+	env := &runEnv{}
+	ok := false
+	defer func() {
+		if !ok {
+			env.close()
+		}
+	}()
+	var transport = envTransport(f)
+	if f.project != "" {
+		t, stop, err := startManagedTransport(ctx, f, state)
+		if err != nil {
+			return nil, err
+		}
+		env.closers = append(env.closers, stop)
+		transport = t
+	}
+	c, err := core.Build(ctx, core.Options{
+		StorePath:           filepath.Join(state, "corral.db"),
+		Migrate:             true,
+		PrivilegedTransport: transport,
+	})
+	if err != nil {
+		return nil, err
+	}
+	env.closers = append(env.closers, func() { c.Close() })
+	ctl, err := c.Sandbox()
+	if err != nil {
+		return nil, err
+	}
+	env.control = ctl
+
+	st := c.Store()
+	acct, err := ensureAccount(ctx, st, localAccount)
+	if err != nil {
+		return nil, err
+	}
+	env.actor = sandbox.Actor{AccountUserID: acct.ID}
+
+	kind, dir := store.ProjectHost, f.host
+	if f.project != "" {
+		kind, dir = store.ProjectManaged, f.project
+	}
+	proj, err := ensureProject(ctx, st, kind, dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := st.GetMember(ctx, proj.ID, acct.ID); errors.Is(err, store.ErrNotFound) {
+		if _, err := st.AddMember(ctx, store.Member{Project: proj.ID, Account: acct.ID, Role: store.RoleOwner}); err != nil && !errors.Is(err, store.ErrExists) {
+			return nil, err
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	env.project = sandbox.ProjectRef{Kind: sandbox.ProjectKind(kind), ProjectID: proj.ID}
+	env.cwd = f.cwd
+	if env.cwd == "" && kind == store.ProjectHost {
+		env.cwd = proj.Root
+	}
+	ok = true
+	return env, nil
+}
+
+func ensureAccount(ctx context.Context, st *store.Store, name string) (store.Account, error) {
+	a, err := st.AccountByName(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		a, err = st.CreateAccount(ctx, name)
+		if errors.Is(err, store.ErrExists) {
+			return st.AccountByName(ctx, name)
+		}
+	}
+	return a, err
+}
+
+// ensureProject finds the project of that kind rooted at dir, or creates it.
+func ensureProject(ctx context.Context, st *store.Store, kind store.ProjectKind, dir string) (store.Project, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return store.Project{}, err
+	}
+	root, err := filepath.EvalSymlinks(abs)
+	if err != nil {
+		return store.Project{}, fmt.Errorf("project directory: %w", err)
+	}
+	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
+		return store.Project{}, fmt.Errorf("project directory %s is not a directory", dir)
+	}
+	projects, err := st.ListProjects(ctx)
+	if err != nil {
+		return store.Project{}, err
+	}
+	for _, p := range projects {
+		if p.Kind == kind && p.Root == root {
+			return p, nil
+		}
+	}
+	p, err := st.CreateProject(ctx, store.NewProject{Kind: kind, Name: string(kind) + ":" + root, Root: root})
+	if errors.Is(err, store.ErrExists) {
+		return st.ProjectByName(ctx, string(kind)+":"+root)
+	}
+	return p, err
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// Exit statuses of `corral run` (pinned): the command's own exit code, or
+// 128+N for a death by signal N; 124 for a timeout; 125 for every other
+// failure of corral's.
+const (
+	exitTimeout = 124
+	exitFailure = 125
+)
+
+// errorBody is the pinned JSON error form.
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Kind    sandbox.ErrorKind `json:"kind"`
+	Message string            `json:"message"`
+	Stdout  string            `json:"stdout"`
+	Stderr  string            `json:"stderr"`
+}
+
+// report writes the outcome of a run per the pinned contract and returns
+// corral's exit status.
+func report(stdout, stderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
+	if err != nil {
+		ce := asCommandError(err)
+		status := exitFailure
+		if ce.Kind == sandbox.KindTimeout {
+			status = exitTimeout
+		}
+		if asJSON {
+			writeJSON(stdout, errorBody{Error: errorDetail{Kind: ce.Kind, Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr}})
+			return status
+		}
+		_, _ = io.WriteString(stdout, ce.Stdout)
+		_, _ = io.WriteString(stderr, ce.Stderr)
+		fmt.Fprintf(stderr, "corral: %s: %s\n", ce.Kind, ce.Message)
+		return status
+	}
+	if asJSON {
+		writeJSON(stdout, res)
+	} else {
+		_, _ = io.WriteString(stdout, res.Stdout)
+		_, _ = io.WriteString(stderr, res.Stderr)
+	}
+	return exitStatus(res)
+}
+
+// exitStatus maps a result to corral's exit status.
+func exitStatus(res *sandbox.CommandResult) int {
+	if res.Code != nil {
+		return *res.Code
+	}
+	if n := unix.SignalNum(res.Signal); n != 0 {
+		return 128 + int(n)
+	}
+	return exitFailure
+}
+
+// asCommandError returns err's CommandError, or wraps a failure of corral's
+// own set-up (bad flags, unusable state directory) as a prepare error:
+// nothing was started.
+func asCommandError(err error) *sandbox.CommandError {
+	var ce *sandbox.CommandError
+	if errors.As(err, &ce) {
+		return ce
+	}
+	kind := sandbox.KindPrepare
+	if errors.Is(err, sandbox.ErrUnavailable) {
+		kind = sandbox.KindPrepare
+	}
+	return &sandbox.CommandError{Kind: kind, Message: err.Error(), Cause: err}
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,25 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/confine"
+	"github.com/corral-sandbox/corral/machine"
+)
+
+// reexec dispatches the hidden re-exec entry points before anything else
+// runs: the confinement helper and the machine init never return.
+func reexec() {
+	confine.MaybeRun()
+}
+
+// addCommands adds the subcommands beyond run and version.
+func addCommands(root *cobra.Command) {}
+
+// envTransport is the transport for a run that was given --worker-socket.
+func envTransport(f *runFlags) machine.PrivilegedTransport {
+	if f.workerSocket != "" {
+		return machine.SocketTransport{Path: f.workerSocket}
+	}
+	return nil
+}

@@ -1,0 +1,179 @@
+// Package core is corral's composition root: Build opens the store, starts
+// the lease reconciler, builds the machine gateway from the privileged
+// transport it is given, loads the plugins and composes the sandbox control.
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/corral-sandbox/corral/lease"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/provider"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// Options configure Build.
+type Options struct {
+	// Store is the database. If nil, Build opens StorePath (and closes it
+	// on Close).
+	Store *store.Store
+	// StorePath is the database file used when Store is nil.
+	StorePath string
+	// Migrate lets Build create and migrate the database. A process that
+	// must not migrate (the delegated runner) sets false: Build then refuses
+	// a schema this binary does not know exactly.
+	Migrate bool
+	// PrivilegedTransport reaches the privileged worker. If nil, every
+	// machine-runtime call fails at once with
+	// machine.ErrNoPrivilegedTransport; host projects still work. Core never
+	// discovers a worker on its own.
+	PrivilegedTransport machine.PrivilegedTransport
+	// SelfExe is corral's executable, for the confinement helper. Empty
+	// means os.Executable().
+	SelfExe string
+	// Control tunes the sandbox control (heartbeat interval, drain).
+	Control sandbox.ControlOptions
+	// Lease tunes the lease manager (TTL, sweep interval).
+	Lease lease.Options
+	// Logger receives diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Core is a built corral core. Close it when done.
+type Core struct {
+	store     *store.Store
+	ownStore  bool
+	leases    *lease.Manager
+	gateway   *machine.Gateway
+	provider  *provider.Provider
+	control   *sandbox.Control
+	log       *slog.Logger
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// Build composes a core. On error everything it opened is closed again.
+func Build(ctx context.Context, opts Options) (c *Core, err error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	c = &Core{store: opts.Store, log: log}
+	defer func() {
+		if err != nil {
+			c.Close()
+			c = nil
+		}
+	}()
+	if c.store == nil {
+		if opts.StorePath == "" {
+			return c, errors.New("core: no store and no store path")
+		}
+		if opts.Migrate {
+			if err := os.MkdirAll(filepath.Dir(opts.StorePath), 0o700); err != nil {
+				return c, fmt.Errorf("core: %w", err)
+			}
+		}
+		c.store, err = store.Open(ctx, opts.StorePath, store.Options{Migrate: opts.Migrate})
+		if err != nil {
+			return c, fmt.Errorf("core: %w", err)
+		}
+		c.ownStore = true
+	} else if !opts.Migrate {
+		// A store handed in must still be one this binary knows.
+		have, err := c.store.SchemaVersion(ctx)
+		if err != nil {
+			return c, fmt.Errorf("core: %w", err)
+		}
+		if have != store.LatestVersion() {
+			return c, fmt.Errorf("core: %w", &store.SchemaError{Path: c.store.Path(), Have: have, Want: store.LatestVersion()})
+		}
+	}
+
+	lopts := opts.Lease
+	if lopts.Logger == nil {
+		lopts.Logger = log
+	}
+	c.leases = lease.NewManager(c.store, lopts)
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	c.cancel = cancel
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		if err := c.leases.Run(rctx); err != nil && rctx.Err() == nil {
+			log.Error("lease reconciler stopped", "err", err)
+		}
+	}()
+
+	c.gateway = machine.New(opts.PrivilegedTransport, machine.Options{
+		Logger:        log,
+		OnInterrupted: c.onInterrupted,
+	})
+
+	c.provider, err = provider.New(provider.Options{
+		Store: c.store, Leases: c.leases, SelfExe: opts.SelfExe, Logger: log,
+	})
+	if err != nil {
+		return c, fmt.Errorf("core: %w", err)
+	}
+	copts := opts.Control
+	if copts.Logger == nil {
+		copts.Logger = log
+	}
+	copts.Journal = journal(c.store, func(msg string, args ...any) { log.Warn(msg, args...) })
+	c.control = sandbox.NewControl(c.provider, copts)
+	return c, nil
+}
+
+// onInterrupted records that the worker connection was lost while sessions
+// ran: the journal marks their commands interrupted before any of them
+// settles.
+func (c *Core) onInterrupted(sessionIDs []string) {
+	c.log.Warn("worker connection lost", "sessions", len(sessionIDs))
+}
+
+// Store returns the core's database.
+func (c *Core) Store() *store.Store { return c.store }
+
+// Leases returns the lease manager.
+func (c *Core) Leases() *lease.Manager { return c.leases }
+
+// Gateway returns the machine gateway (never nil; without a transport every
+// call fails with machine.ErrNoPrivilegedTransport).
+func (c *Core) Gateway() *machine.Gateway { return c.gateway }
+
+// Sandbox resolves the sandbox control for core's own use. It returns
+// sandbox.ErrUnavailable when no provider is loaded.
+func (c *Core) Sandbox() (*sandbox.Control, error) {
+	if c.control == nil {
+		return nil, sandbox.ErrUnavailable
+	}
+	return c.control, nil
+}
+
+// Close stops the reconciler and the gateway and closes a store Build
+// opened. It blocks until they stopped and may be called more than once.
+func (c *Core) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		if c.cancel != nil {
+			c.cancel()
+		}
+		c.wg.Wait()
+		if c.gateway != nil {
+			err = errors.Join(err, c.gateway.Close())
+		}
+		if c.ownStore && c.store != nil {
+			err = errors.Join(err, c.store.Close())
+		}
+	})
+	return err
+}
