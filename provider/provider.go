@@ -1,0 +1,191 @@
+// Package provider is corral's sandbox provider: it implements
+// sandbox.Provider on the corral store and its leases.
+//
+// Preparation checks tenancy first (the project exists, the actor is one of
+// its members, the project has the requested kind), then the branch's own
+// rules, and mints the lease last, once every check passed: a refused
+// preparation leaves nothing behind. The provider never runs anything;
+// core's sandbox.Control does.
+//
+// Host projects (see prepareHost) are prepared as a *sandbox.LocalPrepared,
+// confined by corral's Landlock helper (package confine) unless the actor is
+// a trusted member of the project.
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/corral-sandbox/corral/confine"
+	"github.com/corral-sandbox/corral/lease"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// DefaultDomain is stamped on leases when Options.Domain is empty.
+const DefaultDomain = "sandbox"
+
+// DisplayRoot is what a host project's root is shown as: in output, in
+// DisplayCwd, and (for managed projects) inside the machine.
+const DisplayRoot = "/workspace"
+
+// DefaultPath is the PATH of every command's environment unless
+// Options.Env sets another.
+const DefaultPath = "/usr/local/bin:/usr/bin:/bin"
+
+// PrepareTimeout bounds one preparation (store lookups and the lease
+// acquisition, which may wait for another process's write lock).
+const PrepareTimeout = 30 * time.Second
+
+// Options configure a Provider.
+type Options struct {
+	// Store holds projects and members. Required.
+	Store *store.Store
+	// Leases mints the leases that cover executions. Required.
+	Leases *lease.Manager
+	// Domain is stamped on every lease this provider mints (the registry
+	// domain it serves). Empty means DefaultDomain ("sandbox").
+	Domain string
+	// SelfExe is corral's own executable, launched as the confinement
+	// helper (see confine.Command); its main must call confine.MaybeRun
+	// first. Empty means os.Executable().
+	SelfExe string
+	// Logger receives diagnostics. Nil means slog.Default().
+	Logger *slog.Logger
+	// Env is added to every command's environment, after the minimal
+	// defaults (PATH, HOME, LANG, TERM), which an entry with the same name
+	// replaces. Nil adds nothing. The daemon's own environment is never
+	// passed on.
+	Env []string
+}
+
+// Provider prepares executions for corral's projects. It is safe for
+// concurrent use.
+type Provider struct {
+	store  *store.Store
+	leases *lease.Manager
+	domain string
+	self   string
+	log    *slog.Logger
+	env    []string
+
+	// available reports whether confinement works on this kernel
+	// (confine.Available; replaced in tests).
+	available func() (int, error)
+}
+
+var _ sandbox.Provider = (*Provider)(nil)
+
+// New returns a provider over opts.Store and opts.Leases. It fails if either
+// is missing or corral's executable cannot be determined. A kernel without
+// Landlock is not an error here: it is logged, and each confined
+// preparation is then refused.
+func New(opts Options) (*Provider, error) {
+	if opts.Store == nil || opts.Leases == nil {
+		return nil, errors.New("provider: a store and a lease manager are required")
+	}
+	p := &Provider{
+		store:     opts.Store,
+		leases:    opts.Leases,
+		domain:    opts.Domain,
+		self:      opts.SelfExe,
+		log:       opts.Logger,
+		env:       append([]string(nil), opts.Env...),
+		available: confine.Available,
+	}
+	if p.domain == "" {
+		p.domain = DefaultDomain
+	}
+	if p.log == nil {
+		p.log = slog.Default()
+	}
+	if p.self == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("provider: locate corral's executable for the confinement helper: %w", err)
+		}
+		p.self = self
+	}
+	for _, kv := range p.env {
+		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
+			return nil, fmt.Errorf("provider: environment entry %q is not NAME=VALUE", kv)
+		}
+	}
+	if abi, err := p.available(); err != nil {
+		p.log.Warn("host commands of untrusted members will be refused: no confinement", "err", err)
+	} else {
+		p.log.Debug("landlock available", "abi", abi)
+	}
+	return p, nil
+}
+
+// PrepareExecution implements sandbox.Provider.
+//
+// It fails with an error wrapping sandbox.ErrNotFound if the project does
+// not exist, sandbox.ErrDenied if the actor is not a member of it, and a
+// plain error if the project's kind is not in.Project.Kind or the branch
+// refuses (see prepareHost). On failure no lease was minted.
+//
+// Preparation is short and is not cut short by ctx's cancellation (only its
+// values are used), so that RunCommand's abort check, which follows it,
+// reports a cancelled call as an abort and releases the lease; it is bounded
+// by PrepareTimeout instead.
+func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (sandbox.Prepared, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), PrepareTimeout)
+	defer cancel()
+	proj, member, err := p.tenancy(ctx, in, actor)
+	if err != nil {
+		return nil, err
+	}
+	switch proj.Kind {
+	case store.ProjectHost:
+		return p.prepareHost(ctx, in, actor, proj, member)
+	default:
+		return nil, fmt.Errorf("provider: project %d: %s projects are not supported yet: %w", proj.ID, proj.Kind, errors.ErrUnsupported)
+	}
+}
+
+// tenancy looks the project up and checks the actor's membership, before
+// anything else is touched. A non-member learns nothing about the project
+// beyond its existence.
+func (p *Provider) tenancy(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (store.Project, store.Member, error) {
+	id := in.Project.ProjectID
+	proj, err := p.store.GetProject(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Project{}, store.Member{}, fmt.Errorf("provider: project %d: %w", id, sandbox.ErrNotFound)
+	}
+	if err != nil {
+		return store.Project{}, store.Member{}, fmt.Errorf("provider: look up project %d: %w", id, err)
+	}
+	member, err := p.store.GetMember(ctx, id, actor.AccountUserID)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Project{}, store.Member{}, fmt.Errorf("provider: account %d is not a member of project %d: %w", actor.AccountUserID, id, sandbox.ErrDenied)
+	}
+	if err != nil {
+		return store.Project{}, store.Member{}, fmt.Errorf("provider: look up membership in project %d: %w", id, err)
+	}
+	if string(proj.Kind) != string(in.Project.Kind) {
+		return store.Project{}, store.Member{}, fmt.Errorf("provider: project %d is a %s project, not %s", id, proj.Kind, in.Project.Kind)
+	}
+	return proj, member, nil
+}
+
+// mintLease acquires the lease covering one execution. It is the last step
+// of every branch's preparation.
+func (p *Provider) mintLease(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (*lease.Lease, error) {
+	l, err := p.leases.Acquire(ctx, lease.AcquireRequest{
+		Account: actor.AccountUserID,
+		Project: in.Project.ProjectID,
+		Kind:    in.LeaseKind,
+		Domain:  p.domain,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("provider: %w", err)
+	}
+	return l, nil
+}
