@@ -441,10 +441,10 @@ type beatBatch struct {
 func (m *Manager) heartbeat(ctx context.Context, l *Lease) error {
 	if m.window < 0 {
 		at := m.now()
-		if err := m.st.HeartbeatLease(ctx, l.row.ID, at, m.ttl); err != nil {
+		if err := m.st.HeartbeatLease(ctx, l.row.ID, at); err != nil {
 			return err
 		}
-		l.extend(at.Add(m.ttl))
+		l.extend(at.Add(l.row.TTL))
 		return nil
 	}
 	m.mu.Lock()
@@ -485,11 +485,11 @@ func (m *Manager) flush(b *beatBatch) {
 	ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
 	defer cancel()
 	at := m.now()
-	b.errs, b.err = m.st.HeartbeatLeases(ctx, ids, at, m.ttl)
+	b.errs, b.err = m.st.HeartbeatLeases(ctx, ids, at)
 	if b.err == nil {
 		for i, l := range b.leases {
 			if b.errs[i] == nil {
-				l.extend(at.Add(m.ttl))
+				l.extend(at.Add(l.row.TTL))
 			}
 		}
 	}

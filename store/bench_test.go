@@ -36,7 +36,7 @@ func BenchmarkHeartbeatLease(b *testing.B) {
 	ctx := context.Background()
 	b.ResetTimer()
 	for i := range b.N {
-		if err := s.HeartbeatLease(ctx, ids[i%len(ids)], time.Now(), time.Hour); err != nil {
+		if err := s.HeartbeatLease(ctx, ids[i%len(ids)], time.Now()); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -53,7 +53,7 @@ func BenchmarkHeartbeatLeases(b *testing.B) {
 			for i := 0; i < b.N; i += size {
 				start := i % len(ids)
 				end := min(start+size, len(ids))
-				errs, err := s.HeartbeatLeases(ctx, ids[start:end], time.Now(), time.Hour)
+				errs, err := s.HeartbeatLeases(ctx, ids[start:end], time.Now())
 				if err != nil {
 					b.Fatal(err)
 				}

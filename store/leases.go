@@ -37,9 +37,10 @@ type Lease struct {
 	Domain      string // the plugin domain it was acquired under
 	Holder      string // free text naming the holding process
 	State       LeaseState
+	TTL         time.Duration
 	Created     time.Time
-	HeartbeatAt time.Time
-	ExpiresAt   time.Time
+	HeartbeatAt time.Time // the last heartbeat, or Created
+	ExpiresAt   time.Time // HeartbeatAt + TTL
 	ReleasedAt  time.Time // zero unless released
 	ExpiredAt   time.Time // zero unless expired
 }
@@ -53,24 +54,31 @@ type NewLease struct {
 	Kind    string // required
 	Domain  string
 	Holder  string
-	// TTL is how long the lease lives without a heartbeat. Required.
+	// TTL is how long the lease lives without a heartbeat. Required; it is
+	// stored with millisecond precision.
 	TTL time.Duration
 }
 
-const leaseCols = "id, account, project, kind, domain, holder, state, created_at, heartbeat_at, expires_at, released_at, expired_at"
+// leaseCols reads a lease's current values: a live lease's expiry comes
+// from lease_clock.
+const leaseCols = `l.id, l.account, l.project, l.kind, l.domain, l.holder, l.state, l.ttl_ms, l.created_at,
+	coalesce(c.expires_at - c.ttl_ms, l.heartbeat_at), coalesce(c.expires_at, l.expires_at),
+	l.released_at, l.expired_at`
+
+const leaseFrom = " FROM leases l LEFT JOIN lease_clock c ON c.seq = l.seq"
 
 func scanLease(r scanner, what string) (Lease, error) {
 	var (
-		l                           Lease
-		state                       string
-		created, heartbeat, expires int64
-		releasedAt, expiredAt       sql.NullInt64
+		l                                Lease
+		state                            string
+		ttl, created, heartbeat, expires int64
+		releasedAt, expiredAt            sql.NullInt64
 	)
-	if err := r.Scan(&l.ID, &l.Account, &l.Project, &l.Kind, &l.Domain, &l.Holder, &state,
+	if err := r.Scan(&l.ID, &l.Account, &l.Project, &l.Kind, &l.Domain, &l.Holder, &state, &ttl,
 		&created, &heartbeat, &expires, &releasedAt, &expiredAt); err != nil {
 		return Lease{}, classify(err, what)
 	}
-	l.State = LeaseState(state)
+	l.State, l.TTL = LeaseState(state), time.Duration(ttl)*time.Millisecond
 	l.Created, l.HeartbeatAt, l.ExpiresAt = fromMS(created), fromMS(heartbeat), fromMS(expires)
 	l.ReleasedAt, l.ExpiredAt = fromNullMS(releasedAt), fromNullMS(expiredAt)
 	return l, nil
@@ -82,7 +90,8 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 	if n.Kind == "" {
 		return Lease{}, errors.New("store: create lease: kind is required")
 	}
-	if n.TTL <= 0 {
+	ttl := n.TTL.Milliseconds()
+	if ttl <= 0 {
 		return Lease{}, fmt.Errorf("store: create lease: invalid TTL %v", n.TTL)
 	}
 	if n.ID == "" {
@@ -91,21 +100,32 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 	now := ms(at)
 	l := Lease{
 		ID: n.ID, Account: n.Account, Project: n.Project, Kind: n.Kind, Domain: n.Domain, Holder: n.Holder,
-		State: LeaseLive, Created: fromMS(now), HeartbeatAt: fromMS(now), ExpiresAt: fromMS(now + n.TTL.Milliseconds()),
+		State: LeaseLive, TTL: time.Duration(ttl) * time.Millisecond,
+		Created: fromMS(now), HeartbeatAt: fromMS(now), ExpiresAt: fromMS(now + ttl),
 	}
-	_, err := s.w.ExecContext(ctx, `
-		INSERT INTO leases (id, account, project, kind, domain, holder, state, created_at, heartbeat_at, expires_at)
-		VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?)`,
-		l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, now, now, ms(l.ExpiresAt))
+	err := s.tx(ctx, func(tx *sql.Tx) error {
+		var seq int64
+		err := tx.QueryRowContext(ctx, `
+			INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?, ?) RETURNING seq`,
+			l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl).Scan(&seq)
+		if err != nil {
+			return classify(err, fmt.Sprintf("create lease for project %d", n.Project))
+		}
+		if _, err := tx.ExecContext(ctx, "INSERT INTO lease_clock (seq, expires_at, ttl_ms) VALUES (?, ?, ?)", seq, now+ttl, ttl); err != nil {
+			return fmt.Errorf("store: create lease: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
-		return Lease{}, classify(err, fmt.Sprintf("create lease for project %d", n.Project))
+		return Lease{}, err
 	}
 	return l, nil
 }
 
 // GetLease returns the lease with the given ID, or ErrNotFound.
 func (s *Store) GetLease(ctx context.Context, id string) (Lease, error) {
-	return scanLease(s.r.QueryRowContext(ctx, "SELECT "+leaseCols+" FROM leases WHERE id = ?", id),
+	return scanLease(s.r.QueryRowContext(ctx, "SELECT "+leaseCols+leaseFrom+" WHERE l.id = ?", id),
 		"lease "+id)
 }
 
@@ -124,22 +144,22 @@ func (s *Store) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error) 
 		args  []any
 	)
 	if f.Project != 0 {
-		where, args = append(where, "project = ?"), append(args, f.Project)
+		where, args = append(where, "l.project = ?"), append(args, f.Project)
 	}
 	if f.Account != 0 {
-		where, args = append(where, "account = ?"), append(args, f.Account)
+		where, args = append(where, "l.account = ?"), append(args, f.Account)
 	}
 	if f.State != "" {
-		where, args = append(where, "state = ?"), append(args, string(f.State))
+		where, args = append(where, "l.state = ?"), append(args, string(f.State))
 	}
 	if f.Holder != "" {
-		where, args = append(where, "holder = ?"), append(args, f.Holder)
+		where, args = append(where, "l.holder = ?"), append(args, f.Holder)
 	}
-	q := "SELECT " + leaseCols + " FROM leases"
+	q := "SELECT " + leaseCols + leaseFrom
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	return s.queryLeases(ctx, s.r, q+" ORDER BY created_at, id", args...)
+	return s.queryLeases(ctx, s.r, q+" ORDER BY l.seq", args...)
 }
 
 type querier interface {
@@ -173,7 +193,7 @@ func (s *Store) LeasesByID(ctx context.Context, ids []string) (map[string]Lease,
 		return out, nil
 	}
 	list, err := s.queryLeases(ctx, s.r,
-		"SELECT "+leaseCols+" FROM leases WHERE id IN (SELECT value FROM json_each(?))", jsonIDs(ids))
+		"SELECT "+leaseCols+leaseFrom+" WHERE l.id IN (SELECT value FROM json_each(?))", jsonIDs(ids))
 	if err != nil {
 		return nil, err
 	}
@@ -186,89 +206,96 @@ func (s *Store) LeasesByID(ctx context.Context, ids []string) (map[string]Lease,
 // LiveLeaseCount returns the number of live leases, overdue ones included.
 func (s *Store) LiveLeaseCount(ctx context.Context) (int, error) {
 	var n int
-	if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM leases WHERE state = 'live'").Scan(&n); err != nil {
+	if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM lease_clock").Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: count live leases: %w", err)
 	}
 	return n, nil
 }
 
-// HeartbeatLease extends a live lease to expire at at+ttl. It fails with
-// ErrLeaseExpired if the lease expired or is overdue, ErrLeaseReleased if it
-// was released, ErrNotFound if it does not exist.
-func (s *Store) HeartbeatLease(ctx context.Context, id string, at time.Time, ttl time.Duration) error {
-	errs, err := s.HeartbeatLeases(ctx, []string{id}, at, ttl)
+// HeartbeatLease extends a live lease to expire at at plus its TTL. It
+// fails with ErrLeaseExpired if the lease expired or is overdue,
+// ErrLeaseReleased if it was released, ErrNotFound if it does not exist.
+func (s *Store) HeartbeatLease(ctx context.Context, id string, at time.Time) error {
+	errs, err := s.HeartbeatLeases(ctx, []string{id}, at)
 	if err != nil {
 		return err
 	}
 	return errs[0]
 }
 
-// HeartbeatLeases heartbeats many leases in one transaction, which is much
-// cheaper per lease than one HeartbeatLease each. errs[i] is the outcome for
-// ids[i], as HeartbeatLease would report it; err is a failure of the whole
-// batch, in which case no lease was extended.
-func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time, ttl time.Duration) (errs []error, err error) {
-	if ttl <= 0 {
-		return nil, fmt.Errorf("store: heartbeat: invalid TTL %v", ttl)
-	}
+// HeartbeatLeases heartbeats many leases in one transaction, which costs
+// far less per lease than one HeartbeatLease each. errs[i] is the outcome
+// for ids[i], as HeartbeatLease would report it; err is a failure of the
+// whole batch, in which case no lease was extended.
+func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time) (errs []error, err error) {
 	errs = make([]error, len(ids))
 	if len(ids) == 0 {
 		return errs, nil
 	}
-	list := jsonIDs(ids)
 	now := ms(at)
+	uniq := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		uniq[id] = true
+	}
+	list := make([]string, 0, len(uniq))
+	for id := range uniq {
+		list = append(list, id)
+	}
 	err = s.tx(ctx, func(tx *sql.Tx) error {
-		rows, err := tx.QueryContext(ctx, `
-			UPDATE leases SET heartbeat_at = ?1, expires_at = ?2
-			WHERE id IN (SELECT value FROM json_each(?3)) AND +state = 'live' AND expires_at >= ?1
-			RETURNING id`, now, now+ttl.Milliseconds(), list)
+		// The common case, every lease live and on time, is one statement
+		// that returns no rows: no per-lease work outside SQLite.
+		res, err := tx.ExecContext(ctx, `
+			UPDATE lease_clock SET expires_at = ?1 + ttl_ms
+			WHERE seq IN (SELECT seq FROM leases WHERE id IN (SELECT value FROM json_each(?2)))
+			  AND expires_at >= ?1`, now, jsonIDs(list))
 		if err != nil {
 			return fmt.Errorf("store: heartbeat: %w", err)
 		}
-		done := make(map[string]bool, len(ids))
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("store: heartbeat: %w", err)
+		} else if int(n) == len(list) {
+			return nil
+		}
+		// Some were not extended: find out which, and why.
+		rows, err := tx.QueryContext(ctx, `
+			SELECT l.id, l.state, c.expires_at FROM leases l LEFT JOIN lease_clock c ON c.seq = l.seq
+			WHERE l.id IN (SELECT value FROM json_each(?))`, jsonIDs(list))
+		if err != nil {
+			return fmt.Errorf("store: heartbeat: %w", err)
+		}
+		defer rows.Close()
+		why := make(map[string]error, len(list))
+		for _, id := range list {
+			why[id] = ErrNotFound
+		}
 		for rows.Next() {
-			var id string
-			if err := rows.Scan(&id); err != nil {
-				rows.Close()
+			var (
+				id, state string
+				expires   sql.NullInt64
+			)
+			if err := rows.Scan(&id, &state, &expires); err != nil {
 				return fmt.Errorf("store: heartbeat: %w", err)
 			}
-			done[id] = true
-		}
-		if err := rows.Close(); err != nil {
-			return fmt.Errorf("store: heartbeat: %w", err)
+			switch {
+			case state == string(LeaseReleased):
+				why[id] = ErrLeaseReleased
+			case state == string(LeaseExpired):
+				why[id] = ErrLeaseExpired
+			case expires.Valid && expires.Int64 < now:
+				// Live but not extended: it was overdue. (An extended
+				// lease expires at now + TTL, never before now.)
+				why[id] = fmt.Errorf("%w (overdue)", ErrLeaseExpired)
+			default:
+				why[id] = nil
+			}
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("store: heartbeat: %w", err)
 		}
-		if len(done) == len(ids) {
-			return nil
-		}
-		// Rare: classify the leases that were not extended.
-		var missed []string
-		for _, id := range ids {
-			if !done[id] {
-				missed = append(missed, id)
-			}
-		}
-		found, err := s.queryLeases(ctx, tx,
-			"SELECT "+leaseCols+" FROM leases WHERE id IN (SELECT value FROM json_each(?))", jsonIDs(missed))
-		if err != nil {
-			return err
-		}
-		byID := make(map[string]Lease, len(found))
-		for _, l := range found {
-			byID[l.ID] = l
-		}
 		for i, id := range ids {
-			if done[id] {
-				continue
+			if why[id] != nil {
+				errs[i] = fmt.Errorf("store: heartbeat lease %s: %w", id, why[id])
 			}
-			l, ok := byID[id]
-			if !ok {
-				errs[i] = fmt.Errorf("store: heartbeat lease %s: %w", id, ErrNotFound)
-				continue
-			}
-			errs[i] = leaseStateError("heartbeat", l, at)
 		}
 		return nil
 	})
@@ -276,20 +303,6 @@ func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time,
 		return nil, err
 	}
 	return errs, nil
-}
-
-// leaseStateError explains why a lease could not be heartbeated or
-// released.
-func leaseStateError(op string, l Lease, at time.Time) error {
-	switch {
-	case l.State == LeaseReleased:
-		return fmt.Errorf("store: %s lease %s: %w", op, l.ID, ErrLeaseReleased)
-	case l.State == LeaseExpired:
-		return fmt.Errorf("store: %s lease %s: %w at %s", op, l.ID, ErrLeaseExpired, l.ExpiredAt.UTC().Format(time.RFC3339Nano))
-	case l.ExpiresAt.Before(at):
-		return fmt.Errorf("store: %s lease %s: %w (overdue since %s)", op, l.ID, ErrLeaseExpired, l.ExpiresAt.UTC().Format(time.RFC3339Nano))
-	}
-	return nil
 }
 
 // ReleaseLease releases a live lease and returns its row. Releasing a
@@ -300,18 +313,30 @@ func leaseStateError(op string, l Lease, at time.Time) error {
 func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Lease, error) {
 	var out Lease
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		l, err := scanLease(tx.QueryRowContext(ctx, "SELECT "+leaseCols+" FROM leases WHERE id = ?", id), "release lease "+id)
+		var seq int64
+		if err := tx.QueryRowContext(ctx, "SELECT seq FROM leases WHERE id = ?", id).Scan(&seq); err != nil {
+			return classify(err, "release lease "+id)
+		}
+		l, err := scanLease(tx.QueryRowContext(ctx, "SELECT "+leaseCols+leaseFrom+" WHERE l.seq = ?", seq), "release lease "+id)
 		if err != nil {
 			return err
 		}
 		out = l
-		if l.State == LeaseReleased {
+		switch {
+		case l.State == LeaseReleased:
 			return nil
+		case l.State == LeaseExpired:
+			return fmt.Errorf("store: release lease %s: %w", id, ErrLeaseExpired)
+		case l.ExpiresAt.Before(at):
+			return fmt.Errorf("store: release lease %s: %w (overdue since %s)", id, ErrLeaseExpired,
+				l.ExpiresAt.UTC().Format(time.RFC3339Nano))
 		}
-		if err := leaseStateError("release", l, at); err != nil {
-			return err
+		if _, err := tx.ExecContext(ctx, `
+			UPDATE leases SET state = 'released', released_at = ?, heartbeat_at = ?, expires_at = ? WHERE seq = ?`,
+			ms(at), ms(l.HeartbeatAt), ms(l.ExpiresAt), seq); err != nil {
+			return fmt.Errorf("store: release lease %s: %w", id, err)
 		}
-		if _, err := tx.ExecContext(ctx, "UPDATE leases SET state = 'released', released_at = ? WHERE id = ?", ms(at), id); err != nil {
+		if _, err := tx.ExecContext(ctx, "DELETE FROM lease_clock WHERE seq = ?", seq); err != nil {
 			return fmt.Errorf("store: release lease %s: %w", id, err)
 		}
 		out.State, out.ReleasedAt = LeaseReleased, fromMS(ms(at))
@@ -322,22 +347,60 @@ func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Leas
 
 // ExpireLeases marks every overdue live lease (ExpiresAt before at) expired
 // and returns them, in their new state. Each lease is returned by exactly
-// one call, across every process sharing the database.
+// one call, across every process sharing the database. When no lease is
+// overdue it only reads.
 func (s *Store) ExpireLeases(ctx context.Context, at time.Time) ([]Lease, error) {
+	now := ms(at)
+	var due bool
+	if err := s.r.QueryRowContext(ctx,
+		"SELECT EXISTS (SELECT 1 FROM lease_clock WHERE expires_at < ?)", now).Scan(&due); err != nil {
+		return nil, fmt.Errorf("store: expire leases: %w", err)
+	}
+	if !due {
+		return nil, nil
+	}
 	var out []Lease
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		var err error
-		out, err = s.queryLeases(ctx, tx, `
-			UPDATE leases SET state = 'expired', expired_at = ?1
-			WHERE state = 'live' AND expires_at < ?1
-			RETURNING `+leaseCols, ms(at))
-		return err
+		rows, err := tx.QueryContext(ctx,
+			"DELETE FROM lease_clock WHERE expires_at < ? RETURNING seq, expires_at, ttl_ms", now)
+		if err != nil {
+			return err
+		}
+		type gone struct{ seq, expires, ttl int64 }
+		var list []gone
+		for rows.Next() {
+			var g gone
+			if err := rows.Scan(&g.seq, &g.expires, &g.ttl); err != nil {
+				rows.Close()
+				return err
+			}
+			list = append(list, g)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		rows.Close()
+		for _, g := range list {
+			l, err := scanLease(tx.QueryRowContext(ctx, `
+				UPDATE leases AS l SET state = 'expired', expired_at = ?, heartbeat_at = ?, expires_at = ?
+				WHERE seq = ? RETURNING `+strings.ReplaceAll(leaseColsEnded, "l.", ""),
+				now, g.expires-g.ttl, g.expires, g.seq), "expire lease")
+			if err != nil {
+				return err
+			}
+			out = append(out, l)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("store: expire leases: %w", err)
 	}
 	return out, nil
 }
+
+// leaseColsEnded reads an ended lease's row alone.
+const leaseColsEnded = `l.id, l.account, l.project, l.kind, l.domain, l.holder, l.state, l.ttl_ms, l.created_at,
+	l.heartbeat_at, l.expires_at, l.released_at, l.expired_at`
 
 func jsonIDs(ids []string) string {
 	b, err := json.Marshal(ids)

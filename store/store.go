@@ -257,14 +257,6 @@ func classify(err error, what string) error {
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
-// nullMS stores a zero time as NULL.
-func nullMS(t time.Time) sql.NullInt64 {
-	if t.IsZero() {
-		return sql.NullInt64{}
-	}
-	return sql.NullInt64{Int64: t.UnixMilli(), Valid: true}
-}
-
 func fromMS(v int64) time.Time { return time.UnixMilli(v) }
 
 func fromNullMS(v sql.NullInt64) time.Time {

@@ -412,7 +412,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 
 	c.Advance(10 * time.Second)
-	if err := s.HeartbeatLease(ctx, l.ID, c.Now(), ttl); err != nil {
+	if err := s.HeartbeatLease(ctx, l.ID, c.Now()); err != nil {
 		t.Fatal(err)
 	}
 	c.Advance(10 * time.Second) // 20 s after creation, 10 s after the beat
@@ -426,7 +426,7 @@ func TestLeaseLifecycle(t *testing.T) {
 	// Overdue: heartbeat and release both report expiry; the lease is
 	// expired by exactly one ExpireLeases.
 	c.Advance(ttl)
-	if err := s.HeartbeatLease(ctx, l.ID, c.Now(), ttl); !errors.Is(err, ErrLeaseExpired) {
+	if err := s.HeartbeatLease(ctx, l.ID, c.Now()); !errors.Is(err, ErrLeaseExpired) {
 		t.Fatalf("heartbeat overdue = %v; want ErrLeaseExpired", err)
 	}
 	if _, err := s.ReleaseLease(ctx, l.ID, c.Now()); !errors.Is(err, ErrLeaseExpired) {
@@ -451,10 +451,10 @@ func TestLeaseLifecycle(t *testing.T) {
 			t.Fatalf("release #%d = %+v, %v", i, got, err)
 		}
 	}
-	if err := s.HeartbeatLease(ctx, r.ID, c.Now(), ttl); !errors.Is(err, ErrLeaseReleased) {
+	if err := s.HeartbeatLease(ctx, r.ID, c.Now()); !errors.Is(err, ErrLeaseReleased) {
 		t.Fatalf("heartbeat released = %v; want ErrLeaseReleased", err)
 	}
-	if err := s.HeartbeatLease(ctx, "nope", c.Now(), ttl); !errors.Is(err, ErrNotFound) {
+	if err := s.HeartbeatLease(ctx, "nope", c.Now()); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("heartbeat unknown = %v; want ErrNotFound", err)
 	}
 	if _, err := s.ReleaseLease(ctx, "nope", c.Now()); !errors.Is(err, ErrNotFound) {
@@ -479,7 +479,7 @@ func TestHeartbeatLeasesBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Advance(5 * time.Second)
-	errs, err := s.HeartbeatLeases(ctx, append(ids, "missing"), c.Now(), ttl)
+	errs, err := s.HeartbeatLeases(ctx, append(ids, "missing"), c.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

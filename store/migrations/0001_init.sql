@@ -39,24 +39,37 @@ CREATE INDEX members_account ON members(account);
 
 -- Leases. account is the actor's AccountUserID and deliberately has no foreign
 -- key: embedders may run commands for accounts the daemon's table does not
--- hold. A heartbeat rewrites only heartbeat_at and expires_at, which no index
--- covers, so heartbeats never touch an index b-tree.
+-- hold. A lease's row is written when it is created and when it ends; while
+-- it is live, its expiry lives in lease_clock instead.
 CREATE TABLE leases (
-	id           TEXT    PRIMARY KEY,
+	seq          INTEGER PRIMARY KEY,
+	id           TEXT    NOT NULL UNIQUE,
 	account      INTEGER NOT NULL,
 	project      INTEGER NOT NULL REFERENCES projects(id) ON DELETE CASCADE,
 	kind         TEXT    NOT NULL CHECK (kind <> ''),
 	domain       TEXT    NOT NULL,
 	holder       TEXT    NOT NULL,
 	state        TEXT    NOT NULL CHECK (state IN ('live', 'released', 'expired')),
+	ttl_ms       INTEGER NOT NULL CHECK (ttl_ms > 0),
 	created_at   INTEGER NOT NULL,
-	heartbeat_at INTEGER NOT NULL,
-	expires_at   INTEGER NOT NULL,
+	heartbeat_at INTEGER NOT NULL, -- final values once the lease ended;
+	expires_at   INTEGER NOT NULL, -- while it is live, see lease_clock
 	released_at  INTEGER,
 	expired_at   INTEGER
-) WITHOUT ROWID;
-CREATE INDEX leases_state ON leases(state);
+);
 CREATE INDEX leases_project ON leases(project, state);
+CREATE INDEX leases_state ON leases(state);
+
+-- The expiry of every live lease, and nothing else: a lease has a row here
+-- exactly while its state is 'live'. Heartbeats rewrite only this table,
+-- whose rows are a few bytes each, so ten thousand live leases fit in a few
+-- dozen pages and a batch of heartbeats writes few pages. No index covers
+-- expires_at: a sweep scans these few pages instead.
+CREATE TABLE lease_clock (
+	seq        INTEGER PRIMARY KEY REFERENCES leases(seq) ON DELETE CASCADE,
+	expires_at INTEGER NOT NULL,
+	ttl_ms     INTEGER NOT NULL
+);
 
 -- The command journal: one row per command. It is an audit trail, so it keeps
 -- no foreign keys and survives the deletion of its project.
