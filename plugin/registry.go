@@ -23,7 +23,8 @@ type Options struct {
 	// returns is what every resolver receives: core uses it to hand out
 	// sandboxControl.WithDomain("sandbox"), so that every call through a
 	// control is attributed to the owner's domain. A nil result refuses the
-	// control. Nil Stamp hands controls out as provided.
+	// control. Stamp may run while the registry is locked and must not
+	// call it. Nil Stamp hands controls out as provided.
 	Stamp func(domain Domain, owner string, control any) any
 	// Capabilities lists the capability names manifests may ask for. A
 	// manifest asking for any other is invalid. Nil means none.
@@ -100,9 +101,11 @@ type PluginService struct {
 }
 
 // Registry holds declared domains, loaded plugins and the controls they
-// provide. It is pure: it has no global state, starts no goroutines and
-// runs plugin code only inside Load. All methods are safe for concurrent
-// use; Load calls are serialized.
+// provide. It is pure: it has no global state and starts no goroutines. It
+// runs plugin code only inside Load (Register functions) and, at
+// resolution, the owners' admission functions. All methods are safe for
+// concurrent use; Load calls are serialized. Domain checks must not call
+// the registry.
 type Registry struct {
 	log          *slog.Logger
 	stamp        func(Domain, string, any) any

@@ -40,7 +40,9 @@ type artifactsDomain interface {
 type sandboxCtl struct{ id string }
 
 func (s *sandboxCtl) PrepareExecution(p string) (string, error) { return s.id + ":prep:" + p, nil }
-func (s *sandboxCtl) RunCommand(p, a string) (string, error)    { return s.id + ":run:" + p + ":" + a, nil }
+func (s *sandboxCtl) RunCommand(p, a string) (string, error) {
+	return s.id + ":run:" + p + ":" + a, nil
+}
 
 // prepOnly lacks RunCommand.
 type prepOnly struct{}

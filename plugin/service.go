@@ -52,6 +52,8 @@ type ServiceFunc func(ctx context.Context) error
 // Run calls f(ctx).
 func (f ServiceFunc) Run(ctx context.Context) error { return f(ctx) }
 
+var _ Service = ServiceFunc(nil)
+
 // ServiceOptions tunes a ServiceManager. The zero value means the
 // documented defaults.
 type ServiceOptions struct {
