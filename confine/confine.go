@@ -153,10 +153,10 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("confine: exec %s: %w", argv[0], unwrapExecError(err))
 	}
-	// The command gets fds 0-2 and nothing else: whatever descriptors
-	// corral itself inherited without close-on-exec (from a service
-	// manager, a shell) must not reach it. fd 3 is already close-on-exec.
-	if err := unix.CloseRange(statusFD+1, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
+	// The command gets fds 0-2 and nothing else: neither the status pipe
+	// nor whatever descriptors corral itself inherited without
+	// close-on-exec (from a service manager, a shell).
+	if err := unix.CloseRange(statusFD, ^uint(0), unix.CLOSE_RANGE_CLOEXEC); err != nil {
 		return fmt.Errorf("confine: close_range: %w", err)
 	}
 	err = unix.Exec(path, argv, os.Environ())

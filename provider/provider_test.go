@@ -195,6 +195,13 @@ func TestConfinedWrites(t *testing.T) {
 		t.Fatalf("%s was created by a confined command", outside)
 	}
 
+	// Writing to the standard streams through their /dev names, and to
+	// /dev/null with truncation, is not a write to disk and works.
+	res, err = f.run(t, "", "sh", "-c", "echo o > /dev/stdout; echo e > /dev/stderr; echo n > /dev/null")
+	if err != nil || *res.Code != 0 || res.Stdout != "o\n" || res.Stderr != "e\n" {
+		t.Fatalf("writing to /dev/stdout, /dev/stderr, /dev/null: %+v, %v", res, err)
+	}
+
 	inActor := filepath.Join(f.actorRoot, "a")
 	res, err = f.run(t, "", "sh", "-c", "echo in > in-root && echo actor > "+inActor)
 	if err != nil || *res.Code != 0 {
