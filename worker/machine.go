@@ -26,6 +26,7 @@ type machine struct {
 	w         *Worker
 	id        int64
 	workspace string // resolved host path
+	gen       int    // distinguishes successive machines of a project
 
 	// Set by start before ready is closed; read-only afterwards.
 	ready    chan struct{}
@@ -50,8 +51,9 @@ type machine struct {
 }
 
 func (w *Worker) newMachine(id int64, ws string) *machine {
+	w.gen++
 	return &machine{
-		w: w, id: id, workspace: ws,
+		w: w, id: id, workspace: ws, gen: w.gen,
 		hostUID: w.cfg.UIDBase + uint32(w.slot(id))*RangeSize,
 		ready:   make(chan struct{}), dead: make(chan struct{}),
 		bySID: make(map[uint64]*session),
@@ -157,7 +159,7 @@ func (m *machine) boot() (err error) {
 		return fmt.Errorf("home: %w", err)
 	}
 
-	m.cg, err = w.cgroups.New("machine-"+strconv.FormatInt(m.id, 10), cgroup.Limits{Memory: w.memLimit, Pids: w.pidLimit})
+	m.cg, err = w.cgroups.New(fmt.Sprintf("machine-%d.%d", m.id, m.gen), cgroup.Limits{Memory: w.memLimit, Pids: w.pidLimit})
 	if err != nil {
 		return err
 	}

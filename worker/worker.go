@@ -55,6 +55,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -177,6 +178,7 @@ type Worker struct {
 	pidLimit int64
 
 	mu       sync.Mutex
+	gen      int // machines started, for unique cgroup names
 	machines map[int64]*machine
 	slots    map[int64]int // project id → id-range slot, stable for the worker's life
 	used     map[int]bool
@@ -257,10 +259,29 @@ func New(cfg Config) (*Worker, error) {
 	if w.cgroups, err = cgroup.Detect(cfg.CgroupParent); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	if err := w.cgroups.RemoveStale(); err != nil {
+		log.Warn("removing stale machine cgroups", "err", err)
+	}
+	markInheritedCloexec()
 	if w.hostNet, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	return w, nil
+}
+
+// markInheritedCloexec makes every descriptor above 2 close-on-exec, so
+// that none the worker inherited (Go opens its own with O_CLOEXEC) reaches
+// a machine init.
+func markInheritedCloexec() {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			unix.CloseOnExec(fd)
+		}
+	}
 }
 
 func limit(v, def int64) int64 {

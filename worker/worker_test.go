@@ -110,6 +110,17 @@ func TestMachineIsolation(t *testing.T) {
 		if !strings.Contains(string(st), want+"\t") {
 			t.Errorf("host status of the session lacks %q:\n%s", want, st)
 		}
+		fds, err := os.ReadDir("/proc/" + strconv.Itoa(pids[0]) + "/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range fds {
+			names = append(names, e.Name())
+		}
+		if strings.Join(names, ",") != "0,1,2" {
+			t.Errorf("descriptors of the session seen from the host: %v", names)
+		}
 		if m.HostUID < DefaultUIDBase {
 			t.Errorf("host uid base %d is privileged", m.HostUID)
 		}

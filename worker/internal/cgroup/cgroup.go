@@ -107,6 +107,28 @@ func ownV1Paths() (map[string]string, error) {
 	return own, sc.Err()
 }
 
+// RemoveStale kills the processes of, and removes, every group found under
+// the layout's parents: what a previous worker left behind. Only one worker
+// may use a parent.
+func (l *Layout) RemoveStale() error {
+	ents, err := os.ReadDir(l.parents[0])
+	if err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if !e.IsDir() {
+			continue
+		}
+		g := &Group{v2: l.v2}
+		for _, p := range l.parents {
+			g.paths = append(g.paths, filepath.Join(p, e.Name()))
+		}
+		errs = append(errs, g.Destroy())
+	}
+	return errors.Join(errs...)
+}
+
 // New creates (or, if a stale one exists, empties and recreates) the group
 // name under the layout's parents and applies lim.
 func (l *Layout) New(name string, lim Limits) (*Group, error) {
