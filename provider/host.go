@@ -34,6 +34,12 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 //
 // The environment is minimal and never the daemon's: PATH, HOME (the
 // project root), LANG, TERM, then Options.Env.
+//
+// Paths are checked at preparation and used at start. The kernel enforces
+// confinement at each write, on the roots as they resolved when the helper
+// started; so whoever can replace a root (or its parent) with a symlink
+// between two preparations redirects what later commands may write. Roots
+// must therefore not lie beneath a directory an untrusted command can write.
 func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project, member store.Member) (sandbox.Prepared, error) {
 	if !filepath.IsAbs(proj.Root) {
 		return nil, fmt.Errorf("provider: project %d root %q is not absolute", proj.ID, proj.Root)

@@ -145,6 +145,8 @@ func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, a
 	switch proj.Kind {
 	case store.ProjectHost:
 		return p.prepareHost(ctx, in, actor, proj, member)
+	// case store.ProjectManaged: the managed branch (prepareManaged) goes
+	// here, on the same tenancy result and mintLease.
 	default:
 		return nil, fmt.Errorf("provider: project %d: %s projects are not supported yet: %w", proj.ID, proj.Kind, errors.ErrUnsupported)
 	}

@@ -330,6 +330,19 @@ func TestTenancy(t *testing.T) {
 		if sandbox.KindOf(err) != sandbox.KindPrepare || !errors.Is(err, sandbox.ErrDenied) {
 			t.Fatalf("error %v, want a prepare error wrapping ErrDenied", err)
 		}
+		// Tenancy comes first: a non-member learns nothing about paths or
+		// the project's kind.
+		for _, in := range []sandbox.ExecInput{f.input("../..", "true"), f.input("no-such-dir", "true")} {
+			_, err = f.ctrl.RunCommand(ctx, in, &a, nil)
+			if !errors.Is(err, sandbox.ErrDenied) || strings.Contains(err.Error(), in.Cwd) {
+				t.Errorf("cwd %q: error %v, want only ErrDenied", in.Cwd, err)
+			}
+		}
+		in := f.input("", "true")
+		in.Project.Kind = sandbox.ProjectManaged
+		if _, err = f.ctrl.RunCommand(ctx, in, &a, nil); !errors.Is(err, sandbox.ErrDenied) {
+			t.Errorf("kind mismatch for a non-member: error %v, want ErrDenied", err)
+		}
 		if n := len(f.leaseRows(t, "")); n != 0 {
 			t.Fatalf("%d lease(s) minted for a non-member", n)
 		}
