@@ -21,6 +21,10 @@
 //	  |  (EOF on the socket)  ---------------->|  init exits: the kernel kills
 //	                                              every process of the machine
 //
+// The worker waits on its end through Go's network poller (Conn); the init
+// polls its end together with its sessions' pidfds on one thread
+// (Endpoint).
+//
 // A start carries exactly three descriptors (stdin, stdout, stderr); config
 // carries the descriptors its Config.MountFDs says; nothing else carries any.
 package ctl
@@ -31,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -111,23 +116,19 @@ var ErrFDMismatch = errors.New("ctl: descriptor count mismatch")
 // peer has closed its end.
 var ErrClosed = errors.New("ctl: channel closed")
 
-// Conn is one end of the control channel, over a blocking socket used with
-// plain system calls: a Recv blocks its thread in recvmsg and wakes as soon
-// as a packet arrives, with no poller in between (the exec path crosses
-// this channel three times). Send is safe for concurrent use and with
-// Recv; Recv must be called from one goroutine at a time. Close unblocks a
-// pending Recv.
+// ErrWouldBlock is returned by Endpoint.TryRecv when no packet is waiting.
+var ErrWouldBlock = errors.New("ctl: no packet waiting")
+
+// Conn is the worker's end of the control channel. It waits through Go's
+// network poller, so a worker with many machines ties up no thread per
+// machine. Send is safe for concurrent use, also with Recv; Recv must be
+// called from one goroutine at a time. Close unblocks a pending Recv.
 type Conn struct {
-	life   sync.RWMutex // held shared while fd is in use, exclusively to close it
-	fd     int          // -1 once closed
+	f      *os.File
+	rc     syscall.RawConn
 	sendMu sync.Mutex
 	buf    []byte
 	oob    []byte
-}
-
-// New returns a Conn owning the blocking SOCK_SEQPACKET descriptor fd.
-func New(fd int) *Conn {
-	return &Conn{fd: fd, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
 }
 
 // Pair returns a connected pair: the worker's Conn and the init's end as a
@@ -137,56 +138,112 @@ func Pair() (*Conn, *os.File, error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("ctl: socketpair: %w", err)
 	}
-	return New(fds[0]), os.NewFile(uintptr(fds[1]), "ctl-init"), nil
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("ctl: %w", err)
+	}
+	f := os.NewFile(uintptr(fds[0]), "ctl")
+	rc, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("ctl: %w", err)
+	}
+	c := &Conn{f: f, rc: rc, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
+	return c, os.NewFile(uintptr(fds[1]), "ctl-init"), nil
 }
 
-// Close shuts the channel down, waking a blocked Recv, and closes the
-// descriptor. Idempotent.
+// Close closes the channel, unblocking a pending Recv. Idempotent.
 func (c *Conn) Close() error {
-	c.life.RLock()
-	if c.fd >= 0 {
-		_ = unix.Shutdown(c.fd, unix.SHUT_RDWR)
-	}
-	c.life.RUnlock()
-	c.life.Lock()
-	defer c.life.Unlock()
-	if c.fd < 0 {
+	err := c.f.Close()
+	if errors.Is(err, os.ErrClosed) {
 		return nil
 	}
-	err := unix.Close(c.fd)
-	c.fd = -1
 	return err
 }
 
 // Send writes m with files as SCM_RIGHTS. It does not close files.
 func (c *Conn) Send(m *Msg, files ...*os.File) error {
-	if len(files) != FDCount(m) {
-		return ErrFDMismatch
-	}
-	b, err := json.Marshal(m)
+	b, oob, err := encode(m, files)
 	if err != nil {
-		return fmt.Errorf("ctl: %w", err)
-	}
-	if len(b) > MaxPacket {
-		return fmt.Errorf("ctl: packet of %d bytes exceeds %d", len(b), MaxPacket)
-	}
-	var oob []byte
-	if len(files) > 0 {
-		fds := make([]int, len(files))
-		for i, f := range files {
-			fds[i] = int(f.Fd())
-		}
-		oob = unix.UnixRights(fds...)
-	}
-	c.life.RLock()
-	defer c.life.RUnlock()
-	if c.fd < 0 {
-		return ErrClosed
+		return err
 	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
+	var serr error
+	err = c.rc.Write(func(fd uintptr) bool {
+		serr = unix.Sendmsg(int(fd), b, oob, nil, unix.MSG_NOSIGNAL|unix.MSG_DONTWAIT)
+		return serr != unix.EAGAIN
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrClosed) {
+			return ErrClosed
+		}
+		return fmt.Errorf("ctl: send %s: %w", m.Op, err)
+	}
+	return nil
+}
+
+// Recv reads one packet, waiting for it. Received descriptors are
+// close-on-exec; on any error every one of them is closed. It returns
+// ErrClosed after Close or once the peer has closed its end.
+func (c *Conn) Recv() (*Msg, []*os.File, error) {
+	var (
+		n, oobn, flags int
+		rerr           error
+	)
+	err := c.rc.Read(func(fd uintptr) bool {
+		n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), c.buf, c.oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_DONTWAIT)
+		return rerr != unix.EAGAIN
+	})
+	if err != nil {
+		if errors.Is(err, os.ErrClosed) {
+			return nil, nil, ErrClosed
+		}
+		return nil, nil, fmt.Errorf("ctl: recv: %w", err)
+	}
+	return decode(c.buf, c.oob, n, oobn, flags, rerr)
+}
+
+// RecvTimeout is Recv giving up after d with an error wrapping
+// os.ErrDeadlineExceeded.
+func (c *Conn) RecvTimeout(d time.Duration) (*Msg, []*os.File, error) {
+	if err := c.f.SetReadDeadline(time.Now().Add(d)); err != nil {
+		return nil, nil, fmt.Errorf("ctl: %w", err)
+	}
+	defer c.f.SetReadDeadline(time.Time{})
+	return c.Recv()
+}
+
+// Endpoint is the init's end of the control channel: plain system calls on
+// a descriptor, for an event loop that polls it together with other
+// descriptors on one thread. Send blocks; TryRecv never does.
+type Endpoint struct {
+	fd  int
+	buf []byte
+	oob []byte
+}
+
+// NewEndpoint returns an Endpoint owning fd.
+func NewEndpoint(fd int) *Endpoint {
+	return &Endpoint{fd: fd, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
+}
+
+// FD returns the descriptor, for polling.
+func (e *Endpoint) FD() int { return e.fd }
+
+// Send writes m with files as SCM_RIGHTS. It does not close files.
+func (e *Endpoint) Send(m *Msg, files ...*os.File) error {
+	b, oob, err := encode(m, files)
+	if err != nil {
+		return err
+	}
 	for {
-		err = unix.Sendmsg(c.fd, b, oob, nil, unix.MSG_NOSIGNAL)
+		err = unix.Sendmsg(e.fd, b, oob, nil, unix.MSG_NOSIGNAL)
 		if err != unix.EINTR {
 			break
 		}
@@ -197,52 +254,56 @@ func (c *Conn) Send(m *Msg, files ...*os.File) error {
 	return nil
 }
 
-// Recv reads one packet, blocking. Received descriptors are close-on-exec;
-// on any error every one of them is closed. It returns ErrClosed after
-// Close or once the peer has closed its end.
-func (c *Conn) Recv() (*Msg, []*os.File, error) {
-	return c.recv(-1)
-}
+// Recv reads one packet, blocking.
+func (e *Endpoint) Recv() (*Msg, []*os.File, error) { return e.recv(0) }
 
-// RecvTimeout is Recv giving up after d with os.ErrDeadlineExceeded.
-func (c *Conn) RecvTimeout(d time.Duration) (*Msg, []*os.File, error) {
-	return c.recv(int(d.Milliseconds()))
-}
+// TryRecv reads one packet if one is waiting, else returns ErrWouldBlock.
+func (e *Endpoint) TryRecv() (*Msg, []*os.File, error) { return e.recv(unix.MSG_DONTWAIT) }
 
-func (c *Conn) recv(timeoutMS int) (*Msg, []*os.File, error) {
-	c.life.RLock()
-	defer c.life.RUnlock()
-	if c.fd < 0 {
-		return nil, nil, ErrClosed
-	}
-	if timeoutMS >= 0 {
-		for {
-			n, err := unix.Poll([]unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLIN}}, timeoutMS)
-			if err == unix.EINTR {
-				continue
-			}
-			if err != nil {
-				return nil, nil, fmt.Errorf("ctl: poll: %w", err)
-			}
-			if n == 0 {
-				return nil, nil, fmt.Errorf("ctl: recv: %w", os.ErrDeadlineExceeded)
-			}
-			break
-		}
-	}
+func (e *Endpoint) recv(flag int) (*Msg, []*os.File, error) {
 	var (
 		n, oobn, flags int
 		err            error
 	)
 	for {
-		n, oobn, flags, _, err = unix.Recvmsg(c.fd, c.buf, c.oob, unix.MSG_CMSG_CLOEXEC)
+		n, oobn, flags, _, err = unix.Recvmsg(e.fd, e.buf, e.oob, unix.MSG_CMSG_CLOEXEC|flag)
 		if err != unix.EINTR {
 			break
 		}
 	}
+	if err == unix.EAGAIN {
+		return nil, nil, ErrWouldBlock
+	}
+	return decode(e.buf, e.oob, n, oobn, flags, err)
+}
+
+func encode(m *Msg, files []*os.File) (b, oob []byte, err error) {
+	if len(files) != FDCount(m) {
+		return nil, nil, ErrFDMismatch
+	}
+	b, err = json.Marshal(m)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ctl: %w", err)
+	}
+	if len(b) > MaxPacket {
+		return nil, nil, fmt.Errorf("ctl: packet of %d bytes exceeds %d", len(b), MaxPacket)
+	}
+	if len(files) > 0 {
+		fds := make([]int, len(files))
+		for i, f := range files {
+			fds[i] = int(f.Fd())
+		}
+		oob = unix.UnixRights(fds...)
+	}
+	return b, oob, nil
+}
+
+// decode turns the result of one recvmsg into a message, closing every
+// received descriptor on any error.
+func decode(buf, oob []byte, n, oobn, flags int, err error) (*Msg, []*os.File, error) {
 	var fds []int
 	if err == nil && oobn > 0 {
-		fds = parseRights(c.oob[:oobn])
+		fds = parseRights(oob[:oobn])
 	}
 	fail := func(err error) (*Msg, []*os.File, error) {
 		for _, fd := range fds {
@@ -260,7 +321,7 @@ func (c *Conn) recv(timeoutMS int) (*Msg, []*os.File, error) {
 		return fail(errors.New("ctl: truncated packet"))
 	}
 	m := new(Msg)
-	if err := json.Unmarshal(c.buf[:n], m); err != nil {
+	if err := json.Unmarshal(buf[:n], m); err != nil {
 		return fail(fmt.Errorf("ctl: decode: %w", err))
 	}
 	if len(fds) != FDCount(m) {

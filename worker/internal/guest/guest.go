@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -35,7 +34,7 @@ func Main() {
 	// session inherits nothing but its three stdio descriptors. Go opens
 	// everything with O_CLOEXEC; the inherited ones are fixed here.
 	markCloexec()
-	c := ctl.New(CtlFD)
+	c := ctl.NewEndpoint(CtlFD)
 	m, files, err := c.Recv()
 	if err != nil || m.Op != ctl.OpConfig || m.Config == nil {
 		fmt.Fprintln(os.Stderr, "corral machine init: no config:", err)
@@ -45,12 +44,11 @@ func Main() {
 		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 		os.Exit(1)
 	}
-	in := &pid1{c: c, cfg: m.Config, pids: make(map[int]uint64), sids: make(map[uint64]int), kids: make(chan struct{}, 1)}
+	in := &pid1{c: c, cfg: m.Config, byPID: make(map[int]*child), bySID: make(map[uint64]*child)}
 	if err := c.Send(&ctl.Msg{Op: ctl.OpReady}); err != nil {
 		os.Exit(1)
 	}
-	go in.reap()
-	in.serve()
+	in.loop()
 	os.Exit(0)
 }
 
@@ -91,51 +89,81 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 	return nil
 }
 
+// pid1 is the init's state. Everything runs on the init's one locked
+// thread, in loop: a single goroutine blocked in a single system call
+// (ppoll) keeps Go's scheduler out of the exec path, and the order of the
+// reports (started before exit) follows from program order.
 type pid1 struct {
-	c   *ctl.Conn
-	cfg *ctl.Config
-
-	// mu orders fork+register against reaping, so that the exit of a
-	// session that ends at once is never reaped before its pid is known.
-	mu   sync.Mutex
-	pids map[int]uint64 // session pid (in the machine) → sid
-	sids map[uint64]int
-
-	kids chan struct{} // signalled after each fork, for a reaper without children
+	c     *ctl.Endpoint
+	cfg   *ctl.Config
+	byPID map[int]*child // running sessions by pid (in the machine)
+	bySID map[uint64]*child
+	poll  []unix.PollFd
 }
 
-// serve handles the worker's requests until the channel closes.
-func (in *pid1) serve() {
+type child struct {
+	sid   uint64
+	pid   int
+	pidfd int
+}
+
+// loop serves the worker's requests and reports exits until the control
+// channel closes.
+func (in *pid1) loop() {
 	for {
-		m, files, err := in.c.Recv()
-		if err != nil {
-			if errors.Is(err, ctl.ErrFDMismatch) {
-				continue
-			}
+		in.poll = append(in.poll[:0], unix.PollFd{Fd: int32(in.c.FD()), Events: unix.POLLIN})
+		for _, ch := range in.byPID {
+			in.poll = append(in.poll, unix.PollFd{Fd: int32(ch.pidfd), Events: unix.POLLIN})
+		}
+		if _, err := unix.Ppoll(in.poll, nil, nil); err != nil && err != unix.EINTR {
+			_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: "ppoll: " + err.Error()})
 			return
+		}
+		if in.poll[0].Revents != 0 && !in.serve() {
+			return
+		}
+		in.reap()
+	}
+}
+
+// serve handles the requests waiting on the control channel. It reports
+// false when the channel is closed.
+func (in *pid1) serve() bool {
+	for {
+		m, files, err := in.c.TryRecv()
+		switch {
+		case err == ctl.ErrWouldBlock:
+			return true
+		case errors.Is(err, ctl.ErrFDMismatch):
+			continue
+		case err != nil:
+			return false
 		}
 		switch m.Op {
 		case ctl.OpStart:
 			in.start(m, files)
 		case ctl.OpKill:
-			in.mu.Lock()
-			if pid, ok := in.sids[m.SID]; ok {
+			if ch, ok := in.bySID[m.SID]; ok {
 				// The session's main process is PID 1 of its own pid
 				// namespace: killing it makes the kernel kill every
-				// process of the session, wherever it forked to.
-				_ = unix.Kill(pid, unix.SIGKILL)
+				// process of the session, wherever it forked to. The
+				// pidfd makes this immune to pid reuse.
+				_ = unix.PidfdSendSignal(ch.pidfd, unix.SIGKILL, nil, 0)
 			}
-			in.mu.Unlock()
+		default:
+			closeFiles(files)
 		}
 	}
 }
 
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
 func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
-	defer func() {
-		for _, f := range stdio {
-			f.Close()
-		}
-	}()
+	defer closeFiles(stdio)
 	notStarted := func(msg string) {
 		_ = in.c.Send(&ctl.Msg{Op: ctl.OpNotStarted, SID: m.SID, Message: msg})
 	}
@@ -144,6 +172,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 		notStarted(err.Error())
 		return
 	}
+	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   m.Cwd,
 		Env:   m.Env,
@@ -155,30 +184,22 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 			// no double fork escapes a cancel.
 			Cloneflags: syscall.CLONE_NEWPID,
 			Credential: &syscall.Credential{Uid: uint32(in.cfg.UID), Gid: uint32(in.cfg.GID), Groups: []uint32{}},
+			PidFD:      &pidfd,
 		},
 	}
-	in.mu.Lock()
 	pid, err := syscall.ForkExec(path, m.Argv, attr)
-	if err == nil {
-		in.pids[pid] = m.SID
-		in.sids[m.SID] = pid
-		// Sent under mu: the reaper cannot report the exit first.
-		_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID})
-		in.mu.Unlock()
-		select {
-		case in.kids <- struct{}{}:
-		default:
-		}
-		return
-	}
-	in.mu.Unlock()
-	{
+	if err != nil {
 		if _, serr := os.Stat(m.Cwd); serr != nil {
 			notStarted(fmt.Sprintf("chdir %s: %v", m.Cwd, unwrapPathErr(serr)))
 			return
 		}
 		notStarted(fmt.Sprintf("exec %s: %v", path, err))
+		return
 	}
+	ch := &child{sid: m.SID, pid: pid, pidfd: pidfd}
+	in.byPID[pid] = ch
+	in.bySID[m.SID] = ch
+	_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID})
 }
 
 func unwrapPathErr(err error) error {
@@ -189,41 +210,27 @@ func unwrapPathErr(err error) error {
 	return err
 }
 
-// reap waits for every child, reporting the exits of sessions. It blocks
-// its own thread in wait4 so that an exit is seen as soon as it happens,
-// without going through signal delivery. Children that are not sessions
-// (a failed exec's child, orphans) are just reaped.
+// reap collects every child that has ended, reporting the exits of
+// sessions. Children that are not sessions (a failed exec's child,
+// should ForkExec not have reaped it) are just reaped.
 func (in *pid1) reap() {
-	runtime.LockOSThread()
 	for {
 		var ws unix.WaitStatus
-		pid, err := unix.Wait4(-1, &ws, 0, nil)
-		switch {
-		case err == unix.EINTR:
-			continue
-		case err == unix.ECHILD:
-			<-in.kids
-			continue
-		case err != nil:
-			_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: "wait4: " + err.Error()})
-			os.Exit(1)
-		}
-		if !ws.Exited() && !ws.Signaled() {
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if err == unix.EINTR {
 			continue
 		}
-		// Taking mu orders this after start registered the pid and sent
-		// started (start holds mu from before the fork).
-		in.mu.Lock()
-		sid, ok := in.pids[pid]
-		if ok {
-			delete(in.pids, pid)
-			delete(in.sids, sid)
+		if err != nil || pid <= 0 {
+			return
 		}
-		in.mu.Unlock()
-		if !ok {
+		ch, ok := in.byPID[pid]
+		if !ok || (!ws.Exited() && !ws.Signaled()) {
 			continue
 		}
-		msg := &ctl.Msg{Op: ctl.OpExit, SID: sid}
+		delete(in.byPID, pid)
+		delete(in.bySID, ch.sid)
+		unix.Close(ch.pidfd)
+		msg := &ctl.Msg{Op: ctl.OpExit, SID: ch.sid}
 		if ws.Exited() {
 			code := ws.ExitStatus()
 			msg.Code = &code
