@@ -1,0 +1,348 @@
+package machine
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// conn is one handshaken connection to the worker and the requests in
+// flight on it. Its reader (serve) runs on the gateway's connection
+// goroutine and is the only goroutine that receives.
+type conn struct {
+	g      *Gateway
+	wc     *wire.Conn
+	worker string
+
+	ended chan struct{} // closed when serve returns
+	lost  chan struct{} // closed when lose has finished every request
+	// lossErr wraps ErrInterrupted; written before lost is closed and
+	// read only after.
+	lossErr error
+
+	mu       sync.Mutex
+	dead     bool // lose has taken the maps; nothing new may be added
+	cause    error
+	sessions map[string]*Session
+	dials    map[string]chan dialResult
+	pings    map[string]chan struct{}
+}
+
+type dialResult struct {
+	file *os.File
+	err  error
+}
+
+func newConn(g *Gateway, wc *wire.Conn, worker string) *conn {
+	return &conn{
+		g:        g,
+		wc:       wc,
+		worker:   worker,
+		ended:    make(chan struct{}),
+		lost:     make(chan struct{}),
+		sessions: make(map[string]*Session),
+		dials:    make(map[string]chan dialResult),
+		pings:    make(map[string]chan struct{}),
+	}
+}
+
+// errDead is returned when registering a request on a connection that is
+// being torn down.
+var errDead = fmt.Errorf("%w: connection is closing", ErrInterrupted)
+
+// fail ends the connection with cause (the first cause wins). The reader
+// then returns and lose interrupts everything in flight.
+func (c *conn) fail(cause error) {
+	c.mu.Lock()
+	if c.cause == nil {
+		c.cause = cause
+	}
+	c.mu.Unlock()
+	c.wc.Close()
+}
+
+func (c *conn) addSession(s *Session) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return errDead
+	}
+	if _, ok := c.sessions[s.ID]; ok {
+		return fmt.Errorf("machine: session id %q is already in use", s.ID)
+	}
+	c.sessions[s.ID] = s
+	return nil
+}
+
+func (c *conn) session(id string, remove bool) *Session {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sessions[id]
+	if remove && s != nil {
+		delete(c.sessions, id)
+	}
+	return s
+}
+
+// addDial registers a dial waiter; nil when the connection is dying.
+func (c *conn) addDial(id string) chan dialResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return nil
+	}
+	w := make(chan dialResult, 1)
+	c.dials[id] = w
+	return w
+}
+
+// removeDial unregisters a dial waiter and reports whether it was still
+// registered (if not, exactly one result is or will be in its channel).
+func (c *conn) removeDial(id string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.dials[id]
+	delete(c.dials, id)
+	return ok
+}
+
+func (c *conn) takeDial(id string) chan dialResult {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	w := c.dials[id]
+	delete(c.dials, id)
+	return w
+}
+
+// ping sends a ping and returns a channel closed by its pong.
+func (c *conn) ping(id string) (<-chan struct{}, error) {
+	ch := make(chan struct{})
+	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return nil, errDead
+	}
+	c.pings[id] = ch
+	c.mu.Unlock()
+	if err := c.wc.Send(&wire.Ping{ID: id}); err != nil {
+		c.fail(err)
+		return nil, fmt.Errorf("%w: %w", ErrInterrupted, err)
+	}
+	return ch, nil
+}
+
+// serve receives and dispatches frames until the connection fails, and
+// returns why.
+func (c *conn) serve() error {
+	defer close(c.ended)
+	for {
+		m, files, err := c.wc.Recv()
+		if err == nil {
+			err = c.dispatch(m, files)
+		}
+		if err == nil {
+			continue
+		}
+		c.mu.Lock()
+		cause := c.cause
+		c.mu.Unlock()
+		if cause != nil {
+			return cause
+		}
+		var pe *wire.ProtocolError
+		if errors.As(err, &pe) {
+			_ = c.wc.Send(pe.Frame())
+		}
+		if errors.Is(err, io.EOF) {
+			err = errors.New("worker closed the connection")
+		}
+		return err
+	}
+}
+
+// dispatch handles one frame from the worker. A non-nil error ends the
+// connection.
+func (c *conn) dispatch(m wire.Message, files []*os.File) error {
+	log := c.g.log
+	switch m := m.(type) {
+	case *wire.Ping:
+		if err := c.wc.Send(&wire.Pong{ID: m.ID}); err != nil {
+			return err
+		}
+	case *wire.Pong:
+		c.mu.Lock()
+		ch := c.pings[m.ID]
+		delete(c.pings, m.ID)
+		c.mu.Unlock()
+		if ch != nil {
+			close(ch)
+		}
+	case *wire.ExecAccepted:
+		c.event(m.ID, m, false)
+	case *wire.ExecStarted:
+		c.event(m.ID, m, false)
+	case *wire.ExecRejected:
+		if s := c.event(m.ID, m, true); s != nil {
+			s.finish(Exit{}, &RejectedError{Code: m.Code, Message: m.Message})
+		}
+	case *wire.ExecExit:
+		s := c.session(m.ID, true)
+		if s == nil {
+			log.Debug("exec-exit for unknown session", "id", m.ID)
+			return nil
+		}
+		switch {
+		case m.NotStarted:
+			msg := m.Message
+			if msg == "" {
+				msg = "the worker could not start the program"
+			}
+			s.finish(Exit{}, fmt.Errorf("%w: %s", ErrNotStarted, msg))
+		case m.Code != nil:
+			code := *m.Code
+			s.finish(Exit{Code: &code}, nil)
+		default:
+			s.finish(Exit{Signal: m.Signal}, nil)
+		}
+	case *wire.NetDialed:
+		w := c.takeDial(m.ID)
+		if w == nil {
+			log.Debug("net-dialed for unknown dial", "id", m.ID)
+			closeFiles(files)
+			return nil
+		}
+		w <- dialResult{file: files[0]}
+	case *wire.Error:
+		if m.ID == "" {
+			return fmt.Errorf("worker error: %w", m)
+		}
+		rej := &RejectedError{Code: m.Code, Message: m.Message}
+		if w := c.takeDial(m.ID); w != nil {
+			w <- dialResult{err: rej}
+			return nil
+		}
+		if s := c.session(m.ID, false); s != nil && !s.startedByWorker {
+			c.session(m.ID, true)
+			s.post(m)
+			s.finish(Exit{}, rej)
+			return nil
+		}
+		log.Warn("worker error frame", "id", m.ID, "code", m.Code, "message", m.Message)
+	default:
+		log.Warn("unexpected frame from worker ignored", "type", m.Type())
+		closeFiles(files)
+	}
+	return nil
+}
+
+// event posts m to session id's start events, removing the session when
+// remove is set, and returns the session (nil if unknown).
+func (c *conn) event(id string, m wire.Message, remove bool) *Session {
+	s := c.session(id, remove)
+	if s == nil {
+		c.g.log.Debug("frame for unknown session", "type", m.Type(), "id", id)
+		return nil
+	}
+	if _, ok := m.(*wire.ExecStarted); ok {
+		s.startedByWorker = true
+	}
+	s.post(m)
+	return s
+}
+
+// lose interrupts everything in flight on the connection: OnInterrupted
+// first, then every session's Wait and every pending call.
+func (c *conn) lose(cause error) {
+	c.wc.Close()
+	c.mu.Lock()
+	c.dead = true
+	if c.cause != nil {
+		cause = c.cause
+	}
+	sessions, dials := c.sessions, c.dials
+	c.sessions, c.dials, c.pings = nil, nil, nil
+	c.mu.Unlock()
+
+	if errors.Is(cause, ErrClosed) {
+		c.g.log.Info("worker connection closed")
+	} else {
+		c.g.log.Warn("worker connection lost", "err", cause, "sessions", len(sessions))
+	}
+	err := fmt.Errorf("%w: %w", ErrInterrupted, cause)
+	if len(sessions) > 0 && c.g.opts.OnInterrupted != nil {
+		c.g.opts.OnInterrupted(sortedKeys(sessions))
+	}
+	c.lossErr = err
+	for _, s := range sessions {
+		s.finish(Exit{}, err)
+	}
+	for _, w := range dials {
+		w <- dialResult{err: err}
+	}
+	close(c.lost)
+}
+
+// stdioPair makes one socketpair for a session stream: the near end stays
+// here (non-blocking, in the poller), the far end is for the worker
+// (blocking, as a child's standard descriptor expects).
+func stdioPair() (*net.UnixConn, *os.File, error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("machine: socketpair: %w", err)
+	}
+	far := os.NewFile(uintptr(fds[1]), "session-stdio")
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		far.Close()
+		return nil, nil, fmt.Errorf("machine: socketpair: %w", err)
+	}
+	nf := os.NewFile(uintptr(fds[0]), "session-stdio")
+	nc, err := net.FileConn(nf)
+	nf.Close()
+	if err != nil {
+		far.Close()
+		return nil, nil, fmt.Errorf("machine: socketpair: %w", err)
+	}
+	return nc.(*net.UnixConn), far, nil
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+func sockType(uc *net.UnixConn) (string, error) {
+	rc, err := uc.SyscallConn()
+	if err != nil {
+		return "", err
+	}
+	var typ int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) {
+		typ, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_TYPE)
+	}); err != nil {
+		return "", err
+	}
+	if gerr != nil {
+		return "", gerr
+	}
+	switch typ {
+	case unix.SOCK_SEQPACKET:
+		return "unixpacket", nil
+	case unix.SOCK_STREAM:
+		return "unix", nil
+	case unix.SOCK_DGRAM:
+		return "unixgram", nil
+	}
+	return fmt.Sprintf("type-%d", typ), nil
+}

@@ -1,0 +1,319 @@
+package machine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// ExecRequest describes a command to run in a project's machine.
+type ExecRequest struct {
+	// ID names the session on the connection. Empty means a fresh random
+	// id. An id still in use on the connection is refused.
+	ID string
+	// Project is the machine's project; Workspace is its absolute host path.
+	Project wire.Project
+	// Account is the account the command runs for; Lease the lease id
+	// covering it. Both are recorded by the worker.
+	Account int64
+	Lease   string
+	// Argv is the program and its arguments; Argv[0] is looked up in the
+	// machine's PATH by the worker. It must not be empty.
+	Argv []string
+	// Cwd is the working directory as the machine sees it (under
+	// /workspace).
+	Cwd string
+	// Env is the command's complete environment; nil means empty.
+	Env map[string]string
+}
+
+// Exit is a session's observed outcome: exactly one of Code (the exit
+// status) and Signal (the name of the signal that killed it, "SIGKILL") is
+// set. Nothing is ever invented: no status is reported for a session whose
+// end was not observed.
+type Exit struct {
+	Code   *int
+	Signal string
+}
+
+// Session is a command running in a machine. Its three streams are the
+// near ends of socketpairs whose far ends are the command's descriptors 0,
+// 1 and 2 in the machine.
+type Session struct {
+	// ID is the session's id on the worker connection.
+	ID string
+	// Stdin is the command's standard input. Close delivers EOF to the
+	// command (it shuts down the writing direction); the descriptor itself
+	// is released when the session ends or on Session.Close.
+	Stdin io.WriteCloser
+	// Stdout and Stderr are the command's output streams (their dynamic
+	// type is *net.UnixConn, for deadlines). They reach EOF when every
+	// process holding the far end has ended; they stay readable after the
+	// session ends until closed. The caller closes them, or calls Close.
+	Stdout io.ReadCloser
+	Stderr io.ReadCloser
+
+	c      *conn
+	events chan wire.Message // start-phase frames, from the reader
+
+	mu       sync.Mutex
+	near     [3]*net.UnixConn // guarded by mu
+	finished bool             // guarded by mu
+
+	// startedByWorker is set by the reader on exec-started.
+	startedByWorker bool
+
+	done       chan struct{}
+	finishOnce sync.Once
+	exit       Exit
+	err        error
+
+	cancelOnce sync.Once
+	cancelErr  error
+	closeOnce  sync.Once
+}
+
+func newSession(id string, c *conn) *Session {
+	return &Session{ID: id, c: c, events: make(chan wire.Message, 4), done: make(chan struct{})}
+}
+
+// post delivers a start-phase frame without blocking the reader; a worker
+// that sends more than a handful is not heard.
+func (s *Session) post(m wire.Message) {
+	select {
+	case s.events <- m:
+	default:
+		s.c.g.log.Warn("too many start frames for session ignored", "id", s.ID, "type", m.Type())
+	}
+}
+
+// finish settles the session once: the exit or error Wait returns. The
+// stdin descriptor is released then, as os/exec's Wait closes a stdin pipe.
+func (s *Session) finish(e Exit, err error) {
+	s.finishOnce.Do(func() {
+		s.exit, s.err = e, err
+		s.mu.Lock()
+		s.finished = true
+		if s.near[0] != nil {
+			s.near[0].Close()
+		}
+		s.mu.Unlock()
+		close(s.done)
+	})
+}
+
+// Exec starts argv in the project's machine. It sends exec-start and waits
+// for the worker's answer: a refusal is returned as a *RejectedError and
+// nothing was started. Once accepted, Exec makes three socketpairs, sends
+// the far ends with exec-attach (closing them here right after), and
+// returns when the worker reports the command started (exec-started) or
+// already ended.
+//
+// ctx bounds only the start, not the session: when ctx ends first Exec
+// asks the worker to cancel the session, releases every descriptor and
+// returns ctx's error. A connection lost before the session started gives
+// an error wrapping ErrInterrupted (after OnInterrupted was called with the
+// id); a worker that cannot be reached, ErrUnavailable. On every error all
+// descriptors Exec made are closed.
+//
+// A program that could not be executed is not an Exec error: Exec returns
+// the session and its Wait reports ErrNotStarted.
+func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
+	c, err := g.connection(ctx)
+	if err != nil {
+		return nil, err
+	}
+	id := req.ID
+	if id == "" {
+		id = newSessionID()
+	}
+	s := newSession(id, c)
+	if err := c.addSession(s); err != nil {
+		return nil, err
+	}
+	start := &wire.ExecStart{ID: id, Project: req.Project, Account: req.Account, Lease: req.Lease,
+		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env}
+	if err := s.send(start); err != nil {
+		return nil, err
+	}
+
+	// Wait for exec-accepted.
+	for accepted := false; !accepted; {
+		select {
+		case m := <-s.events:
+			switch m := m.(type) {
+			case *wire.ExecAccepted:
+				accepted = true
+			case *wire.ExecRejected:
+				return nil, &RejectedError{Code: m.Code, Message: m.Message}
+			case *wire.Error:
+				return nil, &RejectedError{Code: m.Code, Message: m.Message}
+			}
+		case <-s.done:
+			if s.err != nil {
+				return nil, s.err
+			}
+			return nil, fmt.Errorf("machine: exec %s: worker ended the session before it was attached", id)
+		case <-ctx.Done():
+			_ = s.Cancel(context.WithoutCancel(ctx))
+			return nil, ctx.Err()
+		}
+	}
+
+	// Attach the streams.
+	var near [3]*net.UnixConn
+	var far [3]*os.File
+	for i := range near {
+		near[i], far[i], err = stdioPair()
+		if err != nil {
+			break
+		}
+	}
+	s.setStreams(near)
+	if err == nil {
+		err = s.send(&wire.ExecAttach{ID: id}, far[:]...)
+	} else {
+		_ = s.Cancel(context.WithoutCancel(ctx))
+	}
+	closeFiles(far[:])
+	if err != nil {
+		s.closeStreams()
+		return nil, err
+	}
+	s.Stdin = stdinWriter{near[0]}
+	s.Stdout = near[1]
+	s.Stderr = near[2]
+
+	// Wait for exec-started (or an early end).
+	for {
+		select {
+		case m := <-s.events:
+			switch m := m.(type) {
+			case *wire.ExecStarted:
+				return s, nil
+			case *wire.Error:
+				s.closeStreams()
+				return nil, &RejectedError{Code: m.Code, Message: m.Message}
+			}
+		case <-s.done:
+			if errors.Is(s.err, ErrInterrupted) {
+				s.closeStreams()
+				return nil, s.err
+			}
+			var rej *RejectedError
+			if errors.As(s.err, &rej) {
+				s.closeStreams()
+				return nil, s.err
+			}
+			return s, nil // exited (or not started): Wait reports it
+		case <-ctx.Done():
+			_ = s.Cancel(context.WithoutCancel(ctx))
+			s.closeStreams()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// send sends a frame about s. An encoding error is returned as is and the
+// session forgotten; an I/O error ends the connection, and send returns
+// the session's interruption after OnInterrupted has run.
+func (s *Session) send(m wire.Message, files ...*os.File) error {
+	err := s.c.wc.Send(m, files...)
+	if err == nil {
+		return nil
+	}
+	var pe *wire.ProtocolError
+	if errors.As(err, &pe) {
+		s.c.session(s.ID, true)
+		s.finish(Exit{}, err)
+		return fmt.Errorf("machine: exec %s: %w", s.ID, err)
+	}
+	s.c.fail(err)
+	<-s.done
+	if s.err == nil { // the session had ended just before
+		return fmt.Errorf("machine: exec %s: %w: %w", s.ID, ErrInterrupted, err)
+	}
+	return s.err
+}
+
+// setStreams records the near ends; stdin's is released at once if the
+// session already ended.
+func (s *Session) setStreams(near [3]*net.UnixConn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.near = near
+	if s.finished && near[0] != nil {
+		near[0].Close()
+	}
+}
+
+// closeStreams releases every near end.
+func (s *Session) closeStreams() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range s.near {
+		if n != nil {
+			n.Close()
+		}
+	}
+}
+
+// Close releases the session's three streams. It does not stop the
+// command (see Cancel). It is idempotent and returns nil.
+func (s *Session) Close() error {
+	s.closeOnce.Do(s.closeStreams)
+	return nil
+}
+
+// Done returns a channel closed when the session has ended (Wait would not
+// block).
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Wait blocks until the session ends and returns its outcome. err is nil
+// whenever the worker observed the command's end: a nonzero status or a
+// signal is in Exit, not an error. Otherwise Exit is zero and err wraps
+// ErrNotStarted (the program was never executed), ErrInterrupted (the
+// connection to the worker was lost, also wrapping ErrClosed after Close;
+// the worker cancels the command and its outcome is unknown), or is a
+// *RejectedError (the worker refused the session). Wait may be called any
+// number of times, from any goroutine, and returns the same result.
+func (s *Session) Wait() (Exit, error) {
+	<-s.done
+	return s.exit, s.err
+}
+
+// Cancel asks the worker to kill the session's whole process tree
+// (exec-cancel); Wait then reports how it ended (usually its signal). It
+// does not wait for that. Cancel is idempotent: only the first call sends,
+// later calls return the first call's result; after the session ended it
+// sends nothing and returns nil. ctx is checked before sending.
+func (s *Session) Cancel(ctx context.Context) error {
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.cancelOnce.Do(func() {
+		if err := s.c.wc.Send(&wire.ExecCancel{ID: s.ID}); err != nil {
+			s.c.fail(err)
+			s.cancelErr = fmt.Errorf("machine: cancel %s: %w: %w", s.ID, ErrInterrupted, err)
+		}
+	})
+	return s.cancelErr
+}
+
+// stdinWriter is the near end of stdin; Close shuts down writing so the
+// command reads EOF.
+type stdinWriter struct{ c *net.UnixConn }
+
+func (w stdinWriter) Write(p []byte) (int, error) { return w.c.Write(p) }
+func (w stdinWriter) Close() error                { return w.c.CloseWrite() }
