@@ -15,13 +15,10 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var project = wire.Project{ID: 7, Workspace: "/srv/projects/7"}
 
