@@ -145,11 +145,6 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(wire.CodeBadCwd, "cwd %q must be a clean absolute path inside %s or %s", m.Cwd, GuestWorkspace, GuestHome)
 		return
 	}
-	ws, err := c.w.resolveWorkspace(m.Project.Workspace)
-	if err != nil {
-		reject(wire.CodeBadWorkspace, "%v", err)
-		return
-	}
 	c.mu.Lock()
 	_, dup := c.sessions[m.ID]
 	c.mu.Unlock()
@@ -157,7 +152,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, ws, true)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -192,12 +187,7 @@ func (c *conn) netDial(m *wire.NetDial) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	ws, err := c.w.resolveWorkspace(m.Project.Workspace)
-	if err != nil {
-		fail(wire.CodeBadWorkspace, "%v", err)
-		return
-	}
-	mach, err := c.w.acquire(m.Project.ID, ws, false)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {

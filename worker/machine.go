@@ -26,6 +26,7 @@ type machine struct {
 	w         *Worker
 	id        int64
 	workspace string // resolved host path
+	requested string // the path as requested when the machine started
 	gen       int    // distinguishes successive machines of a project
 
 	// Set by start before ready is closed; read-only afterwards.
@@ -50,10 +51,10 @@ type machine struct {
 	bySID    map[uint64]*session
 }
 
-func (w *Worker) newMachine(id int64, ws string) *machine {
+func (w *Worker) newMachine(id int64, ws, requested string) *machine {
 	w.gen++
 	return &machine{
-		w: w, id: id, workspace: ws, gen: w.gen,
+		w: w, id: id, workspace: ws, requested: requested, gen: w.gen,
 		hostUID: w.cfg.UIDBase + uint32(w.slot(id))*RangeSize,
 		ready:   make(chan struct{}), dead: make(chan struct{}),
 		bySID: make(map[uint64]*session),

@@ -402,43 +402,84 @@ func (w *Worker) Machines() []MachineInfo {
 // errClosed is returned when a machine is requested after Shutdown.
 var errClosed = errors.New("worker: shut down")
 
-// acquire returns the running machine of project id with workspace ws
-// (resolved), starting it if needed, and counts one reference on it that
-// the caller must release. It fails with a *rejection for a workspace
-// mismatch or too many sessions.
-func (w *Worker) acquire(id int64, ws string, session bool) (*machine, error) {
+// acquire returns the running machine of project id for the requested
+// workspace, starting it if needed, and counts one reference on it that
+// the caller must release. It fails with a *rejection for a bad or
+// mismatched workspace, too many sessions, or a machine that failed to
+// start.
+//
+// A running machine started for the very same requested path is reused
+// without resolving the path again: the workspace it mounted was checked
+// when it started, and nothing is mounted anew.
+func (w *Worker) acquire(id int64, requested string, session bool) (*machine, error) {
 	w.mu.Lock()
+	if m := w.machines[id]; m != nil && m.requested == requested {
+		return w.hold(m, session)
+	}
+	w.mu.Unlock()
+	ws, err := w.resolveWorkspace(requested)
+	if err != nil {
+		return nil, &rejection{wire.CodeBadWorkspace, err.Error()}
+	}
+	w.mu.Lock()
+	m := w.machines[id]
+	if m != nil && m.workspace != ws {
+		m.mu.Lock()
+		stopping := m.stopping
+		m.mu.Unlock()
+		if !stopping {
+			w.mu.Unlock()
+			return nil, &rejection{wire.CodeBadWorkspace, fmt.Sprintf("project %d runs with workspace %s", id, m.workspace)}
+		}
+	}
+	if m == nil {
+		return w.startMachine(id, ws, requested, session)
+	}
+	return w.hold(m, session)
+}
+
+// hold takes a reference on m, or acquires a new machine if m is stopping.
+// Called with w.mu held; releases it.
+func (w *Worker) hold(m *machine, session bool) (*machine, error) {
+	m.mu.Lock()
+	switch {
+	case m.stopping:
+		// Being stopped: forget it and start afresh, resolving the
+		// workspace again.
+		m.mu.Unlock()
+		if w.machines[m.id] == m {
+			delete(w.machines, m.id)
+		}
+		w.mu.Unlock()
+		return w.acquire(m.id, m.requested, session)
+	case session && m.sessions >= w.cfg.MaxSessions:
+		m.mu.Unlock()
+		w.mu.Unlock()
+		return nil, &rejection{wire.CodeTooManySessions, fmt.Sprintf("project %d already has %d sessions", m.id, w.cfg.MaxSessions)}
+	}
+	m.hold(session)
+	m.mu.Unlock()
+	w.mu.Unlock()
+	return m.await(session)
+}
+
+// startMachine registers and starts a new machine. Called with w.mu held;
+// releases it.
+func (w *Worker) startMachine(id int64, ws, requested string, session bool) (*machine, error) {
 	if w.closed {
 		w.mu.Unlock()
 		return nil, errClosed
 	}
-	m := w.machines[id]
-	if m != nil {
-		m.mu.Lock()
-		switch {
-		case m.stopping:
-			m.mu.Unlock()
-			m = nil
-		case m.workspace != ws:
-			m.mu.Unlock()
-			w.mu.Unlock()
-			return nil, &rejection{wire.CodeBadWorkspace, fmt.Sprintf("project %d runs with workspace %s", id, m.workspace)}
-		case session && m.sessions >= w.cfg.MaxSessions:
-			m.mu.Unlock()
-			w.mu.Unlock()
-			return nil, &rejection{wire.CodeTooManySessions, fmt.Sprintf("project %d already has %d sessions", id, w.cfg.MaxSessions)}
-		default:
-			m.hold(session)
-			m.mu.Unlock()
-		}
-	}
-	if m == nil {
-		m = w.newMachine(id, ws)
-		m.hold(session)
-		w.machines[id] = m
-		go m.start()
-	}
+	m := w.newMachine(id, ws, requested)
+	m.hold(session)
+	w.machines[id] = m
 	w.mu.Unlock()
+	go m.start()
+	return m.await(session)
+}
+
+// await waits until m has started, dropping the reference if it failed.
+func (m *machine) await(session bool) (*machine, error) {
 	<-m.ready
 	if m.startErr != nil {
 		m.release(session)

@@ -203,6 +203,13 @@ func TestExitReporting(t *testing.T) {
 			t.Fatalf("%v", r)
 		}
 	})
+	t.Run("stdio is blocking", func(t *testing.T) {
+		// The harness's pipes come from os.Pipe, which Go makes non-blocking.
+		r := h.run(t, c, p, "python3", "-c", "import os; print([os.get_blocking(i) for i in range(3)])")
+		if r.stdout != "[True, True, True]\n" {
+			t.Fatalf("%v", r)
+		}
+	})
 	t.Run("missing program is not started", func(t *testing.T) {
 		r := h.run(t, c, p, "no-such-program-anywhere")
 		if r.started || !r.exit.NotStarted || r.exit.Code != nil || !strings.Contains(r.exit.Message, "not found") {

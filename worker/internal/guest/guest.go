@@ -172,6 +172,12 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 		notStarted(err.Error())
 		return
 	}
+	// Programs expect blocking stdio; a client's socket or pipe end may
+	// arrive in non-blocking mode (Go makes them so). The flag lives on the
+	// open file description, which the client no longer uses.
+	for _, f := range stdio {
+		_ = unix.SetNonblock(int(f.Fd()), false)
+	}
 	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   m.Cwd,
