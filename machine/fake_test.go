@@ -27,6 +27,8 @@ import (
 //	signal       exits by SIGTERM
 //	sleep        runs until exec-cancel, then exits by SIGKILL
 //	hang         runs until the connection closes
+//	dropattach   closes the connection on exec-attach
+//	nostart      never sends exec-started; exits by SIGKILL on exec-cancel
 //
 // net-dial to port 0 fails with dial-failed; any other port returns a
 // socket whose peer echoes.
@@ -167,6 +169,10 @@ func (f *fakeWorker) serve(c *wire.Conn) {
 				c.Send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: "no such session"})
 				continue
 			}
+			if start.Argv[0] == "dropattach" { // crash between attach and start
+				closeFiles(files)
+				return
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -208,6 +214,15 @@ func (f *fakeWorker) run(c *wire.Conn, start *wire.ExecStart, files []*os.File, 
 	if start.Argv[0] == "notstarted" {
 		closeFiles(files)
 		c.Send(&wire.ExecExit{ID: id, NotStarted: true, Message: "exec: no such file"})
+		return
+	}
+	if start.Argv[0] == "nostart" { // hold the streams until cancelled
+		select {
+		case <-cancelled:
+			closeFiles(files)
+			c.Send(&wire.ExecExit{ID: id, Signal: "SIGKILL"})
+		case <-closed:
+		}
 		return
 	}
 	c.Send(&wire.ExecStarted{ID: id})

@@ -631,3 +631,51 @@ func TestDuplicateID(t *testing.T) {
 	s2.Stdin.Close()
 	s2.Wait()
 }
+
+func TestExecFailurePathsCloseDescriptors(t *testing.T) {
+	var interrupted []string
+	var mu sync.Mutex
+	g, f := setup(t, Options{OnInterrupted: func(ids []string) {
+		mu.Lock()
+		interrupted = append(interrupted, ids...)
+		mu.Unlock()
+	}})
+	ctx := ctxT(t)
+	if err := g.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := openFDs(t)
+
+	// The connection is lost after the streams were attached.
+	r := req("dropattach")
+	r.ID = "dropped"
+	_, err := g.Exec(ctx, r)
+	if !errors.Is(err, ErrInterrupted) {
+		t.Fatalf("Exec = %v, want ErrInterrupted", err)
+	}
+	mu.Lock()
+	if !slices.Equal(interrupted, []string{"dropped"}) {
+		t.Errorf("OnInterrupted got %v before Exec returned", interrupted)
+	}
+	mu.Unlock()
+
+	// ctx ends while waiting for exec-started.
+	sctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := g.Exec(sctx, req("nostart")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Exec = %v, want deadline exceeded", err)
+	}
+	if err := g.Ping(ctx); err != nil { // reconnected, and the cancel was handled
+		t.Fatal(err)
+	}
+	if n := f.cancels.Load(); n != 1 {
+		t.Errorf("worker got %d exec-cancel, want 1", n)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for openFDs(t) != before && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // the fake releases its copies asynchronously
+	}
+	if after := openFDs(t); after != before {
+		t.Errorf("descriptor leak: %d before, %d after", before, after)
+	}
+}
