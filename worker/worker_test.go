@@ -101,7 +101,14 @@ func TestMachineIsolation(t *testing.T) {
 		run := h.start(t, c, p, "sleep", "100")
 		m := h.machineOf(t, 7)
 		var pids []int
-		eventually(t, "the session in the machine cgroup", func() bool { pids = sessionPids(t, m); return len(pids) == 1 })
+		eventually(t, "sleep in the machine cgroup", func() bool {
+			pids = sessionPids(t, m)
+			if len(pids) != 1 {
+				return false
+			}
+			comm, _ := os.ReadFile("/proc/" + strconv.Itoa(pids[0]) + "/comm")
+			return string(comm) == "sleep\n" // exec'd, not a forked child between fork and exec
+		})
 		st, err := os.ReadFile("/proc/" + strconv.Itoa(pids[0]) + "/status")
 		if err != nil {
 			t.Fatal(err)
