@@ -156,6 +156,11 @@ func New(transport PrivilegedTransport, opts Options) *Gateway {
 	return g
 }
 
+// HasTransport reports whether the gateway was given a transport. A
+// gateway without one (or a nil *Gateway) fails every call with
+// ErrNoPrivilegedTransport.
+func (g *Gateway) HasTransport() bool { return g != nil && g.transport != nil }
+
 // Close closes the connection to the worker, which cancels every session
 // on it: their Wait returns an error wrapping both ErrInterrupted and
 // ErrClosed, after OnInterrupted was called with their ids. Later calls

@@ -93,6 +93,12 @@ func TestNilTransport(t *testing.T) {
 	if _, err := nilG.Exec(ctx, req("true")); err != ErrNoPrivilegedTransport {
 		t.Errorf("nil gateway Exec = %v", err)
 	}
+	if g.HasTransport() || nilG.HasTransport() {
+		t.Error("HasTransport true without a transport")
+	}
+	if !New(SocketTransport{Path: "/nonexistent"}, Options{}).closeForTest().HasTransport() {
+		t.Error("HasTransport false with a transport")
+	}
 }
 
 func TestHandshakeAndPing(t *testing.T) {
@@ -679,3 +685,5 @@ func TestExecFailurePathsCloseDescriptors(t *testing.T) {
 		t.Errorf("descriptor leak: %d before, %d after", before, after)
 	}
 }
+
+func (g *Gateway) closeForTest() *Gateway { g.Close(); return g }
