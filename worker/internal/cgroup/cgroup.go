@@ -49,19 +49,23 @@ type Layout struct {
 // accounting nested), and relative to the root on v2 (where this
 // process's own cgroup cannot both hold it and have controllers).
 func Detect(parent string) (*Layout, error) {
+	return detect(Root, parent)
+}
+
+func detect(root, parent string) (*Layout, error) {
 	var st unix.Statfs_t
-	if err := unix.Statfs(Root, &st); err != nil {
-		return nil, fmt.Errorf("cgroup: statfs %s: %w", Root, err)
+	if err := unix.Statfs(root, &st); err != nil {
+		return nil, fmt.Errorf("cgroup: statfs %s: %w", root, err)
 	}
 	if st.Type == unix.CGROUP2_SUPER_MAGIC {
-		dir := filepath.Join(Root, parent)
+		dir := filepath.Join(root, parent)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return nil, fmt.Errorf("cgroup: %w", err)
 		}
 		// Enable the controllers down to the parent. The root's
 		// subtree_control is usually set already; errors surface when the
 		// limits are written.
-		_ = os.WriteFile(filepath.Join(Root, "cgroup.subtree_control"), []byte("+memory +pids"), 0)
+		_ = os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+memory +pids"), 0)
 		_ = os.WriteFile(filepath.Join(dir, "cgroup.subtree_control"), []byte("+memory +pids"), 0)
 		return &Layout{v2: true, parents: []string{dir}}, nil
 	}
@@ -71,9 +75,9 @@ func Detect(parent string) (*Layout, error) {
 	}
 	l := &Layout{}
 	for _, c := range v1Controllers {
-		mnt := filepath.Join(Root, c)
+		mnt := filepath.Join(root, c)
 		if err := unix.Statfs(mnt, &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
-			return nil, fmt.Errorf("cgroup: no cgroup v2 at %s and no v1 %s hierarchy at %s", Root, c, mnt)
+			return nil, fmt.Errorf("cgroup: no cgroup v2 at %s and no v1 %s hierarchy at %s", root, c, mnt)
 		}
 		dir := filepath.Join(mnt, own[c], parent)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
