@@ -1,48 +1,3 @@
-// Package worker is corral's privileged worker: a persistent root process
-// that serves protocol 2 (package wire) on a Unix socket and runs one
-// machine per project.
-//
-// A machine is a Linux sandbox built from user, mount, pid, network, ipc
-// and uts namespaces, with guest root mapped to an unprivileged host range
-// of 65536 ids distinct per project. Its filesystem is the host's root
-// read-only, the project workspace read-write at /workspace, a per-project
-// home at /home/corral, a tmpfs /tmp, a fresh /proc, a read-only sysfs and
-// a minimal /dev; its network is loopback only. Each machine has a cgroup
-// with memory and pids limits (v2 where /sys/fs/cgroup is unified, else the
-// v1 memory and pids hierarchies). PID 1 of a machine is corral's own init
-// (this binary re-executed; see MaybeRunInit): it reaps zombies and forks
-// sessions as the unprivileged guest user 1000 with exactly the three
-// descriptors the client attached as 0, 1 and 2.
-//
-// # Session containment
-//
-// Every session's main process is PID 1 of a pid namespace of its own,
-// nested in the machine's. When it ends — by exiting or by being killed on
-// exec-cancel or a closed connection — the kernel kills every process of
-// that namespace, whatever it double-forked or daemonised into, and the
-// init only reports the exit once wait4 has observed it, which is after
-// that teardown. This is the tree kill; it cannot be escaped from inside,
-// costs no cgroup writes on the exec path and works the same on cgroup v1
-// and v2. Resource limits are enforced by the machine's cgroup (the init is
-// placed in it before it may fork), and RLIMIT_NPROC for the guest user
-// keeps a fork bomb below the pids limit so that the init itself can still
-// create threads. Sessions have no cgroup of their own: on v1 a session
-// cgroup could only be joined after the fork (racy), and the nested pid
-// namespace already gives an exact tree for killing.
-//
-// # Workspace ownership
-//
-// The workspace and the home are idmapped mounts (open_tree and
-// mount_setattr with MOUNT_ATTR_IDMAP): the workspace's host owner is the
-// guest user inside, and what the guest creates belongs to that owner on
-// the host. Ids other than the owner's show as the overflow id inside.
-// Where a filesystem refuses idmapping, the worker logs a warning and falls
-// back: the workspace is bind-mounted as is (files the guest creates then
-// belong to the project's host range, UIDBase+1000, and the owner's files
-// are writable inside only through their "other" permission bits), and the
-// home directory is chowned to the guest user's host id.
-//
-// The worker never imports another corral package than wire.
 package worker
 
 import (
@@ -339,6 +294,21 @@ func (w *Worker) Serve(ctx context.Context, ln *net.UnixListener) error {
 		return nil
 	}
 	return fmt.Errorf("worker: accept: %w", err)
+}
+
+// Serve runs a worker with cfg on ln until ctx ends (for example on
+// SIGTERM, with signal.NotifyContext), then stops every machine. It returns
+// New's error, Serve's accept error, or nil after a clean stop.
+func Serve(ctx context.Context, ln *net.UnixListener, cfg Config) error {
+	w, err := New(cfg)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	serr := w.Serve(ctx, ln)
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(serr, w.Shutdown(sctx), w.hostNet.Close())
 }
 
 // Shutdown closes every connection, stops every machine (killing all their

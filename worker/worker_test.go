@@ -765,3 +765,49 @@ func TestProtocolViolations(t *testing.T) {
 		}
 	})
 }
+
+func TestPipelinedAttach(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer null.Close()
+	// Accepted: start and attach sent back to back.
+	if err := c.Send(&wire.ExecStart{ID: "ok", Project: p, Argv: []string{"echo", "piped"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Send(&wire.ExecAttach{ID: "ok"}, null, w, w); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	for _, want := range []string{wire.TypeExecAccepted, wire.TypeExecStarted, wire.TypeExecExit} {
+		if m := recv(t, c); m.Type() != want {
+			t.Fatalf("want %s, got %#v", want, m)
+		}
+	}
+	if out, _ := io.ReadAll(r); string(out) != "piped\n" {
+		t.Fatalf("stdout %q", out)
+	}
+	// Rejected: the attach that follows is refused and its descriptors
+	// closed.
+	if err := c.Send(&wire.ExecStart{ID: "bad", Project: p, Argv: []string{"true"}, Cwd: "/etc"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Send(&wire.ExecAttach{ID: "bad"}, null, null, null); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeBadCwd {
+		t.Fatalf("%#v", m)
+	}
+	if m, ok := recv(t, c).(*wire.Error); !ok || m.Code != wire.CodeUnknownSession || m.ID != "bad" {
+		t.Fatalf("%#v", m)
+	}
+}

@@ -1,0 +1,90 @@
+// Package worker is corral's privileged worker: a persistent root process
+// that serves protocol 2 (package wire) on a Unix socket and runs one
+// machine per project.
+//
+// # Machines
+//
+// A machine is a Linux sandbox built from user, mount, pid, network, ipc
+// and uts namespaces, with guest root mapped to an unprivileged host range
+// of RangeSize ids, distinct per project. Its filesystem is the host's
+// root read-only (nosuid, nodev; /home, /tmp, /proc, /sys and /dev are not
+// the host's), the project workspace read-write at /workspace, a
+// per-project home at /home/corral, a tmpfs /tmp, a fresh /proc, a fresh
+// read-only sysfs and a minimal /dev (null, zero, full, random, urandom,
+// tty, a private devpts, a tmpfs /dev/shm); its hostname is
+// "project-<id>"; its network is a loopback interface only. Each machine
+// has a cgroup with memory and pids limits: v2 where /sys/fs/cgroup is
+// the unified hierarchy, else the v1 memory and pids hierarchies. PID 1 of
+// a machine is corral's own init — this binary re-executed (see
+// MaybeRunInit), placed in the machine's cgroup before it may fork — which
+// reaps zombies and forks sessions as the unprivileged guest user
+// GuestUID/GuestGID, with exactly the three descriptors the client
+// attached as 0, 1 and 2 (put in blocking mode) and nothing else open, a
+// checked cwd and an environment of PATH and HOME plus the request's.
+//
+// A machine starts on its project's first exec-start or net-dial, serves
+// every later one, and stops once it has had no session for
+// Config.IdleGrace; Shutdown stops them all. Stopping kills its init, which
+// makes the kernel kill every process of the machine.
+//
+// # Session containment
+//
+// Every session's main process is PID 1 of a pid namespace of its own,
+// nested in the machine's. When it ends — by exiting, or killed on
+// exec-cancel or a closed connection — the kernel kills every process of
+// that namespace, whatever it double-forked or daemonised into, and the
+// init reports the exit only once wait4 has observed it, which is after
+// that teardown. That is the tree kill: it cannot be escaped from inside,
+// costs no cgroup write on the exec path and is the same on cgroup v1 and
+// v2.
+//
+// Sessions have no cgroup of their own. On v1 (this project's CI hosts) a
+// process can only join a cgroup after its fork, so a session could fork
+// before being placed, and each migration costs about 85 µs per hierarchy
+// (measured: the kernel synchronises RCU on every cgroup.procs write);
+// two hierarchies would double the cost of a warm exec. Limits are
+// per machine, enforced by its cgroup, and RLIMIT_NPROC for the guest user
+// keeps a fork bomb a little below the pids limit so that the init can
+// still create threads and serve the next request.
+//
+// One consequence of the nested pid namespace, shared with every
+// container whose entrypoint is PID 1: a signal a session's main process
+// sends to itself with the default disposition is ignored (kill $$ in a
+// shell; abort(3) ends by SIGSEGV rather than SIGABRT). Signals from the
+// kernel (faults, the OOM killer) and from the worker act normally.
+//
+// # Workspace ownership
+//
+// The workspace and the home are idmapped mounts (open_tree and
+// mount_setattr with MOUNT_ATTR_IDMAP): the workspace's host owner is the
+// guest user inside, and what the guest creates belongs to that owner on
+// the host; other host ids show as the overflow id inside. The home
+// directory is owned by the workspace's owner on the host. Where a
+// filesystem refuses idmapping, the worker logs a warning and falls back:
+// the workspace is bind-mounted as it is (files the guest creates then
+// belong to the guest user's host id, UIDBase+slot*RangeSize+GuestUID, and
+// the owner's files are writable inside only through their "other"
+// permission bits), and the home directory is chowned to the guest user's
+// host id. MachineInfo.Idmapped says which happened.
+//
+// # Protocol behaviour
+//
+// The worker handles each connection's frames in order, so a client may
+// send exec-attach right behind exec-start without waiting for
+// exec-accepted (if the start is rejected, the attach is answered with an
+// error "unknown-session" and its descriptors are closed). Beyond what
+// package wire pins:
+//
+//   - exec-start with an empty cwd runs in /workspace; any other cwd must
+//     be a clean absolute path inside /workspace or /home/corral.
+//   - Session ids are unique among a connection's unfinished sessions; an
+//     id is free again after its exec-exit.
+//   - exec-cancel of a session never attached ends it with exec-exit
+//     {notStarted}; of an unknown or finished session, it does nothing.
+//   - If a machine dies under running sessions (its init was killed), each
+//     of them ends with an error frame {id, "machine-failed"}: their exits
+//     were not observed, so no exec-exit is invented.
+//   - A client frame of a type only the worker sends is a protocol error.
+//
+// The worker imports no corral package but wire.
+package worker
