@@ -1,0 +1,280 @@
+package daemon
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/corral-sandbox/corral/store"
+)
+
+// AccountJSON is an account in responses.
+type AccountJSON struct {
+	ID      int64     `json:"id"`
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+}
+
+// ProjectJSON is a project in responses. Root is shown for host projects
+// only: a managed project's workspace is the daemon's business.
+type ProjectJSON struct {
+	ID      int64     `json:"id"`
+	Name    string    `json:"name"`
+	Kind    string    `json:"kind"`
+	Root    string    `json:"root,omitempty"`
+	Created time.Time `json:"created"`
+	// Role is the caller's role in the project.
+	Role string `json:"role,omitempty"`
+}
+
+// MemberJSON is a membership in responses.
+type MemberJSON struct {
+	Account int64     `json:"accountId"`
+	Name    string    `json:"account,omitempty"`
+	Role    string    `json:"role"`
+	Trusted bool      `json:"trusted"`
+	Created time.Time `json:"created"`
+}
+
+// TokenJSON is a newly created token: Token is shown once.
+type TokenJSON struct {
+	ID      int64  `json:"id"`
+	Account int64  `json:"accountId"`
+	Name    string `json:"name"`
+	Token   string `json:"token"`
+}
+
+func projectJSON(p store.Project, role store.Role) ProjectJSON {
+	out := ProjectJSON{ID: p.ID, Name: p.Name, Kind: string(p.Kind), Created: p.Created, Role: string(role)}
+	if p.Kind == store.ProjectHost {
+		out.Root = p.Root
+	}
+	return out
+}
+
+func (a *App) whoami(w http.ResponseWriter, r *http.Request) error {
+	acct, _ := accountFrom(r.Context())
+	writeJSON(w, http.StatusOK, AccountJSON{acct.ID, acct.Name, acct.Created})
+	return nil
+}
+
+func (a *App) requireAdmin(r *http.Request) error {
+	acct, _ := accountFrom(r.Context())
+	if !a.isAdmin(acct) {
+		return errorf(http.StatusForbidden, KindForbidden, "account %s is not an administrator of this daemon", acct.Name)
+	}
+	return nil
+}
+
+// createAccount serves POST /v1/accounts {"name":N} (administrators only).
+func (a *App) createAccount(w http.ResponseWriter, r *http.Request) error {
+	if err := a.requireAdmin(r); err != nil {
+		return err
+	}
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	if strings.TrimSpace(req.Name) == "" {
+		return errorf(http.StatusBadRequest, KindInvalid, "name is required")
+	}
+	acct, err := a.store.CreateAccount(r.Context(), req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, AccountJSON{acct.ID, acct.Name, acct.Created})
+	return nil
+}
+
+// createToken serves POST /v1/accounts/{name}/tokens {"name":N}: an
+// administrator mints a token for any account, an account for itself.
+func (a *App) createToken(w http.ResponseWriter, r *http.Request) error {
+	caller, _ := accountFrom(r.Context())
+	name := r.PathValue("name")
+	if name != caller.Name {
+		if err := a.requireAdmin(r); err != nil {
+			return err
+		}
+	}
+	var req struct {
+		Name string `json:"name"`
+	}
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	acct, err := a.store.AccountByName(r.Context(), name)
+	if err != nil {
+		return err
+	}
+	tok, t, err := a.store.CreateToken(r.Context(), acct.ID, req.Name)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, TokenJSON{ID: t.ID, Account: acct.ID, Name: t.Name, Token: tok})
+	return nil
+}
+
+// ProjectRequest is the body of POST /v1/projects.
+type ProjectRequest struct {
+	Name string `json:"name"`
+	// Kind is "managed" (the default) or "host".
+	Kind string `json:"kind,omitempty"`
+	// Root is a host project's directory (AllowHostPaths only).
+	Root string `json:"root,omitempty"`
+	// From is a host directory copied into a new managed workspace
+	// (AllowHostPaths only).
+	From string `json:"from,omitempty"`
+	// Git is a URL cloned into a new managed workspace (http, https, ssh
+	// and git protocols; file too with AllowHostPaths).
+	Git string `json:"git,omitempty"`
+}
+
+// createProject serves POST /v1/projects; the caller becomes its owner.
+func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
+	acct, _ := accountFrom(r.Context())
+	var req ProjectRequest
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	kind := store.ProjectKind(req.Kind)
+	if kind == "" {
+		kind = store.ProjectManaged
+	}
+	spec := ProjectSpec{Name: req.Name, Kind: kind, Root: req.Root, From: req.From, Git: req.Git, Owner: acct.ID}
+	if !a.opts.AllowHostPaths {
+		if kind == store.ProjectHost || req.From != "" {
+			return errorf(http.StatusForbidden, KindForbidden, "host paths are not accepted over HTTP by this daemon (use the corral CLI)")
+		}
+		if req.Git != "" {
+			if u, err := url.Parse(req.Git); err == nil && (u.Scheme == "file" || u.Scheme == "") && !strings.Contains(req.Git, "@") {
+				return errorf(http.StatusForbidden, KindForbidden, "local git URLs are not accepted over HTTP by this daemon")
+			}
+			spec.GitProtocols = "https:http:ssh:git"
+		}
+	}
+	p, err := a.proj.Create(r.Context(), spec)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, projectJSON(p, store.RoleOwner))
+	return nil
+}
+
+// listProjects serves GET /v1/projects: the caller's projects.
+func (a *App) listProjects(w http.ResponseWriter, r *http.Request) error {
+	acct, _ := accountFrom(r.Context())
+	all, err := a.store.ListProjects(r.Context())
+	if err != nil {
+		return err
+	}
+	out := []ProjectJSON{}
+	for _, p := range all {
+		m, err := a.store.GetMember(r.Context(), p.ID, acct.ID)
+		if err != nil {
+			continue
+		}
+		out = append(out, projectJSON(p, m.Role))
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (a *App) getProject(w http.ResponseWriter, r *http.Request) error {
+	_, p, m, err := a.projectMember(r)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, projectJSON(p, m.Role))
+	return nil
+}
+
+// requireOwner returns 403 unless m is an owner.
+func requireOwner(m store.Member, p store.Project) error {
+	if m.Role != store.RoleOwner {
+		return errorf(http.StatusForbidden, KindForbidden, "only an owner of project %d may do this", p.ID)
+	}
+	return nil
+}
+
+// deleteProject serves DELETE /v1/projects/{id} (owners; 409 while a lease
+// is live).
+func (a *App) deleteProject(w http.ResponseWriter, r *http.Request) error {
+	_, p, m, err := a.projectMember(r)
+	if err != nil {
+		return err
+	}
+	if err := requireOwner(m, p); err != nil {
+		return err
+	}
+	if err := a.proj.Delete(r.Context(), p.ID); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (a *App) listMembers(w http.ResponseWriter, r *http.Request) error {
+	_, p, _, err := a.projectMember(r)
+	if err != nil {
+		return err
+	}
+	ms, err := a.store.ListMembers(r.Context(), p.ID)
+	if err != nil {
+		return err
+	}
+	out := make([]MemberJSON, 0, len(ms))
+	for _, m := range ms {
+		mj := MemberJSON{Account: m.Account, Role: string(m.Role), Trusted: m.Trusted, Created: m.Created}
+		if acct, err := a.store.GetAccount(r.Context(), m.Account); err == nil {
+			mj.Name = acct.Name
+		}
+		out = append(out, mj)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// MemberRequest is the body of POST /v1/projects/{id}/members.
+type MemberRequest struct {
+	Account string `json:"account"`
+	// Role is "member" (the default) or "owner".
+	Role string `json:"role,omitempty"`
+	// Trusted members run host commands unconfined (AllowHostPaths only).
+	Trusted bool `json:"trusted,omitempty"`
+}
+
+// addMember serves POST /v1/projects/{id}/members (owners only).
+func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
+	_, p, m, err := a.projectMember(r)
+	if err != nil {
+		return err
+	}
+	if err := requireOwner(m, p); err != nil {
+		return err
+	}
+	var req MemberRequest
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	if req.Trusted && !a.opts.AllowHostPaths {
+		return errorf(http.StatusForbidden, KindForbidden, "trusted members are not granted over HTTP by this daemon (use the corral CLI)")
+	}
+	switch store.Role(req.Role) {
+	case "", store.RoleMember, store.RoleOwner:
+	default:
+		return errorf(http.StatusBadRequest, KindInvalid, "role %q is not member or owner", req.Role)
+	}
+	acct, err := a.store.AccountByName(r.Context(), req.Account)
+	if err != nil {
+		return err
+	}
+	nm, err := a.store.AddMember(r.Context(), store.Member{Project: p.ID, Account: acct.ID, Role: store.Role(req.Role), Trusted: req.Trusted})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusCreated, MemberJSON{Account: nm.Account, Name: acct.Name, Role: string(nm.Role), Trusted: nm.Trusted, Created: nm.Created})
+	return nil
+}

@@ -1,0 +1,412 @@
+// Package daemon is corral's HTTP application: the authenticated API over
+// a core (accounts' bearer tokens, projects, members, bounded commands,
+// raw sessions over WebSocket), the Sites gateway, and what operators
+// watch (/metrics, /healthz). It serves whatever listeners it is given;
+// Serve runs it on a Unix socket and optionally TCP with a graceful
+// shutdown.
+//
+// The app never builds a privileged transport of its own: managed calls go
+// through the core's machine gateway, built from the transport the host
+// handed core.Build. Without one, they answer 503 "no privileged transport
+// in this process".
+//
+// Every error is translated once, at the HTTP boundary, into an APIError
+// whose JSON form is the pinned body
+// {"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}.
+package daemon
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/docs"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// Defaults of AppOptions.
+const (
+	DefaultMaxBody          = 1 << 20
+	DefaultMaxTimeout       = time.Hour
+	DefaultMaxOutput        = 64 << 20
+	DefaultSessionHeartbeat = 5 * time.Second
+)
+
+// AppOptions configure BuildApp. The zero value means the documented
+// defaults.
+type AppOptions struct {
+	// StateDir is the daemon's state directory: managed projects' workspaces
+	// are created under StateDir/projects. Empty refuses to create managed
+	// projects over HTTP.
+	StateDir string
+	// Logger receives access logs and diagnostics; nil means the core's
+	// logger, slog.Default().
+	Logger *slog.Logger
+	// Metrics collects the Prometheus metrics served at /metrics. Nil
+	// creates one, but then commands are counted only if its Observe was
+	// set as core.Options.Control.Observe before core.Build (see
+	// NewMetrics). Give each App its own Metrics.
+	Metrics *Metrics
+	// Admins names the accounts allowed to create accounts and tokens over
+	// HTTP. Nil allows nobody (use the CLI).
+	Admins []string
+	// AllowHostPaths lets callers name host paths over HTTP: host
+	// projects, managed projects copied from a host directory, git URLs
+	// with the file protocol, and trusted members. False refuses them (400)
+	// — the CLI can still do all of it.
+	AllowHostPaths bool
+	// MaxBody caps request bodies, in bytes; larger ones are refused with
+	// 413 "requestTooLarge". Zero means DefaultMaxBody (1 MiB).
+	MaxBody int64
+	// MaxTimeout caps a command's timeoutMs. Zero means DefaultMaxTimeout.
+	MaxTimeout time.Duration
+	// MaxOutput caps each output limit of a command, in bytes. Zero means
+	// DefaultMaxOutput (64 MiB).
+	MaxOutput int64
+	// SessionHeartbeat is how often a session's lease is heartbeated while
+	// its WebSocket lives. Zero means DefaultSessionHeartbeat (5 s).
+	SessionHeartbeat time.Duration
+	// SessionDrain bounds how long a session's output is still forwarded
+	// after its process exited. Zero means 2 s.
+	SessionDrain time.Duration
+}
+
+// App is the daemon's HTTP application over one core. It is an
+// http.Handler; Close it when done (after the server stopped).
+type App struct {
+	core    *core.Core
+	store   *store.Store
+	opts    AppOptions
+	log     *slog.Logger
+	metrics *Metrics
+	mux     *http.ServeMux
+	routes  []Route
+	admins  map[string]bool
+	proj    *Projects
+	sites   *sitesGateway
+
+	ctx    context.Context // ended by Close: cancels sessions
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // sessions in flight
+	once   sync.Once
+}
+
+// Route is one registered route: Method is empty for routes that accept
+// every method (the Sites gateway). Pattern uses net/http's syntax.
+type Route struct {
+	Method  string
+	Pattern string
+	// Auth says the route needs a bearer token.
+	Auth    bool
+	handler func(w http.ResponseWriter, r *http.Request) error
+}
+
+// BuildApp builds the HTTP app over c. It forwards nothing it builds
+// itself: managed calls use c's machine gateway. It fails if the metrics
+// cannot be registered (a Metrics already used by another App).
+func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
+	if c == nil {
+		return nil, errors.New("daemon: BuildApp needs a core")
+	}
+	if opts.MaxBody <= 0 {
+		opts.MaxBody = DefaultMaxBody
+	}
+	if opts.MaxTimeout <= 0 {
+		opts.MaxTimeout = DefaultMaxTimeout
+	}
+	if opts.MaxOutput <= 0 {
+		opts.MaxOutput = DefaultMaxOutput
+	}
+	if opts.SessionHeartbeat <= 0 {
+		opts.SessionHeartbeat = DefaultSessionHeartbeat
+	}
+	if opts.SessionDrain <= 0 {
+		opts.SessionDrain = 2 * time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	m := opts.Metrics
+	if m == nil {
+		m = NewMetrics()
+	}
+	a := &App{
+		core:    c,
+		store:   c.Store(),
+		opts:    opts,
+		log:     log,
+		metrics: m,
+		mux:     http.NewServeMux(),
+		admins:  make(map[string]bool),
+	}
+	for _, n := range opts.Admins {
+		a.admins[n] = true
+	}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	a.proj = &Projects{Store: a.store, StateDir: opts.StateDir, Logger: log}
+	if err := m.attach(c); err != nil {
+		return nil, err
+	}
+	a.sites = newSitesGateway(a)
+	a.routes = []Route{
+		{"GET", "/healthz", false, a.healthz},
+		{"GET", "/metrics", false, a.serveMetrics},
+		{"GET", "/openapi.json", false, a.openapi},
+		{"GET", "/v1/whoami", true, a.whoami},
+		{"POST", "/v1/accounts", true, a.createAccount},
+		{"POST", "/v1/accounts/{name}/tokens", true, a.createToken},
+		{"GET", "/v1/projects", true, a.listProjects},
+		{"POST", "/v1/projects", true, a.createProject},
+		{"GET", "/v1/projects/{id}", true, a.getProject},
+		{"DELETE", "/v1/projects/{id}", true, a.deleteProject},
+		{"GET", "/v1/projects/{id}/members", true, a.listMembers},
+		{"POST", "/v1/projects/{id}/members", true, a.addMember},
+		{"POST", "/v1/projects/{id}/commands", true, a.runCommand},
+		{"GET", "/v1/projects/{id}/sessions", true, a.session},
+		{"GET", "/v1/projects/{id}/sites", true, a.listSites},
+		{"PUT", "/v1/projects/{id}/sites/{name}", true, a.publishSite},
+		{"DELETE", "/v1/projects/{id}/sites/{name}", true, a.unpublishSite},
+		{"", "/sites/{name}/{path...}", true, a.sites.serve},
+	}
+	for _, rt := range a.routes {
+		pattern := rt.Pattern
+		if rt.Method != "" {
+			pattern = rt.Method + " " + pattern
+		}
+		a.mux.Handle(pattern, a.wrap(rt))
+	}
+	// /sites/{name} without the trailing slash redirects, so that relative
+	// links of the site resolve below its prefix.
+	a.mux.HandleFunc("/sites/{name}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, r.URL.EscapedPath()+"/", http.StatusPermanentRedirect)
+	})
+	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, apiErr(http.StatusNotFound, KindNotFound, "no route for %s %s", r.Method, r.URL.Path))
+	})
+	return a, nil
+}
+
+// Routes returns the registered routes (for documentation and tests).
+func (a *App) Routes() []Route { return append([]Route(nil), a.routes...) }
+
+// Metrics returns the app's metrics.
+func (a *App) Metrics() *Metrics { return a.metrics }
+
+// Projects returns the project service the app uses.
+func (a *App) Projects() *Projects { return a.proj }
+
+// ServeHTTP implements http.Handler.
+func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+
+// Close cancels every session still open (their leases are released) and
+// waits for them to end, then closes the Sites gateway's idle connections.
+// It does not close the core. It blocks, and may be called more than once.
+func (a *App) Close() error {
+	a.once.Do(func() {
+		a.cancel()
+		a.wg.Wait()
+		a.sites.close()
+	})
+	return nil
+}
+
+// statusWriter records the status written, for logs and metrics. It
+// passes hijacking and flushing through (WebSocket upgrades, proxies).
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+	bytes  int64
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	n, err := w.ResponseWriter.Write(b)
+	w.bytes += int64(n)
+	return n, err
+}
+
+func (w *statusWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	h, ok := w.ResponseWriter.(http.Hijacker)
+	if !ok {
+		return nil, nil, errors.New("daemon: connection cannot be hijacked")
+	}
+	if w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	return h.Hijack()
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// wrap turns a route's handler into an http.Handler: it records the
+// status, translates a returned error into the API's error body, and logs
+// and counts the request.
+func (a *App) wrap(rt Route) http.Handler {
+	label := rt.Pattern
+	if rt.Method != "" {
+		label = rt.Method + " " + rt.Pattern
+	}
+	return http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		w := &statusWriter{ResponseWriter: rw}
+		var err error
+		if rt.Auth {
+			var acct store.Account
+			acct, err = a.authenticate(r)
+			if err == nil {
+				r = r.WithContext(withAccount(r.Context(), acct))
+			}
+		}
+		if err == nil {
+			err = rt.handler(w, r)
+		}
+		var ae *APIError
+		if err != nil {
+			ae = toAPIError(err)
+			if ae.Status == StatusClientClosed && r.Context().Err() == nil {
+				// An abort the client did not cause (the daemon is
+				// shutting down) is the server's unavailability.
+				ae.Status = http.StatusServiceUnavailable
+			}
+			if w.status == 0 {
+				writeError(w, ae)
+			} else if w.status != ae.Status {
+				// A hijacked or half-written response: record the
+				// error's status.
+				w.status = ae.Status
+			}
+		}
+		status := w.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		a.metrics.requests.WithLabelValues(label, strconv.Itoa(status)).Inc()
+		attrs := []any{"method", r.Method, "route", label, "path", r.URL.Path, "status", status, "duration", time.Since(start)}
+		if acct, ok := accountFrom(r.Context()); ok {
+			attrs = append(attrs, "account", acct.ID)
+		}
+		switch {
+		case ae != nil && ae.Status >= 500:
+			a.log.Error("request failed", append(attrs, "kind", ae.Kind, "err", ae.Cause)...)
+		case ae != nil:
+			a.log.Info("request refused", append(attrs, "kind", ae.Kind, "message", ae.Message)...)
+		default:
+			a.log.Info("request", attrs...)
+		}
+	})
+}
+
+// writeError writes e's pinned body with e's status.
+func writeError(w http.ResponseWriter, e *APIError) {
+	if e.Status == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
+	}
+	writeJSON(w, e.Status, e)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status = http.StatusInternalServerError
+		b = []byte(`{"error":{"kind":"internal","message":"cannot encode response","stdout":"","stderr":""}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// decodeBody decodes r's JSON body into v: at most MaxBody bytes (413
+// "requestTooLarge" beyond), unknown fields and trailing data refused (400).
+func (a *App) decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
+		return apiErr(http.StatusUnsupportedMediaType, KindInvalid, "content type %q is not application/json", ct)
+	}
+	body := http.MaxBytesReader(w, r.Body, a.opts.MaxBody)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		if dec.More() {
+			err = errors.New("trailing data after the JSON object")
+		} else if _, terr := dec.Token(); terr == nil {
+			err = errors.New("trailing data after the JSON object")
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "request body is larger than %d bytes", mbe.Limit)
+	}
+	return apiErr(http.StatusBadRequest, KindInvalid, "request body: %v", err)
+}
+
+func (a *App) healthz(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if _, err := a.store.SchemaVersion(ctx); err != nil {
+		return apiErr(http.StatusServiceUnavailable, KindUnavailable, "store: %v", err)
+	}
+	body := map[string]any{"status": "ok"}
+	if _, err := a.core.Sandbox(); err != nil {
+		body["sandbox"] = err.Error()
+	} else {
+		body["sandbox"] = "ok"
+	}
+	body["worker"] = a.metrics.workerState()
+	writeJSON(w, http.StatusOK, body)
+	return nil
+}
+
+func (a *App) serveMetrics(w http.ResponseWriter, r *http.Request) error {
+	a.metrics.Handler().ServeHTTP(w, r)
+	return nil
+}
+
+func (a *App) openapi(w http.ResponseWriter, _ *http.Request) error {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(docs.OpenAPI)
+	return nil
+}
+
+// pathID parses the {id} path value (400 if it is not a positive integer).
+func pathID(r *http.Request) (int64, error) {
+	s := r.PathValue("id")
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, apiErr(http.StatusBadRequest, KindInvalid, "project id %q is not a positive integer", s)
+	}
+	return id, nil
+}
+
+func errorf(status int, kind, format string, args ...any) error {
+	return &APIError{Status: status, Kind: kind, Message: fmt.Sprintf(format, args...)}
+}

@@ -1,0 +1,87 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+
+	"github.com/corral-sandbox/corral/store"
+)
+
+type accountKey struct{}
+
+func withAccount(ctx context.Context, a store.Account) context.Context {
+	return context.WithValue(ctx, accountKey{}, a)
+}
+
+// accountFrom returns the authenticated account of a request's context.
+func accountFrom(ctx context.Context) (store.Account, bool) {
+	a, ok := ctx.Value(accountKey{}).(store.Account)
+	return a, ok
+}
+
+// bearerToken returns the token of an "Authorization: Bearer" header.
+func bearerToken(r *http.Request) (string, bool) {
+	h := r.Header.Get("Authorization")
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
+}
+
+// authenticate returns the account of the request's bearer token: 401
+// without one or for a token that is unknown or revoked. Nothing else —
+// no project, no provider — is looked at before it succeeded.
+func (a *App) authenticate(r *http.Request) (store.Account, error) {
+	tok, ok := bearerToken(r)
+	if !ok {
+		return store.Account{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
+	}
+	acct, err := a.store.Authenticate(r.Context(), tok)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.Account{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "the bearer token is not valid")
+	}
+	if err != nil {
+		return store.Account{}, err
+	}
+	return acct, nil
+}
+
+// member checks that the request's account is a member of project id: 404
+// for an unknown project, 403 for a non-member. It consults only the
+// store, so it runs before any provider is contacted.
+func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, store.Member, error) {
+	acct, ok := accountFrom(r.Context())
+	if !ok {
+		return store.Account{}, store.Project{}, store.Member{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
+	}
+	p, err := a.store.GetProject(r.Context(), id)
+	if errors.Is(err, store.ErrNotFound) {
+		return acct, store.Project{}, store.Member{}, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
+	}
+	if err != nil {
+		return acct, store.Project{}, store.Member{}, err
+	}
+	m, err := a.store.GetMember(r.Context(), id, acct.ID)
+	if errors.Is(err, store.ErrNotFound) {
+		return acct, p, store.Member{}, apiErr(http.StatusForbidden, KindForbidden, "account %s is not a member of project %d", acct.Name, id)
+	}
+	if err != nil {
+		return acct, p, store.Member{}, err
+	}
+	return acct, p, m, nil
+}
+
+// projectMember is member for the {id} path value.
+func (a *App) projectMember(r *http.Request) (store.Account, store.Project, store.Member, error) {
+	id, err := pathID(r)
+	if err != nil {
+		return store.Account{}, store.Project{}, store.Member{}, err
+	}
+	return a.member(r, id)
+}
+
+func (a *App) isAdmin(acct store.Account) bool { return a.admins[acct.Name] }

@@ -1,0 +1,291 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// ErrInvalidProject is wrapped by Projects.Create for a specification it
+// refuses (bad name, missing or conflicting sources, a root that is not a
+// directory).
+var ErrInvalidProject = errors.New("daemon: invalid project")
+
+// CloneTimeout bounds a `git clone` of a new managed project.
+const CloneTimeout = 10 * time.Minute
+
+// ProjectSpec describes a project to create.
+//
+// A managed project (Kind store.ProjectManaged) gets a new workspace
+// directory StateDir/projects/<Name>: empty, a copy of the host directory
+// From, or a `git clone` of Git; at most one of From and Git. A host
+// project (store.ProjectHost) is rooted at the existing directory Root.
+// Owner, if nonzero, is made the project's owner.
+type ProjectSpec struct {
+	Name  string
+	Kind  store.ProjectKind
+	Root  string
+	From  string
+	Git   string
+	Owner int64
+	// GitProtocols, if non-empty, restricts the protocols git may use
+	// (GIT_ALLOW_PROTOCOL, e.g. "https:http:ssh:git"); empty allows git's
+	// defaults, file:// included.
+	GitProtocols string
+}
+
+// Projects creates and deletes projects with their workspaces. The CLI uses
+// it directly on the database; the HTTP API through the App.
+type Projects struct {
+	Store *store.Store
+	// StateDir is the daemon's state directory; managed workspaces live in
+	// StateDir/projects. Empty refuses managed projects.
+	StateDir string
+	// Logger receives diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// WorkspacesDir returns the directory holding managed workspaces
+// (the worker's --projects-root).
+func WorkspacesDir(stateDir string) string { return filepath.Join(stateDir, "projects") }
+
+// ValidProjectName reports whether name can name a project: 1 to 64 ASCII
+// letters, digits, '.', '_' and '-', not starting with '.' or '-'. A
+// managed project's workspace directory has this name.
+func ValidProjectName(name string) bool {
+	if len(name) == 0 || len(name) > 64 || name[0] == '.' || name[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *Projects) logger() *slog.Logger {
+	if p.Logger != nil {
+		return p.Logger
+	}
+	return slog.Default()
+}
+
+// Create creates the project of spec. On failure nothing is left behind:
+// a workspace it made is removed again. A duplicate name is store.ErrExists
+// (also when a workspace directory of that name exists already); a refused
+// spec wraps ErrInvalidProject; a failed copy or clone is returned as is.
+func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Project, err error) {
+	if !ValidProjectName(spec.Name) {
+		return store.Project{}, fmt.Errorf("%w: name %q must be 1-64 of [A-Za-z0-9._-], not starting with '.' or '-'", ErrInvalidProject, spec.Name)
+	}
+	var root string
+	switch spec.Kind {
+	case store.ProjectHost:
+		if spec.From != "" || spec.Git != "" {
+			return store.Project{}, fmt.Errorf("%w: a host project takes a root, not a source", ErrInvalidProject)
+		}
+		if root, err = existingDir(spec.Root); err != nil {
+			return store.Project{}, err
+		}
+	case store.ProjectManaged:
+		if spec.Root != "" {
+			return store.Project{}, fmt.Errorf("%w: a managed project's workspace is made by corral; give a source (from or git), not a root", ErrInvalidProject)
+		}
+		if spec.From != "" && spec.Git != "" {
+			return store.Project{}, fmt.Errorf("%w: give at most one of from and git", ErrInvalidProject)
+		}
+		if p.StateDir == "" {
+			return store.Project{}, fmt.Errorf("%w: no state directory for managed workspaces", ErrInvalidProject)
+		}
+		if _, err := p.Store.ProjectByName(ctx, spec.Name); err == nil {
+			return store.Project{}, fmt.Errorf("daemon: project %q: %w", spec.Name, store.ErrExists)
+		}
+		var from string
+		if spec.From != "" {
+			if from, err = existingDir(spec.From); err != nil {
+				return store.Project{}, err
+			}
+		}
+		dir := WorkspacesDir(p.StateDir)
+		if err := os.MkdirAll(dir, 0o711); err != nil {
+			return store.Project{}, fmt.Errorf("daemon: %w", err)
+		}
+		if dir, err = filepath.EvalSymlinks(dir); err != nil {
+			return store.Project{}, fmt.Errorf("daemon: %w", err)
+		}
+		root = filepath.Join(dir, spec.Name)
+		if err := os.Mkdir(root, 0o755); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				return store.Project{}, fmt.Errorf("daemon: workspace %s: %w", root, store.ErrExists)
+			}
+			return store.Project{}, fmt.Errorf("daemon: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				_ = os.RemoveAll(root)
+			}
+		}()
+		switch {
+		case from != "":
+			if err := copyTree(root, from); err != nil {
+				return store.Project{}, fmt.Errorf("daemon: copy %s into the workspace: %w", from, err)
+			}
+		case spec.Git != "":
+			if err := gitClone(ctx, spec.Git, root, spec.GitProtocols); err != nil {
+				return store.Project{}, err
+			}
+		}
+	default:
+		return store.Project{}, fmt.Errorf("%w: kind %q is not managed or host", ErrInvalidProject, spec.Kind)
+	}
+	proj, err = p.Store.CreateProject(ctx, store.NewProject{Kind: spec.Kind, Name: spec.Name, Root: root})
+	if err != nil {
+		return store.Project{}, err
+	}
+	if spec.Owner != 0 {
+		if _, err = p.Store.AddMember(ctx, store.Member{Project: proj.ID, Account: spec.Owner, Role: store.RoleOwner}); err != nil {
+			if derr := p.Store.DeleteProject(context.WithoutCancel(ctx), proj.ID); derr != nil {
+				p.logger().Error("cannot remove a half-created project", "project", proj.ID, "err", derr)
+			}
+			return store.Project{}, err
+		}
+	}
+	p.logger().Info("project created", "project", proj.ID, "name", proj.Name, "kind", proj.Kind, "owner", spec.Owner)
+	return proj, nil
+}
+
+// Delete deletes project id. It refuses with store.ErrProjectBusy while
+// the project has a live lease. A managed project's workspace is removed
+// too (only if it lies in StateDir/projects).
+func (p *Projects) Delete(ctx context.Context, id int64) error {
+	proj, err := p.Store.GetProject(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := p.Store.DeleteProject(ctx, id); err != nil {
+		return err
+	}
+	if proj.Kind == store.ProjectManaged && p.StateDir != "" {
+		dir, err := filepath.EvalSymlinks(WorkspacesDir(p.StateDir))
+		if err == nil && filepath.Dir(proj.Root) == dir {
+			if err := os.RemoveAll(proj.Root); err != nil {
+				return fmt.Errorf("daemon: project %d deleted, but its workspace was not removed: %w", id, err)
+			}
+		}
+	}
+	p.logger().Info("project deleted", "project", id, "name", proj.Name)
+	return nil
+}
+
+// existingDir returns the absolute, symlink-free path of the directory d.
+func existingDir(d string) (string, error) {
+	if d == "" || !filepath.IsAbs(d) {
+		return "", fmt.Errorf("%w: %q is not an absolute path", ErrInvalidProject, d)
+	}
+	real, err := filepath.EvalSymlinks(d)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidProject, err)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalidProject, err)
+	}
+	if !st.IsDir() {
+		return "", fmt.Errorf("%w: %s is not a directory", ErrInvalidProject, d)
+	}
+	return real, nil
+}
+
+// copyTree copies the tree at src into the existing directory dst:
+// directories, regular files (with their permission bits) and symbolic
+// links (as links, never followed). Other files (devices, sockets, FIFOs)
+// are skipped.
+func copyTree(dst, src string) error {
+	return filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		if rel == "." {
+			return nil
+		}
+		target := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.Mkdir(target, info.Mode().Perm()|0o700)
+		case d.Type()&fs.ModeSymlink != 0:
+			link, err := os.Readlink(path)
+			if err != nil {
+				return err
+			}
+			return os.Symlink(link, target)
+		case d.Type().IsRegular():
+			return copyFile(target, path, info.Mode().Perm())
+		}
+		return nil
+	})
+}
+
+func copyFile(dst, src string, perm fs.FileMode) error {
+	in, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// gitClone clones url into the empty directory dir on the host. The URL's
+// credentials never appear in the error.
+func gitClone(ctx context.Context, url, dir, protocols string) error {
+	if strings.HasPrefix(url, "-") {
+		return fmt.Errorf("%w: git URL %q", ErrInvalidProject, core.RedactURL(url))
+	}
+	ctx, cancel := context.WithTimeout(ctx, CloneTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "git", "clone", "--quiet", "--", url, dir)
+	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false")
+	if protocols != "" {
+		cmd.Env = append(cmd.Env, "GIT_ALLOW_PROTOCOL="+protocols)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(stderr.String())
+		if len(msg) > 2048 {
+			msg = msg[:2048]
+		}
+		return fmt.Errorf("%w: git clone %s: %v: %s", ErrInvalidProject, core.RedactURL(url), err, core.RedactURL(msg))
+	}
+	return nil
+}

@@ -1,0 +1,223 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// ShutdownTimeout bounds the graceful shutdown of Serve: requests in
+// flight get this long to finish before their connections are closed.
+const ShutdownTimeout = 30 * time.Second
+
+// SocketMode is the mode of the daemon's Unix socket.
+const SocketMode os.FileMode = 0o660
+
+// ListenUnix listens on the Unix stream socket path with the given mode,
+// replacing a stale socket file (one nobody accepts on). A socket some
+// process still serves is refused.
+func ListenUnix(path string, mode os.FileMode) (*net.UnixListener, error) {
+	if st, err := os.Lstat(path); err == nil {
+		if st.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("daemon: %s exists and is not a socket", path)
+		}
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("daemon: %s is in use by a running daemon", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("daemon: remove stale socket: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	return ln, nil
+}
+
+// Serve serves h on every listener until ctx ends, then shuts down
+// gracefully: it stops accepting, waits up to ShutdownTimeout for requests
+// in flight, and closes the listeners. It returns nil after a shutdown
+// caused by ctx, or the first listener's failure (after shutting the others
+// down). Hijacked connections (sessions, proxied WebSockets) are not waited
+// for: close the App for that.
+func Serve(ctx context.Context, h http.Handler, lns []net.Listener, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, len(lns))
+	var wg sync.WaitGroup
+	for _, ln := range lns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			log.Info("daemon listening", "addr", ln.Addr().String(), "network", ln.Addr().Network())
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("daemon: serve %s: %w", ln.Addr(), err)
+			}
+		}()
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("daemon shutting down")
+	case serveErr = <-errc:
+		log.Error("daemon listener failed; shutting down", "err", serveErr)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("graceful shutdown incomplete", "err", err)
+		_ = srv.Close()
+	}
+	wg.Wait()
+	return serveErr
+}
+
+// Config configures Run: the whole daemon process.
+type Config struct {
+	// StateDir holds corral.db, corral.sock, projects/ and worker/.
+	// Required; it is created (mode 0711) if missing.
+	StateDir string
+	// Listen, if non-empty, is a TCP address served besides the socket.
+	Listen string
+	// WorkerSocket, if non-empty, is the socket of a running worker: the
+	// daemon uses it and starts none.
+	WorkerSocket string
+	// SuperviseWorker starts and supervises `WorkerExe worker …` when
+	// WorkerSocket is empty (the daemon must be root). If false and
+	// WorkerSocket is empty, the daemon has no privileged transport:
+	// host projects work, managed calls answer 503.
+	SuperviseWorker bool
+	// WorkerExe is the corral executable run as the worker; empty means
+	// os.Executable().
+	WorkerExe string
+	// Admins and AllowHostPaths are passed to AppOptions.
+	Admins         []string
+	AllowHostPaths bool
+	// Logger receives the daemon's logs (JSON in production); nil means
+	// slog.Default(). WorkerLog receives the supervised worker's stderr;
+	// nil means os.Stderr.
+	Logger    *slog.Logger
+	WorkerLog io.Writer
+	// Ready, if non-nil, is called once the daemon listens.
+	Ready func(socket string)
+}
+
+// Run runs the daemon until ctx ends (SIGTERM in the CLI), then shuts
+// down gracefully: stop accepting, let requests finish, cancel sessions,
+// close the core, stop the supervised worker.
+func Run(ctx context.Context, cfg Config) (err error) {
+	if cfg.StateDir == "" {
+		return errors.New("daemon: a state directory is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	state, err := filepath.Abs(cfg.StateDir)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if err := os.MkdirAll(state, 0o711); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	metrics := NewMetrics()
+
+	var transport machine.PrivilegedTransport
+	var sup *Supervisor
+	switch {
+	case cfg.WorkerSocket != "":
+		transport = machine.SocketTransport{Path: cfg.WorkerSocket}
+	case cfg.SuperviseWorker:
+		if os.Geteuid() != 0 {
+			return errors.New("daemon: supervising the worker needs root; pass --worker-socket instead")
+		}
+		exe := cfg.WorkerExe
+		if exe == "" {
+			if exe, err = os.Executable(); err != nil {
+				return fmt.Errorf("daemon: %w", err)
+			}
+		}
+		sock := filepath.Join(state, "worker.sock")
+		if err := os.MkdirAll(WorkspacesDir(state), 0o711); err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+		sup = StartSupervisor(SupervisorOptions{
+			Exe:     exe,
+			Args:    []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker")},
+			Logger:  log,
+			Stderr:  cfg.WorkerLog,
+			Metrics: metrics,
+		})
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			err = errors.Join(err, sup.Stop(sctx))
+		}()
+		transport = machine.SocketTransport{Path: sock}
+	default:
+		log.Warn("no privileged transport in this process: managed projects answer 503 (run as root, or pass --worker-socket)")
+	}
+
+	c, err := core.Build(ctx, core.Options{
+		StorePath:           filepath.Join(state, "corral.db"),
+		Migrate:             true,
+		PrivilegedTransport: transport,
+		Logger:              log,
+		Control:             sandbox.ControlOptions{Observe: metrics.Observe},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, c.Close()) }()
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths})
+	if err != nil {
+		return err
+	}
+	defer app.Close()
+
+	sock := filepath.Join(state, "corral.sock")
+	uln, err := ListenUnix(sock, SocketMode)
+	if err != nil {
+		return err
+	}
+	lns := []net.Listener{uln}
+	if cfg.Listen != "" {
+		tln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			uln.Close()
+			return fmt.Errorf("daemon: %w", err)
+		}
+		lns = append(lns, tln)
+	}
+	if cfg.Ready != nil {
+		cfg.Ready(sock)
+	}
+	err = Serve(ctx, app, lns, log)
+	app.Close()
+	return err
+}

@@ -1,0 +1,313 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// Raw sessions: GET /v1/projects/{id}/sessions?argv=F&argv=A1&…&cwd=C&leaseKind=K
+// upgrades to a WebSocket that carries one command's standard streams.
+//
+// Framing (every message is one WebSocket message):
+//
+//	client → daemon
+//	  binary  0x00 ‖ bytes     bytes for the command's stdin
+//	  text    {"type":"eof"}   close the command's stdin
+//	daemon → client
+//	  text    {"type":"started","leaseId":L}
+//	  binary  0x01 ‖ bytes     the command wrote bytes to stdout
+//	  binary  0x02 ‖ bytes     the command wrote bytes to stderr
+//	  text    {"type":"exit","code":N|null,"signal":S|null}
+//	  text    {"type":"error","kind":K,"message":M}
+//
+// After "exit" or "error" the daemon closes the socket (1000 after an exit,
+// 1011 after an error, 1001 when the daemon shuts down). The client closing
+// the socket cancels the command's whole process tree and releases its
+// lease. Output is read from the command only as fast as the socket takes
+// it; stdin is read from the socket only as fast as the command takes it.
+// While the socket lives the daemon heartbeats the lease every
+// AppOptions.SessionHeartbeat (5 s); a failed heartbeat cancels the command
+// ("error" kind "transport").
+//
+// Errors before the upgrade (401, 403, 404, 400 for a host project or a
+// missing argv, 503, …) are ordinary JSON error responses.
+
+// Stream identifiers: the first byte of binary session messages.
+const (
+	StreamStdin  byte = 0
+	StreamStdout byte = 1
+	StreamStderr byte = 2
+)
+
+// sessionReadLimit bounds one message from the client.
+const sessionReadLimit = 1 << 20
+
+func (a *App) session(w http.ResponseWriter, r *http.Request) error {
+	acct, proj, _, err := a.projectMember(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	argv := q["argv"]
+	if len(argv) == 0 {
+		return errorf(http.StatusBadRequest, KindInvalid, "argv is required (?argv=FILE&argv=ARG…)")
+	}
+	kind := sandbox.LeaseKind(q.Get("leaseKind"))
+	if kind == "" {
+		kind = sandbox.LeaseTerminal
+	}
+	if proj.Kind != store.ProjectManaged {
+		return errorf(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
+	}
+	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+		return errorf(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
+	}
+	ctl, err := a.core.Sandbox()
+	if err != nil {
+		return err
+	}
+	in := sandbox.ExecInput{
+		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
+		Cwd:       q.Get("cwd"),
+		LeaseKind: kind,
+		Project:   projectRef(proj),
+	}
+	prep, err := ctl.PrepareExecution(r.Context(), in, &sandbox.Actor{AccountUserID: acct.ID})
+	if err != nil {
+		return err
+	}
+	lease := prep.Common().Lease
+	mp, ok := prep.(*sandbox.ManagedPrepared)
+	if !ok {
+		releaseQuietly(a, lease)
+		return errorf(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
+	}
+	conn, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		a.cancelPrepared(mp)
+		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: "WebSocket upgrade failed", Cause: err}
+	}
+	a.wg.Add(1)
+	defer a.wg.Done()
+	a.metrics.sessionsTotal.Inc()
+	a.metrics.sessionsActive.Inc()
+	defer a.metrics.sessionsActive.Dec()
+	s := &wsSession{a: a, conn: conn, mp: mp, lease: lease}
+	s.run()
+	return nil
+}
+
+func releaseQuietly(a *App, l sandbox.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := l.Release(ctx); err != nil {
+		a.log.Warn("session: release lease", "lease", l.ID(), "err", err)
+	}
+}
+
+// cancelPrepared cancels a prepared execution and releases its lease.
+func (a *App) cancelPrepared(mp *sandbox.ManagedPrepared) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := mp.Cancel(ctx); err != nil {
+		a.log.Warn("session: cancel", "lease", mp.Lease.ID(), "err", err)
+	}
+	releaseQuietly(a, mp.Lease)
+}
+
+// wsSession is one raw session bridged to a WebSocket.
+type wsSession struct {
+	a     *App
+	conn  *websocket.Conn
+	mp    *sandbox.ManagedPrepared
+	lease sandbox.Lease
+}
+
+func (s *wsSession) send(ctx context.Context, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return s.conn.Write(ctx, websocket.MessageText, b)
+}
+
+func (s *wsSession) fail(kind sandbox.ErrorKind, msg string, code websocket.StatusCode) {
+	_ = s.send(context.Background(), map[string]any{"type": "error", "kind": kind, "message": msg})
+	_ = s.conn.Close(code, string(kind))
+}
+
+// run drives the session until its command exits or its socket closes. It
+// always leaves the command ended and its lease released.
+func (s *wsSession) run() {
+	a := s.a
+	ctx, cancel := context.WithCancel(a.ctx)
+	defer cancel()
+	s.conn.SetReadLimit(sessionReadLimit)
+
+	sess, err := s.mp.Start(ctx)
+	if err != nil {
+		a.cancelPrepared(s.mp)
+		kind := sandbox.KindStart
+		if errors.Is(err, sandbox.ErrTransport) {
+			kind = sandbox.KindTransport
+		}
+		s.fail(kind, "start: "+err.Error(), websocket.StatusInternalError)
+		return
+	}
+	// From here the command runs: every path below cancels it (unless it
+	// exited) and releases its lease; the streams are closed last.
+	defer func() {
+		_ = sess.Stdout.Close()
+		_ = sess.Stderr.Close()
+		_ = sess.Stdin.Close()
+	}()
+	if err := s.send(ctx, map[string]any{"type": "started", "leaseId": s.lease.ID()}); err != nil {
+		_ = s.conn.CloseNow()
+		releaseAfterCancel(s, sess)
+		return
+	}
+
+	socketGone := make(chan error, 3)
+	go func() { socketGone <- s.readStdin(ctx, sess.Stdin) }()
+	var pumps sync.WaitGroup
+	pumps.Add(2)
+	go func() { defer pumps.Done(); s.pump(ctx, StreamStdout, sess.Stdout, socketGone) }()
+	go func() { defer pumps.Done(); s.pump(ctx, StreamStderr, sess.Stderr, socketGone) }()
+	pumpsDone := make(chan struct{})
+	go func() { pumps.Wait(); close(pumpsDone) }()
+
+	tick := time.NewTicker(a.opts.SessionHeartbeat)
+	defer tick.Stop()
+	for {
+		select {
+		case <-sess.Done():
+			// Forward what is left of the output, for a bounded time.
+			select {
+			case <-pumpsDone:
+			case <-time.After(a.opts.SessionDrain):
+				_ = sess.Stdout.Close()
+				_ = sess.Stderr.Close()
+				<-pumpsDone
+			}
+			exit, werr := sess.Wait()
+			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+			rerr := s.lease.Release(cctx)
+			ccancel()
+			switch {
+			case werr != nil:
+				kind := sandbox.KindTransport
+				if errors.Is(werr, sandbox.ErrNotStarted) {
+					kind = sandbox.KindStart
+				}
+				s.fail(kind, werr.Error(), websocket.StatusInternalError)
+			case rerr != nil:
+				s.fail(sandbox.KindCleanup, "release lease: "+rerr.Error(), websocket.StatusInternalError)
+			default:
+				var sig *string
+				if exit.Signal != "" {
+					sig = &exit.Signal
+				}
+				_ = s.send(ctx, map[string]any{"type": "exit", "code": exit.Code, "signal": sig})
+				_ = s.conn.Close(websocket.StatusNormalClosure, "exit")
+			}
+			return
+		case <-socketGone:
+			// The client went away (or broke the protocol): cancel.
+			_ = s.conn.CloseNow()
+			releaseAfterCancel(s, sess)
+			return
+		case <-tick.C:
+			hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
+			err := s.lease.Heartbeat(hctx)
+			hcancel()
+			if err != nil {
+				s.fail(sandbox.KindTransport, "lease heartbeat failed: "+err.Error(), websocket.StatusInternalError)
+				releaseAfterCancel(s, sess)
+				return
+			}
+		case <-ctx.Done():
+			s.fail(sandbox.KindAbort, "the daemon is shutting down", websocket.StatusGoingAway)
+			releaseAfterCancel(s, sess)
+			return
+		}
+	}
+}
+
+// releaseAfterCancel cancels the command, waits (bounded) for it to end,
+// and releases the lease.
+func releaseAfterCancel(s *wsSession, sess *sandbox.ManagedExecutionSession) {
+	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.mp.Cancel(cctx); err != nil {
+		s.a.log.Warn("session: cancel", "lease", s.lease.ID(), "err", err)
+	}
+	select {
+	case <-sess.Done():
+	case <-cctx.Done():
+		s.a.log.Warn("session: command did not end after cancel", "lease", s.lease.ID())
+	}
+	if err := s.lease.Release(cctx); err != nil {
+		s.a.log.Warn("session: release lease", "lease", s.lease.ID(), "err", err)
+	}
+}
+
+// readStdin forwards the client's stdin messages; it returns when the
+// socket fails or closes (or the client breaks the framing).
+func (s *wsSession) readStdin(ctx context.Context, stdin io.WriteCloser) error {
+	for {
+		typ, data, err := s.conn.Read(ctx)
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case websocket.MessageBinary:
+			if len(data) == 0 || data[0] != StreamStdin {
+				return errors.New("session: binary messages from the client must start with 0x00")
+			}
+			if _, err := stdin.Write(data[1:]); err != nil {
+				// The command closed its stdin: drop further input.
+				continue
+			}
+		case websocket.MessageText:
+			var m struct {
+				Type string `json:"type"`
+			}
+			if err := json.Unmarshal(data, &m); err != nil || m.Type != "eof" {
+				return errors.New(`session: text messages from the client must be {"type":"eof"}`)
+			}
+			_ = stdin.Close()
+		}
+	}
+}
+
+// pump forwards one output stream, reading only as fast as the socket
+// writes. A failed write means the socket is gone.
+func (s *wsSession) pump(ctx context.Context, id byte, r io.Reader, gone chan<- error) {
+	buf := make([]byte, 32<<10)
+	buf[0] = id
+	for {
+		n, err := r.Read(buf[1:])
+		if n > 0 {
+			if werr := s.conn.Write(ctx, websocket.MessageBinary, buf[:1+n]); werr != nil {
+				gone <- werr
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}

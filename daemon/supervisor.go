@@ -1,0 +1,162 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// SupervisorOptions configure StartSupervisor.
+type SupervisorOptions struct {
+	// Exe and Args are the worker's program and its arguments (without
+	// argv[0]).
+	Exe  string
+	Args []string
+	// Stderr receives the worker's stderr; nil means os.Stderr.
+	Stderr io.Writer
+	// Logger receives the supervisor's events; nil means slog.Default().
+	Logger *slog.Logger
+	// Metrics, if non-nil, counts the worker's starts.
+	Metrics *Metrics
+	// MinBackoff and MaxBackoff bound the delay before a restart, which
+	// doubles after each quick death. Zero means 100 ms and 10 s. A worker
+	// that ran for StableAfter (zero: 30 s) resets the delay.
+	MinBackoff  time.Duration
+	MaxBackoff  time.Duration
+	StableAfter time.Duration
+}
+
+// Supervisor keeps one worker process running: it restarts it with
+// backoff whenever it dies. The daemon's machine gateway reconnects by
+// itself. The worker gets SIGTERM if the daemon dies (Pdeathsig).
+type Supervisor struct {
+	opts SupervisorOptions
+	log  *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	starts int
+}
+
+// StartSupervisor starts the worker and supervises it until Stop.
+func StartSupervisor(opts SupervisorOptions) *Supervisor {
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff <= 0 {
+		opts.MaxBackoff = 10 * time.Second
+	}
+	if opts.StableAfter <= 0 {
+		opts.StableAfter = 30 * time.Second
+	}
+	if opts.Stderr == nil {
+		opts.Stderr = os.Stderr
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Supervisor{opts: opts, log: log.With("component", "worker-supervisor"), done: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	go s.loop()
+	return s
+}
+
+// Starts reports how many times the worker was started.
+func (s *Supervisor) Starts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.starts
+}
+
+// Pid returns the running worker's process id, or 0.
+func (s *Supervisor) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	return s.cmd.Process.Pid
+}
+
+func (s *Supervisor) loop() {
+	defer close(s.done)
+	backoff := s.opts.MinBackoff
+	for s.ctx.Err() == nil {
+		cmd := exec.Command(s.opts.Exe, s.opts.Args...)
+		cmd.Stdout = s.opts.Stderr
+		cmd.Stderr = s.opts.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+		started := time.Now()
+		err := cmd.Start()
+		if err == nil {
+			s.mu.Lock()
+			s.cmd = cmd
+			s.starts++
+			s.mu.Unlock()
+			if s.opts.Metrics != nil {
+				s.opts.Metrics.WorkerStarted()
+			}
+			s.log.Info("worker started", "pid", cmd.Process.Pid)
+			waited := make(chan error, 1)
+			go func() { waited <- cmd.Wait() }()
+			select {
+			case err = <-waited:
+			case <-s.ctx.Done():
+				_ = cmd.Process.Signal(syscall.SIGTERM)
+				err = <-waited
+			}
+			s.mu.Lock()
+			s.cmd = nil
+			s.mu.Unlock()
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) >= s.opts.StableAfter {
+			backoff = s.opts.MinBackoff
+		}
+		s.log.Error("worker died; restarting", "err", err, "backoff", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-s.ctx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(backoff*2, s.opts.MaxBackoff)
+	}
+}
+
+// Stop stops supervising: it sends the worker SIGTERM (which stops its
+// machines), waits for it to exit, and kills it if ctx ends first. It
+// blocks until the worker is gone and may be called more than once.
+func (s *Supervisor) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	s.cancel()
+	cmd := s.cmd
+	if cmd != nil {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+	}
+	s.mu.Unlock()
+	select {
+	case <-s.done:
+		return nil
+	case <-ctx.Done():
+	}
+	if cmd != nil {
+		_ = cmd.Process.Kill()
+	}
+	<-s.done
+	return errors.New("daemon: worker did not stop in time; killed")
+}
