@@ -145,7 +145,3 @@ func toAPIError(err error) *APIError {
 
 // errInvalid marks errors of the daemon's own validation (400).
 var errInvalid = errors.New("invalid request")
-
-func invalidf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", errInvalid, fmt.Sprintf(format, args...))
-}

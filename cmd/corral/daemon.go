@@ -1,0 +1,68 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/daemon"
+)
+
+// daemonCommands are the daemon's subcommands: daemon, account, token and
+// project. addCommands adds them to the root.
+func daemonCommands() []*cobra.Command {
+	return []*cobra.Command{newDaemonCmd(), newAccountCmd(), newTokenCmd(), newProjectCmd()}
+}
+
+func newDaemonCmd() *cobra.Command {
+	var (
+		cfg   daemon.Config
+		state string
+		debug bool
+	)
+	cmd := &cobra.Command{
+		Use:   "daemon --state DIR [--listen ADDR] [--worker-socket PATH]",
+		Short: "Serve the HTTP API on STATE/corral.sock (and optionally TCP)",
+		Long: `Serve corral's authenticated HTTP API, the Sites gateway, /metrics and
+/healthz on the Unix socket STATE/corral.sock (mode 0660) and, with --listen, on
+a TCP address. The database is STATE/corral.db; managed workspaces live in
+STATE/projects.
+
+As root and without --worker-socket, the daemon starts the privileged worker
+itself (corral worker --socket STATE/worker.sock --projects-root STATE/projects)
+and restarts it with backoff if it dies. With --worker-socket it uses that
+worker. Otherwise it has no privileged transport: host projects work, managed
+calls answer 503 "no privileged transport in this process".
+
+Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			dir, err := stateDir(state)
+			if err != nil {
+				return err
+			}
+			cfg.StateDir = dir
+			level := slog.LevelInfo
+			if debug {
+				level = slog.LevelDebug
+			}
+			cfg.Logger = slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			cfg.WorkerLog = cmd.ErrOrStderr()
+			cfg.SuperviseWorker = cfg.WorkerSocket == "" && os.Geteuid() == 0
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return daemon.Run(ctx, cfg)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
+	fl.StringVar(&cfg.Listen, "listen", "", "also serve on this TCP `ADDR` (host:port)")
+	fl.StringVar(&cfg.WorkerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one")
+	fl.StringSliceVar(&cfg.Admins, "admin", nil, "account `NAME` allowed to create accounts and tokens over HTTP (repeatable)")
+	fl.BoolVar(&cfg.AllowHostPaths, "allow-host-paths", false, "accept host paths over HTTP (host projects, --from copies, file:// git URLs, trusted members)")
+	fl.BoolVar(&debug, "debug", false, "log at debug level")
+	return cmd
+}

@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// runViaDaemon runs argv in the daemon's project f.projectID through the
+// API, as the account of f.token (default $CORRAL_TOKEN). Every outcome
+// that is not a completed command is returned as a *sandbox.CommandError,
+// so that report applies the pinned contract unchanged: an API error keeps
+// its kind when it is a sandbox kind (timeout → 124) and its partial
+// output; the daemon's own refusals (401, 403, 404, 503, …) and an
+// unreachable daemon are "prepare" failures (nothing was started); a
+// signal aborts the request, which aborts the command ("abort").
+func runViaDaemon(ctx context.Context, f *runFlags, argv []string, opts *sandbox.RunOptions) (*sandbox.CommandResult, error) {
+	token := f.token
+	if token == "" {
+		token = os.Getenv("CORRAL_TOKEN")
+	}
+	c, err := client.New(f.daemon, token)
+	if err != nil {
+		return nil, &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: err.Error(), Cause: err}
+	}
+	req := client.CommandRequest{
+		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
+		Cwd:       f.cwd,
+		LeaseKind: sandbox.LeaseKind(f.leaseKind),
+	}
+	if opts != nil {
+		req.TimeoutMs = opts.Timeout.Milliseconds()
+		req.OutputLimit = opts.OutputLimit
+	}
+	res, err := c.RunCommand(ctx, f.projectID, req)
+	if err == nil {
+		return res, nil
+	}
+	return nil, daemonCommandError(ctx, err)
+}
+
+// daemonCommandError translates a client error into the CLI's error type.
+func daemonCommandError(ctx context.Context, err error) *sandbox.CommandError {
+	var ae *client.Error
+	if errors.As(err, &ae) {
+		kind := sandbox.ErrorKind(ae.Kind)
+		switch kind {
+		case sandbox.KindPrepare, sandbox.KindStart, sandbox.KindTimeout, sandbox.KindAbort,
+			sandbox.KindOverflow, sandbox.KindTransport, sandbox.KindCleanup:
+			return &sandbox.CommandError{Kind: kind, Message: ae.Message, Stdout: ae.Stdout, Stderr: ae.Stderr, Cause: err}
+		}
+		return &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: fmt.Sprintf("daemon refused (%d %s): %s", ae.Status, ae.Kind, ae.Message), Cause: err}
+	}
+	if ctx.Err() != nil {
+		return &sandbox.CommandError{Kind: sandbox.KindAbort, Message: fmt.Sprintf("aborted: %v", ctx.Err()), Cause: err}
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" {
+		return &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: "cannot reach the daemon: " + err.Error(), Cause: err}
+	}
+	return &sandbox.CommandError{Kind: sandbox.KindTransport, Message: err.Error(), Cause: err}
+}
