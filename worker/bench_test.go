@@ -3,7 +3,9 @@ package worker
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/wire"
 )
@@ -56,17 +58,49 @@ func benchWarmExec(b *testing.B, pipelined bool) {
 		}
 	}
 	once("warmup")
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
+	var lat []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
 		once("b")
+		lat = append(lat, time.Since(t0))
 	}
+	reportPercentiles(b, lat)
+}
+
+func reportPercentiles(b *testing.B, lat []time.Duration) {
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+	}
+}
+
+// BenchmarkColdExec measures `true` in a machine that has to start first:
+// every machine stops as soon as it is idle.
+func BenchmarkColdExec(b *testing.B) {
+	h := newHarness(b, func(c *Config) { c.IdleGrace = time.Nanosecond })
+	c := h.dial(b)
+	var lat []time.Duration
+	for i := 0; b.Loop(); i++ {
+		p := h.project(b, int64(i+1))
+		t0 := time.Now()
+		if r := h.run(b, c, p, "true"); r.code() != 0 {
+			b.Fatal(r)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	reportPercentiles(b, lat)
 }
 
 // BenchmarkBareExec is the baseline: exec.Command("true").Run().
 func BenchmarkBareExec(b *testing.B) {
+	var lat []time.Duration
 	for b.Loop() {
+		t0 := time.Now()
 		if err := exec.Command("true").Run(); err != nil {
 			b.Fatal(err)
 		}
+		lat = append(lat, time.Since(t0))
 	}
+	reportPercentiles(b, lat)
 }

@@ -87,7 +87,6 @@ func newHarness(t testing.TB, mod func(*Config)) *harness {
 		if err := w.Shutdown(sctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		w.hostNet.Close()
 		for _, c := range []string{"memory", "pids"} {
 			own, _ := ownCgroup(c)
 			_ = os.Remove(filepath.Join("/sys/fs/cgroup", c, own, parent))

@@ -281,8 +281,8 @@ func (m *machine) idmapMounts(cfg *ctl.Config, home string, uid, gid uint32) ([]
 
 // holdUserns returns a descriptor of a fresh user namespace mapping host
 // uid/gid to id host (the idmapping of the guest user's files). A helper
-// process (this binary, see MaybeRunInit) creates it and exits once the
-// descriptor is open.
+// process (this binary, see MaybeRunInit) creates it and is killed once
+// the descriptor is open.
 func holdUserns(self string, uid, gid, host uint32) (*os.File, error) {
 	r, wr, err := os.Pipe()
 	if err != nil {
@@ -303,7 +303,9 @@ func holdUserns(self string, uid, gid, host uint32) (*os.File, error) {
 		return nil, fmt.Errorf("userns helper: %w", err)
 	}
 	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
-	wr.Close()
+	// The helper has served its purpose once the namespace is open; no
+	// need to wait for its runtime to start and see EOF.
+	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	if err != nil {
 		return nil, fmt.Errorf("userns helper: %w", err)

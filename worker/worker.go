@@ -129,6 +129,7 @@ type Worker struct {
 	root     string // ProjectsRoot, resolved
 	cgroups  *cgroup.Layout
 	hostNet  *os.File
+	closeNet sync.Once
 	memLimit int64
 	pidLimit int64
 
@@ -308,7 +309,7 @@ func Serve(ctx context.Context, ln *net.UnixListener, cfg Config) error {
 	serr := w.Serve(ctx, ln)
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	return errors.Join(serr, w.Shutdown(sctx), w.hostNet.Close())
+	return errors.Join(serr, w.Shutdown(sctx))
 }
 
 // Shutdown closes every connection, stops every machine (killing all their
@@ -337,6 +338,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
+	w.closeNet.Do(func() { w.hostNet.Close() })
 	return nil
 }
 
