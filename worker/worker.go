@@ -23,10 +23,10 @@ import (
 
 // Defaults for zero Config fields.
 const (
-	DefaultIdleGrace   = 2 * time.Minute
+	DefaultIdleGrace   = time.Minute
 	DefaultMaxSessions = 64
-	DefaultMemory      = 4 << 30
-	DefaultPids        = 1024
+	DefaultMemory      = 1 << 30
+	DefaultPids        = 512
 	DefaultUIDBase     = 100000
 	// RangeSize is the number of host ids mapped into each machine.
 	RangeSize = 65536

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -809,5 +810,59 @@ func TestPipelinedAttach(t *testing.T) {
 	}
 	if m, ok := recv(t, c).(*wire.Error); !ok || m.Code != wire.CodeUnknownSession || m.ID != "bad" {
 		t.Fatalf("%#v", m)
+	}
+}
+
+func TestMachineDeathEndsSessions(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	run := h.start(t, c, p, "sleep", "100")
+	m := h.machineOf(t, 1)
+	if err := syscall.Kill(m.InitPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	// The exit was not observed: an error frame ends the session, no
+	// invented exec-exit.
+	if e, ok := recv(t, c).(*wire.Error); !ok || e.Code != wire.CodeMachineFailed || e.ID != run.id {
+		t.Fatalf("%#v", e)
+	}
+	run.stdinW.Close()
+	<-run.out
+	<-run.errOut
+	for _, d := range m.Cgroups {
+		eventually(t, "dead machine's cgroup removed", func() bool { _, err := os.Stat(d); return errors.Is(err, os.ErrNotExist) })
+	}
+	if r := h.run(t, c, p, "echo", "again"); r.stdout != "again\n" {
+		t.Fatalf("after the machine died: %v", r)
+	}
+	if h.machineOf(t, 1).InitPID == m.InitPID {
+		t.Fatal("dead machine reused")
+	}
+}
+
+func TestMachineStartFailure(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.SelfExe = "/bin/false" })
+	c := h.dial(t)
+	p := h.project(t, 1)
+	if err := c.Send(&wire.ExecStart{ID: "x", Project: p, Argv: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed {
+		t.Fatalf("%#v", m)
+	}
+	if n := len(h.w.Machines()); n != 0 {
+		t.Fatalf("%d machines after a failed start", n)
+	}
+	// Nothing is left in the cgroup parent.
+	own, err := ownCgroup("pids")
+	if err != nil {
+		t.Skip(err)
+	}
+	ents, _ := os.ReadDir(filepath.Join("/sys/fs/cgroup/pids", own, h.w.cfg.CgroupParent))
+	for _, e := range ents {
+		if e.IsDir() {
+			t.Errorf("cgroup %s left after a failed start", e.Name())
+		}
 	}
 }

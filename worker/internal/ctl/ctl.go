@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -124,6 +125,7 @@ var ErrWouldBlock = errors.New("ctl: no packet waiting")
 // machine. Send is safe for concurrent use, also with Recv; Recv must be
 // called from one goroutine at a time. Close unblocks a pending Recv.
 type Conn struct {
+	closed atomic.Bool
 	f      *os.File
 	rc     syscall.RawConn
 	sendMu sync.Mutex
@@ -156,6 +158,7 @@ func Pair() (*Conn, *os.File, error) {
 
 // Close closes the channel, unblocking a pending Recv. Idempotent.
 func (c *Conn) Close() error {
+	c.closed.Store(true)
 	err := c.f.Close()
 	if errors.Is(err, os.ErrClosed) {
 		return nil
@@ -180,7 +183,7 @@ func (c *Conn) Send(m *Msg, files ...*os.File) error {
 		err = serr
 	}
 	if err != nil {
-		if errors.Is(err, os.ErrClosed) {
+		if c.closed.Load() {
 			return ErrClosed
 		}
 		return fmt.Errorf("ctl: send %s: %w", m.Op, err)
@@ -201,7 +204,7 @@ func (c *Conn) Recv() (*Msg, []*os.File, error) {
 		return rerr != unix.EAGAIN
 	})
 	if err != nil {
-		if errors.Is(err, os.ErrClosed) {
+		if c.closed.Load() {
 			return nil, nil, ErrClosed
 		}
 		return nil, nil, fmt.Errorf("ctl: recv: %w", err)

@@ -1,0 +1,122 @@
+package ctl
+
+import (
+	"errors"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+func TestRoundTripWithDescriptors(t *testing.T) {
+	c, initEnd, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	e := NewEndpoint(int(initEnd.Fd()))
+	defer initEnd.Close()
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	code := 3
+	if err := c.Send(&Msg{Op: OpStart, SID: 7, Argv: []string{"a", "b"}, Code: &code}, w, w, w); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	m, files, err := e.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Op != OpStart || m.SID != 7 || len(m.Argv) != 2 || *m.Code != 3 || len(files) != 3 {
+		t.Fatalf("%+v %d files", m, len(files))
+	}
+	flags, err := unix.FcntlInt(files[0].Fd(), unix.F_GETFD, 0)
+	if err != nil || flags&unix.FD_CLOEXEC == 0 {
+		t.Errorf("received descriptor not close-on-exec: %v", err)
+	}
+	for _, f := range files {
+		f.Close()
+	}
+	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("pipe still open: %v", err)
+	}
+	if _, _, err := e.TryRecv(); !errors.Is(err, ErrWouldBlock) {
+		t.Fatalf("TryRecv on an empty channel: %v", err)
+	}
+	if err := e.Send(&Msg{Op: OpExit, SID: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if m, _, err := c.RecvTimeout(time.Second); err != nil || m.Op != OpExit {
+		t.Fatalf("%+v %v", m, err)
+	}
+	if _, _, err := c.RecvTimeout(10 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("timeout: %v", err)
+	}
+}
+
+func TestMismatchClosesDescriptors(t *testing.T) {
+	c, initEnd, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	defer initEnd.Close()
+	if err := c.Send(&Msg{Op: OpKill}, os.Stdin); !errors.Is(err, ErrFDMismatch) {
+		t.Fatalf("Send with a stray descriptor: %v", err)
+	}
+	// A peer that sends descriptors with a message that carries none.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if err := unix.Sendmsg(int(initEnd.Fd()), []byte(`{"op":"exit","sid":1}`), unix.UnixRights(int(w.Fd())), nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if _, _, err := c.Recv(); !errors.Is(err, ErrFDMismatch) {
+		t.Fatalf("Recv: %v", err)
+	}
+	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("descriptor of a rejected packet left open: %v", err)
+	}
+}
+
+func TestCloseUnblocksRecv(t *testing.T) {
+	c, initEnd, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer initEnd.Close()
+	done := make(chan error, 1)
+	go func() { _, _, err := c.Recv(); done <- err }()
+	time.Sleep(10 * time.Millisecond)
+	c.Close()
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Recv after Close: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if err := c.Send(&Msg{Op: OpKill}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Send after Close: %v", err)
+	}
+}
+
+func TestPeerCloseIsErrClosed(t *testing.T) {
+	c, initEnd, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	initEnd.Close()
+	if _, _, err := c.Recv(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Recv after the peer closed: %v", err)
+	}
+}
