@@ -67,15 +67,37 @@ const leaseCols = `l.id, l.account, l.project, l.kind, l.domain, l.holder, l.sta
 
 const leaseFrom = " FROM leases l LEFT JOIN lease_clock c ON c.seq = l.seq"
 
-func scanLease(r scanner, what string) (Lease, error) {
+// The statements of the hot paths, prepared once per Store: parsing them
+// costs more than running them.
+const (
+	sqlInsertLease = `INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
+			VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?, ?) RETURNING seq`
+	sqlInsertClock = "INSERT INTO lease_clock (seq, expires_at, ttl_ms) VALUES (?, ?, ?)"
+	sqlHeartbeat   = `UPDATE lease_clock SET expires_at = ?1 + ttl_ms
+			WHERE seq IN (SELECT seq FROM leases WHERE id IN (SELECT value FROM json_each(?2)))
+			  AND expires_at >= ?1`
+	sqlSelectForRelease = "SELECT " + leaseCols + ", l.seq" + leaseFrom + " WHERE l.id = ?"
+	sqlRelease          = `UPDATE leases SET state = 'released', released_at = ?, heartbeat_at = ?, expires_at = ? WHERE seq = ?`
+	sqlDeleteClock      = "DELETE FROM lease_clock WHERE seq = ?"
+	sqlAnyDue           = "SELECT EXISTS (SELECT 1 FROM lease_clock WHERE expires_at < ?)"
+)
+
+var (
+	hotWriteStmts = []string{sqlInsertLease, sqlInsertClock, sqlHeartbeat, sqlSelectForRelease, sqlRelease, sqlDeleteClock}
+	hotReadStmts  = []string{sqlAnyDue}
+)
+
+// scanLease scans leaseCols, then extra.
+func scanLease(r scanner, what string, extra ...any) (Lease, error) {
 	var (
 		l                                Lease
 		state                            string
 		ttl, created, heartbeat, expires int64
 		releasedAt, expiredAt            sql.NullInt64
 	)
-	if err := r.Scan(&l.ID, &l.Account, &l.Project, &l.Kind, &l.Domain, &l.Holder, &state, &ttl,
-		&created, &heartbeat, &expires, &releasedAt, &expiredAt); err != nil {
+	dest := append([]any{&l.ID, &l.Account, &l.Project, &l.Kind, &l.Domain, &l.Holder, &state, &ttl,
+		&created, &heartbeat, &expires, &releasedAt, &expiredAt}, extra...)
+	if err := r.Scan(dest...); err != nil {
 		return Lease{}, classify(err, what)
 	}
 	l.State, l.TTL = LeaseState(state), time.Duration(ttl)*time.Millisecond
@@ -105,14 +127,19 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 	}
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var seq int64
-		err := tx.QueryRowContext(ctx, `
-			INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
-			VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?, ?) RETURNING seq`,
-			l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl).Scan(&seq)
+		ins, err := s.txStmt(ctx, tx, sqlInsertLease)
+		if err != nil {
+			return err
+		}
+		err = ins.QueryRowContext(ctx, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl).Scan(&seq)
 		if err != nil {
 			return classify(err, fmt.Sprintf("create lease for project %d", n.Project))
 		}
-		if _, err := tx.ExecContext(ctx, "INSERT INTO lease_clock (seq, expires_at, ttl_ms) VALUES (?, ?, ?)", seq, now+ttl, ttl); err != nil {
+		clk, err := s.txStmt(ctx, tx, sqlInsertClock)
+		if err != nil {
+			return err
+		}
+		if _, err := clk.ExecContext(ctx, seq, now+ttl, ttl); err != nil {
 			return fmt.Errorf("store: create lease: %w", err)
 		}
 		return nil
@@ -244,10 +271,11 @@ func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time)
 	err = s.tx(ctx, func(tx *sql.Tx) error {
 		// The common case, every lease live and on time, is one statement
 		// that returns no rows: no per-lease work outside SQLite.
-		res, err := tx.ExecContext(ctx, `
-			UPDATE lease_clock SET expires_at = ?1 + ttl_ms
-			WHERE seq IN (SELECT seq FROM leases WHERE id IN (SELECT value FROM json_each(?2)))
-			  AND expires_at >= ?1`, now, jsonIDs(list))
+		upd, err := s.txStmt(ctx, tx, sqlHeartbeat)
+		if err != nil {
+			return err
+		}
+		res, err := upd.ExecContext(ctx, now, jsonIDs(list))
 		if err != nil {
 			return fmt.Errorf("store: heartbeat: %w", err)
 		}
@@ -313,11 +341,12 @@ func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time)
 func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Lease, error) {
 	var out Lease
 	err := s.tx(ctx, func(tx *sql.Tx) error {
-		var seq int64
-		if err := tx.QueryRowContext(ctx, "SELECT seq FROM leases WHERE id = ?", id).Scan(&seq); err != nil {
-			return classify(err, "release lease "+id)
+		sel, err := s.txStmt(ctx, tx, sqlSelectForRelease)
+		if err != nil {
+			return err
 		}
-		l, err := scanLease(tx.QueryRowContext(ctx, "SELECT "+leaseCols+leaseFrom+" WHERE l.seq = ?", seq), "release lease "+id)
+		var seq int64
+		l, err := scanLease(sel.QueryRowContext(ctx, id), "release lease "+id, &seq)
 		if err != nil {
 			return err
 		}
@@ -331,12 +360,18 @@ func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Leas
 			return fmt.Errorf("store: release lease %s: %w (overdue since %s)", id, ErrLeaseExpired,
 				l.ExpiresAt.UTC().Format(time.RFC3339Nano))
 		}
-		if _, err := tx.ExecContext(ctx, `
-			UPDATE leases SET state = 'released', released_at = ?, heartbeat_at = ?, expires_at = ? WHERE seq = ?`,
-			ms(at), ms(l.HeartbeatAt), ms(l.ExpiresAt), seq); err != nil {
+		upd, err := s.txStmt(ctx, tx, sqlRelease)
+		if err != nil {
+			return err
+		}
+		del, err := s.txStmt(ctx, tx, sqlDeleteClock)
+		if err != nil {
+			return err
+		}
+		if _, err := upd.ExecContext(ctx, ms(at), ms(l.HeartbeatAt), ms(l.ExpiresAt), seq); err != nil {
 			return fmt.Errorf("store: release lease %s: %w", id, err)
 		}
-		if _, err := tx.ExecContext(ctx, "DELETE FROM lease_clock WHERE seq = ?", seq); err != nil {
+		if _, err := del.ExecContext(ctx, seq); err != nil {
 			return fmt.Errorf("store: release lease %s: %w", id, err)
 		}
 		out.State, out.ReleasedAt = LeaseReleased, fromMS(ms(at))
@@ -352,15 +387,18 @@ func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Leas
 func (s *Store) ExpireLeases(ctx context.Context, at time.Time) ([]Lease, error) {
 	now := ms(at)
 	var due bool
-	if err := s.r.QueryRowContext(ctx,
-		"SELECT EXISTS (SELECT 1 FROM lease_clock WHERE expires_at < ?)", now).Scan(&due); err != nil {
+	st, err := s.readStmt(ctx, sqlAnyDue)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.QueryRowContext(ctx, now).Scan(&due); err != nil {
 		return nil, fmt.Errorf("store: expire leases: %w", err)
 	}
 	if !due {
 		return nil, nil
 	}
 	var out []Lease
-	err := s.tx(ctx, func(tx *sql.Tx) error {
+	err = s.tx(ctx, func(tx *sql.Tx) error {
 		rows, err := tx.QueryContext(ctx,
 			"DELETE FROM lease_clock WHERE expires_at < ? RETURNING seq, expires_at, ttl_ms", now)
 		if err != nil {

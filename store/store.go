@@ -30,6 +30,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"time"
 
 	"modernc.org/sqlite"
@@ -106,6 +107,12 @@ type Store struct {
 	now  func() time.Time
 	w    *sql.DB // one read-write connection
 	r    *sql.DB // read-only connections
+
+	// Prepared statements of the hot paths (leases), by SQL text. SQLite
+	// parsing costs more than executing these.
+	stmtMu sync.Mutex
+	wStmts map[string]*sql.Stmt
+	rStmts map[string]*sql.Stmt
 }
 
 // Open opens (and with opts.Migrate, creates and migrates) the database at
@@ -131,7 +138,7 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	if readConns <= 0 {
 		readConns = 4
 	}
-	s := &Store{path: abs, now: opts.Now}
+	s := &Store{path: abs, now: opts.Now, wStmts: map[string]*sql.Stmt{}, rStmts: map[string]*sql.Stmt{}}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -188,13 +195,83 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		s.w.Close()
 		return nil, fmt.Errorf("store: open %s: %w", abs, err)
 	}
+	if err := s.prepareHot(ctx); err != nil {
+		s.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
 // Close closes the database. It waits for statements in progress to finish.
 // Calling it more than once returns an error from the second call on.
 func (s *Store) Close() error {
+	s.stmtMu.Lock()
+	for _, m := range []map[string]*sql.Stmt{s.wStmts, s.rStmts} {
+		for q, st := range m {
+			st.Close()
+			delete(m, q)
+		}
+	}
+	s.stmtMu.Unlock()
 	return errors.Join(s.r.Close(), s.w.Close())
+}
+
+// prepareHot prepares the hot statements on both handles. It runs in Open,
+// before any transaction holds the single write connection.
+func (s *Store) prepareHot(ctx context.Context) error {
+	for _, set := range []struct {
+		db    *sql.DB
+		m     map[string]*sql.Stmt
+		stmts []string
+	}{{s.w, s.wStmts, hotWriteStmts}, {s.r, s.rStmts, hotReadStmts}} {
+		for _, q := range set.stmts {
+			st, err := set.db.PrepareContext(ctx, q)
+			if err != nil {
+				return fmt.Errorf("store: prepare: %w", err)
+			}
+			set.m[q] = st
+		}
+	}
+	return nil
+}
+
+// txStmt returns q bound to tx: the statement prepared in Open if q is a
+// hot one, else q prepared on tx for this transaction only.
+func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, q string) (*sql.Stmt, error) {
+	s.stmtMu.Lock()
+	st := s.wStmts[q]
+	s.stmtMu.Unlock()
+	if st != nil {
+		return tx.StmtContext(ctx, st), nil
+	}
+	st, err := tx.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("store: prepare: %w", err)
+	}
+	return st, nil
+}
+
+// readStmt returns the hot read statement q, prepared in Open.
+func (s *Store) readStmt(ctx context.Context, q string) (*sql.Stmt, error) {
+	s.stmtMu.Lock()
+	st := s.rStmts[q]
+	s.stmtMu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	st, err := s.r.PrepareContext(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("store: prepare: %w", err)
+	}
+	s.stmtMu.Lock()
+	if old := s.rStmts[q]; old != nil {
+		st.Close()
+		st = old
+	} else {
+		s.rStmts[q] = st
+	}
+	s.stmtMu.Unlock()
+	return st, nil
 }
 
 // Path returns the absolute path of the database file.
