@@ -51,11 +51,11 @@ type machine struct {
 	bySID    map[uint64]*session
 }
 
-func (w *Worker) newMachine(id int64, ws, requested string) *machine {
+func (w *Worker) newMachine(id int64, ws, requested string, slot int) *machine {
 	w.gen++
 	return &machine{
 		w: w, id: id, workspace: ws, requested: requested, gen: w.gen,
-		hostUID: w.cfg.UIDBase + uint32(w.slot(id))*RangeSize,
+		hostUID: w.cfg.UIDBase + uint32(slot)*RangeSize,
 		ready:   make(chan struct{}), dead: make(chan struct{}),
 		bySID: make(map[uint64]*session),
 	}
@@ -103,7 +103,6 @@ func (m *machine) idleStop(gen int) {
 	}
 	m.mu.Unlock()
 	m.w.mu.Unlock()
-	m.w.log.Info("machine idle, stopping", "project", m.id, "init", m.initPID)
 	m.stop("idle")
 }
 
@@ -111,6 +110,7 @@ func (m *machine) idleStop(gen int) {
 // the waiter goroutine then cleans up. Idempotent; does not block.
 func (m *machine) stop(reason string) {
 	<-m.ready
+	m.w.log.Info("stopping machine", "project", m.id, "init", m.initPID, "reason", reason)
 	m.mu.Lock()
 	m.stopping = true
 	m.mu.Unlock()

@@ -80,7 +80,9 @@ type Config struct {
 	Limits Limits
 	// UIDBase is the first host id of the ranges mapped into machines:
 	// the n-th distinct project served gets [UIDBase+n*RangeSize,
-	// UIDBase+(n+1)*RangeSize). Zero means DefaultUIDBase.
+	// UIDBase+(n+1)*RangeSize) for the worker's lifetime. Zero means
+	// DefaultUIDBase; below RangeSize is refused. Nothing else on the host
+	// may use these ids.
 	UIDBase uint32
 	// CgroupParent is where machine cgroups are created: relative to the
 	// worker's own cgroup on v1, to the root on v2. Empty means "corral".
@@ -189,6 +191,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = DefaultUIDBase
+	}
+	if cfg.UIDBase < RangeSize {
+		return nil, fmt.Errorf("worker: UIDBase %d would map guests onto ordinary host ids (below %d)", cfg.UIDBase, RangeSize)
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "corral"
@@ -436,13 +441,23 @@ func (w *Worker) hold(m *machine, session bool) (*machine, error) {
 }
 
 // startMachine registers and starts a new machine. Called with w.mu held;
-// releases it.
+// releases it. Only sessions start machines: a net-dial to a project
+// without one fails ("dial-failed"), as nothing could be listening there.
 func (w *Worker) startMachine(id int64, ws, requested string, session bool) (*machine, error) {
 	if w.closed {
 		w.mu.Unlock()
 		return nil, errClosed
 	}
-	m := w.newMachine(id, ws, requested)
+	if !session {
+		w.mu.Unlock()
+		return nil, &rejection{wire.CodeDialFailed, fmt.Sprintf("project %d has no running machine", id)}
+	}
+	slot, err := w.slot(id)
+	if err != nil {
+		w.mu.Unlock()
+		return nil, &rejection{wire.CodeMachineFailed, err.Error()}
+	}
+	m := w.newMachine(id, ws, requested, slot)
 	m.hold(session)
 	w.machines[id] = m
 	w.mu.Unlock()
@@ -460,18 +475,23 @@ func (m *machine) await(session bool) (*machine, error) {
 	return m, nil
 }
 
-// slot returns the id-range slot of project id. Called with w.mu held.
-func (w *Worker) slot(id int64) int {
+// slot returns the id-range slot of project id, allocating one on first
+// use. Called with w.mu held. It fails when no range of RangeSize host
+// ids is left below 2^32-1 (the kernel's invalid id).
+func (w *Worker) slot(id int64) (int, error) {
 	if s, ok := w.slots[id]; ok {
-		return s
+		return s, nil
 	}
 	s := 0
 	for w.used[s] {
 		s++
 	}
+	if uint64(w.cfg.UIDBase)+uint64(s+1)*RangeSize > 1<<32-1 {
+		return 0, fmt.Errorf("no free host id range for project %d", id)
+	}
 	w.used[s] = true
 	w.slots[id] = s
-	return s
+	return s, nil
 }
 
 // forget removes m from the machine table if it is still there.

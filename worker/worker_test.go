@@ -463,6 +463,16 @@ func TestNetDial(t *testing.T) {
 	h := newHarness(t, nil)
 	c := h.dial(t)
 	p := h.project(t, 1)
+	// No machine, nothing listening: a dial starts none.
+	if err := c.Send(&wire.NetDial{ID: "early", Project: p, Port: 8000}); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := recv(t, c).(*wire.Error); !ok || e.Code != wire.CodeDialFailed {
+		t.Fatalf("dial without a machine: %#v", e)
+	}
+	if n := len(h.w.Machines()); n != 0 {
+		t.Fatalf("net-dial started %d machines", n)
+	}
 	srv := h.start(t, c, p, "python3", "-m", "http.server", "--bind", "127.0.0.1", "8000")
 	if !srv.started {
 		t.Fatalf("server not started: %#v", srv.first)
@@ -864,5 +874,19 @@ func TestMachineStartFailure(t *testing.T) {
 		if e.IsDir() {
 			t.Errorf("cgroup %s left after a failed start", e.Name())
 		}
+	}
+}
+
+func TestIDRangeExhausted(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.UIDBase = 1<<32 - RangeSize + 10 })
+	c := h.dial(t)
+	if err := c.Send(&wire.ExecStart{ID: "x", Project: h.project(t, 1), Argv: []string{"true"}}); err != nil {
+		t.Fatal(err)
+	}
+	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed || !strings.Contains(m.Message, "id range") {
+		t.Fatalf("%#v", m)
+	}
+	if _, err := New(Config{ProjectsRoot: h.root, StateDir: t.TempDir(), UIDBase: 1000}); err == nil {
+		t.Fatal("UIDBase 1000 accepted")
 	}
 }
