@@ -370,22 +370,6 @@ func TestTenancy(t *testing.T) {
 			t.Fatalf("%d lease(s) minted on a kind mismatch", n)
 		}
 	})
-
-	t.Run("ManagedNotYetSupported", func(t *testing.T) {
-		proj, err := f.st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "managed", Root: t.TempDir()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.st.AddMember(ctx, store.Member{Project: proj.ID, Account: f.actor.AccountUserID}); err != nil {
-			t.Fatal(err)
-		}
-		in := f.input("", "true")
-		in.Project = sandbox.ProjectRef{Kind: sandbox.ProjectManaged, ProjectID: proj.ID}
-		_, err = f.p.PrepareExecution(ctx, in, f.actor)
-		if !errors.Is(err, errors.ErrUnsupported) {
-			t.Fatalf("error %v, want ErrUnsupported", err)
-		}
-	})
 }
 
 func TestLandlockUnavailableRefusesConfined(t *testing.T) {
