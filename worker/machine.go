@@ -169,6 +169,7 @@ func (m *machine) boot() (err error) {
 	cfg := &ctl.Config{
 		Hostname: "project-" + strconv.FormatInt(m.id, 10), Workspace: m.workspace, Home: home,
 		UID: GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
+		Mask: w.masks,
 	}
 	if w.pidLimit > 0 {
 		// Leave the init room for its own threads under the pids limit.

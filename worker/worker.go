@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -62,7 +63,8 @@ type Limits struct {
 type Config struct {
 	// ProjectsRoot is the directory under which workspaces are accepted:
 	// an exec-start or net-dial whose workspace, after EvalSymlinks, is
-	// not strictly below it is rejected with "bad-workspace".
+	// not strictly below it is rejected with "bad-workspace". Machines do
+	// not see it (an empty directory hides it), nor StateDir and HomesRoot.
 	ProjectsRoot string
 	// StateDir holds the worker's state. It must be root-owned.
 	StateDir string
@@ -131,6 +133,7 @@ type Worker struct {
 	root     string // ProjectsRoot, resolved
 	cgroups  *cgroup.Layout
 	hostNet  *os.File
+	masks    []string // host directories hidden in machines
 	closeNet sync.Once
 	memLimit int64
 	pidLimit int64
@@ -183,6 +186,21 @@ func New(cfg Config) (*Worker, error) {
 	if err := os.MkdirAll(cfg.HomesRoot, 0o711); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	// Machines see the host's root, but not the projects (other than their
+	// own, at /workspace) nor the worker's state (other projects' homes).
+	var masks []string
+	for _, d := range []string{root, cfg.StateDir, cfg.HomesRoot} {
+		r, err := filepath.EvalSymlinks(d)
+		if err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		if r, err = filepath.Abs(r); err != nil {
+			return nil, fmt.Errorf("worker: %w", err)
+		}
+		if r != "/" && !slices.Contains(masks, r) {
+			masks = append(masks, r)
+		}
+	}
 	if cfg.IdleGrace == 0 {
 		cfg.IdleGrace = DefaultIdleGrace
 	}
@@ -212,6 +230,7 @@ func New(cfg Config) (*Worker, error) {
 		cfg: cfg, log: log, root: root,
 		memLimit: limit(cfg.Limits.Memory, DefaultMemory),
 		pidLimit: limit(cfg.Limits.Pids, DefaultPids),
+		masks:    masks,
 		machines: make(map[int64]*machine),
 		slots:    make(map[int64]int),
 		used:     make(map[int]bool),

@@ -890,3 +890,28 @@ func TestIDRangeExhausted(t *testing.T) {
 		t.Fatal("UIDBase 1000 accepted")
 	}
 }
+
+func TestOtherProjectsHidden(t *testing.T) {
+	requireRoot(t)
+	// A projects root on the host's root filesystem (not under /tmp, which
+	// machines never see anyway).
+	root, err := os.MkdirTemp("/var/tmp", "corral-projects-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(root)
+	if err := os.Chmod(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, func(c *Config) { c.ProjectsRoot = root })
+	c := h.dial(t)
+	h.root = root
+	p1, p2 := h.project(t, 1), h.project(t, 2)
+	if err := os.WriteFile(filepath.Join(p2.Workspace, "secret"), []byte("p2"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := h.run(t, c, p1, "sh", "-c", "ls -A "+root+"; cat "+p2.Workspace+"/secret; ls -A "+h.w.cfg.HomesRoot)
+	if r.stdout != "" || !strings.Contains(r.stderr, "No such file") {
+		t.Fatalf("another project is visible: %v", r)
+	}
+}

@@ -74,6 +74,9 @@ type Config struct {
 	GID int `json:"gid"`
 	// NProc, when positive, is RLIMIT_NPROC for the session user.
 	NProc int `json:"nproc,omitempty"`
+	// Mask are host directories (symlink-free absolute paths) hidden under
+	// an empty read-only tmpfs: other projects' workspaces and homes.
+	Mask []string `json:"mask,omitempty"`
 	// GuestWorkspace and GuestHome are the guest mount points.
 	GuestWorkspace string `json:"guestWorkspace"`
 	GuestHome      string `json:"guestHome"`

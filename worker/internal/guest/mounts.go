@@ -54,6 +54,14 @@ func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
 	if err := bindHostEntries(); err != nil {
 		return err
 	}
+	for _, p := range cfg.Mask {
+		if st, err := os.Lstat(newroot + p); err != nil || !st.IsDir() {
+			continue // not visible anyway
+		}
+		if err := unix.Mount("tmpfs", newroot+p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0755"); err != nil {
+			return fmt.Errorf("mask %s: %w", p, err)
+		}
+	}
 	for _, d := range []string{"proc", "sys", "dev", "tmp", "home", cfg.GuestWorkspace[1:], cfg.GuestHome[1:]} {
 		if err := os.MkdirAll(filepath.Join(newroot, d), 0o755); err != nil {
 			return err
