@@ -130,6 +130,11 @@ func (g *sitesGateway) resolve() (sitesplugin.Control, error) {
 		if errors.As(err, &re) && re.Reason != "" {
 			msg += ": " + re.Reason
 		}
+		// A plugin disabled by configuration or failed before it
+		// registered owns nothing: say what became of the built-in one.
+		if st, ok := g.a.core.Registry().Status(sitesplugin.Name); ok && st.State != plugin.StateLoaded {
+			msg = fmt.Sprintf("sites are unavailable: plugin %s is %s: %s", st.Name, st.State, st.Reason)
+		}
 		return nil, &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: msg, Cause: err}
 	}
 	return ctl, nil
