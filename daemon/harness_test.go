@@ -43,6 +43,8 @@ type envOpts struct {
 	transport machine.PrivilegedTransport
 	control   sandbox.ControlOptions
 	app       AppOptions
+	// dir, if non-empty, is the state directory (made by the caller).
+	dir string
 }
 
 // env is a real daemon over a real Unix socket, real SQLite.
@@ -80,9 +82,12 @@ func fakeSandbox(p *sandboxtest.Provider) core.PluginFactory {
 
 func newEnv(t *testing.T, o envOpts) *env {
 	t.Helper()
-	dir, err := filepath.EvalSymlinks(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
+	dir := o.dir
+	if dir == "" {
+		var err error
+		if dir, err = filepath.EvalSymlinks(t.TempDir()); err != nil {
+			t.Fatal(err)
+		}
 	}
 	// Socket paths are short: sun_path has 108 bytes.
 	sockDir, err := os.MkdirTemp("", "cd")

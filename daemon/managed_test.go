@@ -1,0 +1,189 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker"
+)
+
+var cgroupSeq struct {
+	sync.Mutex
+	n int
+}
+
+// newManagedEnv starts a real worker in this process (serving a real
+// socket, projects under STATE/projects) and a daemon that reaches it.
+func newManagedEnv(t *testing.T) *env {
+	t.Helper()
+	requireRoot(t)
+	dir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(WorkspacesDir(dir), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	cgroupSeq.Lock()
+	cgroupSeq.n++
+	parent := fmt.Sprintf("corral-daemon-test-%d-%d", os.Getpid(), cgroupSeq.n)
+	cgroupSeq.Unlock()
+	w, err := worker.New(worker.Config{
+		ProjectsRoot: WorkspacesDir(dir),
+		StateDir:     t.TempDir(),
+		IdleGrace:    time.Minute,
+		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
+		CgroupParent: parent,
+		Logger:       testLogger(t),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sockDir, err := os.MkdirTemp("", "cw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(sockDir, "worker.sock")
+	ln, err := wire.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Serve(ctx, ln) }()
+	// Registered first, so it runs after the daemon's cleanup.
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker Serve: %v", err)
+		}
+		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer scancel()
+		if err := w.Shutdown(sctx); err != nil {
+			t.Errorf("worker Shutdown: %v", err)
+		}
+		os.RemoveAll(sockDir)
+	})
+	return newEnv(t, envOpts{dir: dir, transport: machine.SocketTransport{Path: sock}})
+}
+
+func TestManagedCommand(t *testing.T) {
+	e := newManagedEnv(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	if err := os.WriteFile(filepath.Join(p.Root, "hello.txt"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	status, body := e.do(context.Background(), "POST", commandsPath(p.ID), tok, cmdBody("sh", "-c", "pwd; cat hello.txt; exit 4"))
+	if status != 200 || !strings.Contains(string(body), `"stdout":"/workspace\nfrom the host\n"`) || !strings.Contains(string(body), `"code":4`) {
+		t.Fatalf("%d %s", status, body)
+	}
+	if v := metricValue(t, e, "corral_worker_connected"); v != 1 {
+		t.Errorf("worker_connected %v", v)
+	}
+}
+
+// TestManagedSession runs a raw session in a real machine.
+func TestManagedSession(t *testing.T) {
+	e := newManagedEnv(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, _, err := e.dialSession(ctx, tok, p.ID, "sh", "-c", "tr a-z A-Z; echo bye >&2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.CloseNow()
+	if err := c.Write(ctx, websocket.MessageBinary, append([]byte{StreamStdin}, "shout\n"...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"eof"}`)); err != nil {
+		t.Fatal(err)
+	}
+	tr := readSession(ctx, c)
+	if tr.stdout.String() != "SHOUT\n" || tr.stderr.String() != "bye\n" {
+		t.Errorf("stdout %q stderr %q", tr.stdout.String(), tr.stderr.String())
+	}
+	if last := tr.last(); last["type"] != "exit" || last["code"] != float64(0) {
+		t.Errorf("control %v", tr.control)
+	}
+	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+}
+
+// TestSitesRoundTrip serves a directory with python3's http.server inside
+// a machine (started as a raw session) and reaches it through
+// /sites/{name}/.
+func TestSitesRoundTrip(t *testing.T) {
+	e := newManagedEnv(t)
+	alice, tok := e.account("alice")
+	_, stranger := e.account("mallory")
+	p := e.managedProject("box", alice)
+	if err := os.WriteFile(filepath.Join(p.Root, "index.html"), []byte("<h1>corral site</h1>\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(p.Root, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(p.Root, "sub", "a.txt"), []byte("a"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	srv, _, err := e.dialSession(ctx, tok, p.ID, "python3", "-m", "http.server", "8000", "--bind", "127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.CloseNow()
+	go func() { _ = readSession(ctx, srv) }() // keep its output flowing
+
+	if status, body := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/sites/app", p.ID), tok, map[string]int{"port": 8000}); status != 200 {
+		t.Fatalf("publish: %d %s", status, body)
+	}
+	var status int
+	var body []byte
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		status, body = e.do(ctx, "GET", "/sites/app/index.html", tok, nil)
+		if status != http.StatusBadGateway || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if status != 200 || string(body) != "<h1>corral site</h1>\n" {
+		t.Fatalf("site: %d %s", status, body)
+	}
+	// A directory listing, below the prefix; the bare prefix redirects.
+	status, body = e.do(ctx, "GET", "/sites/app/sub/", tok, nil)
+	if status != 200 || !strings.Contains(string(body), "a.txt") {
+		t.Errorf("listing: %d %s", status, body)
+	}
+	status, body = e.do(ctx, "GET", "/sites/app", tok, nil)
+	if status != 200 || string(body) != "<h1>corral site</h1>\n" {
+		t.Errorf("bare prefix (redirected): %d %s", status, body)
+	}
+	if status, _ := e.do(ctx, "GET", "/sites/app/index.html", stranger, nil); status != 403 {
+		t.Errorf("stranger: %d", status)
+	}
+	// Nothing listens on another port: 502.
+	if status, body := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/sites/dead", p.ID), tok, map[string]int{"port": 8001}); status != 200 {
+		t.Fatalf("publish: %d %s", status, body)
+	}
+	status, body = e.do(ctx, "GET", "/sites/dead/", tok, nil)
+	if status != http.StatusBadGateway {
+		t.Errorf("dead site: %d %s", status, body)
+	}
+	srv.Close(websocket.StatusNormalClosure, "done")
+	waitFor(t, "the server's lease to be released", func() bool { return e.liveLeases() == 0 })
+}
