@@ -30,7 +30,7 @@ import (
 const (
 	DefaultTTL             = 15 * time.Second
 	DefaultSweepInterval   = 3 * time.Second
-	DefaultHeartbeatWindow = 250 * time.Millisecond
+	DefaultHeartbeatWindow = 100 * time.Millisecond
 )
 
 var (
@@ -53,7 +53,8 @@ type Options struct {
 	// its store transaction: heartbeats that arrive within one window are
 	// written together, which makes them far cheaper. It delays every
 	// Heartbeat call by up to the window, so it must stay well below the
-	// heartbeat interval. If zero, 250 ms; if negative, every heartbeat is
+	// heartbeat interval. A window that gathers 2000 heartbeats is
+	// written at once. If zero, 100 ms; if negative, every heartbeat is
 	// written on its own, at once.
 	HeartbeatWindow time.Duration
 
@@ -83,10 +84,12 @@ type Manager struct {
 	ttl    time.Duration
 	sweep  time.Duration
 	window time.Duration
-	now    func() time.Time
-	log    *slog.Logger
-	holder string
-	hook   func(store.Lease)
+	// maxBatch caps the heartbeats written in one transaction.
+	maxBatch int
+	now      func() time.Time
+	log      *slog.Logger
+	holder   string
+	hook     func(store.Lease)
 
 	mu      sync.Mutex
 	held    map[string]*Lease // live leases acquired here
@@ -98,7 +101,7 @@ func NewManager(st *store.Store, opts Options) *Manager {
 	m := &Manager{
 		st: st, ttl: opts.TTL, sweep: opts.SweepInterval, window: opts.HeartbeatWindow,
 		now: opts.Now, log: opts.Logger, holder: opts.Holder, hook: opts.OnExpired,
-		held: make(map[string]*Lease),
+		held: make(map[string]*Lease), maxBatch: defaultMaxBatch,
 	}
 	if m.ttl <= 0 {
 		m.ttl = DefaultTTL
@@ -428,8 +431,12 @@ func (l *Lease) extend(deadline time.Time) {
 	l.mu.Unlock()
 }
 
+// defaultMaxBatch caps the heartbeats written in one transaction.
+const defaultMaxBatch = 2000
+
 // beatBatch is a group of heartbeats written in one store transaction.
 type beatBatch struct {
+	once   sync.Once
 	leases []*Lease
 	done   chan struct{} // closed when errs and err are set
 	errs   []error
@@ -456,7 +463,14 @@ func (m *Manager) heartbeat(ctx context.Context, l *Lease) error {
 	}
 	i := len(b.leases)
 	b.leases = append(b.leases, l)
+	full := len(b.leases) >= m.maxBatch
+	if full {
+		m.pending = nil // later heartbeats start a new batch
+	}
 	m.mu.Unlock()
+	if full {
+		go m.flush(b) // the timer's flush will find the batch already done
+	}
 	select {
 	case <-b.done:
 	case <-ctx.Done():
@@ -473,6 +487,10 @@ func (m *Manager) heartbeat(ctx context.Context, l *Lease) error {
 const flushTimeout = 30 * time.Second
 
 func (m *Manager) flush(b *beatBatch) {
+	b.once.Do(func() { m.flushOnce(b) })
+}
+
+func (m *Manager) flushOnce(b *beatBatch) {
 	m.mu.Lock()
 	if m.pending == b {
 		m.pending = nil

@@ -361,6 +361,28 @@ func TestHeartbeatsAreBatched(t *testing.T) {
 		t.Fatalf("50 concurrent heartbeats were written at %d different times; want them batched", len(times))
 	}
 
+	// A full batch is written at once, without waiting for the window.
+	full := f.manager(Options{HeartbeatWindow: time.Hour})
+	full.maxBatch = 3
+	var fl []*Lease
+	for range 3 {
+		fl = append(fl, acquire(t, full, f.project))
+	}
+	fullDone := make(chan error, 3)
+	for _, l := range fl {
+		go func() { fullDone <- l.Heartbeat(ctx) }()
+	}
+	for range 3 {
+		select {
+		case err := <-fullDone:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("a full batch waited for its window")
+		}
+	}
+
 	// A heartbeat whose context ends while it waits returns at once.
 	m2 := f.manager(Options{HeartbeatWindow: time.Hour})
 	l := acquire(t, m2, f.project)

@@ -45,7 +45,7 @@ func BenchmarkHeartbeatLease(b *testing.B) {
 // BenchmarkHeartbeatLeases: batches of 100 leases per transaction; ns/op is
 // per lease.
 func BenchmarkHeartbeatLeases(b *testing.B) {
-	for _, size := range []int{10, 100, 1000} {
+	for _, size := range []int{10, 100, 500, 2000} {
 		b.Run(itoa(size), func(b *testing.B) {
 			s, ids := benchLeases(b, 10000)
 			ctx := context.Background()
