@@ -915,3 +915,30 @@ func TestOtherProjectsHidden(t *testing.T) {
 		t.Fatalf("another project is visible: %v", r)
 	}
 }
+
+func TestNoSetIDFilesInWorkspace(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1) // owned by host root: what the guest writes is root's
+	r := h.run(t, c, p, "sh", "-c", `
+		cd /workspace && echo x > f && chmod 755 f && echo chmod-ok
+		chmod u+s f 2>/dev/null || echo suid-refused
+		chmod g+s f 2>/dev/null || echo sgid-refused
+		python3 -c 'import os; os.open("g", os.O_CREAT|os.O_WRONLY, 0o4755)' 2>/dev/null || echo open-refused
+		python3 -c 'import os; os.mknod("n", 0o104755)' 2>/dev/null || echo mknod-refused
+		mkdir d && echo mkdir-ok`)
+	want := "chmod-ok\nsuid-refused\nsgid-refused\nopen-refused\nmknod-refused\nmkdir-ok\n"
+	if r.stdout != want {
+		t.Fatalf("%v", r)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(p.Workspace, "f"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 || st.Uid != 0 {
+		t.Fatalf("host sees mode %o owner %d", st.Mode, st.Uid)
+	}
+	if _, err := os.Stat(filepath.Join(p.Workspace, "g")); err == nil {
+		t.Fatal("set-uid open created a file")
+	}
+}

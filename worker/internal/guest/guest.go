@@ -86,7 +86,8 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 		}
 	}
 	signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE)
-	return nil
+	// Last: the filter binds this thread, from which every session forks.
+	return installSetIDFilter()
 }
 
 // pid1 is the init's state. Everything runs on the init's one locked
