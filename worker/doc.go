@@ -67,6 +67,12 @@
 // permission bits), and the home directory is chowned to the guest user's
 // host id. MachineInfo.Idmapped says which happened.
 //
+// As the guest writes as the workspace's owner, possibly root, sessions run
+// under a seccomp filter that refuses (EPERM) any mode with S_ISUID or
+// S_ISGID in chmod, fchmod, fchmodat(2), open, openat, creat and mknod(at),
+// and answers ENOSYS to openat2 and io_uring_setup, whose modes it cannot
+// inspect: no set-id file can be planted on the host through a machine.
+//
 // # Protocol behaviour
 //
 // The worker handles each connection's frames in order, so a client may
