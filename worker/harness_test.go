@@ -21,7 +21,27 @@ import (
 
 func TestMain(m *testing.M) {
 	MaybeRunInit()
+	if sock := os.Getenv("CORRAL_TEST_WORKER_SOCKET"); sock != "" {
+		os.Exit(runTestWorker(sock))
+	}
 	goleak.VerifyTestMain(m)
+}
+
+// runTestWorker serves a worker in this process (a re-executed test
+// binary), configured from the environment, until killed.
+func runTestWorker(sock string) int {
+	ln, err := wire.Listen(sock)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	err = Serve(context.Background(), ln, Config{
+		ProjectsRoot: os.Getenv("CORRAL_TEST_PROJECTS"),
+		StateDir:     os.Getenv("CORRAL_TEST_STATE"),
+		CgroupParent: os.Getenv("CORRAL_TEST_CGROUP"),
+	})
+	fmt.Fprintln(os.Stderr, err)
+	return 1
 }
 
 func requireRoot(t testing.TB) {

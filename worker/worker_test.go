@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -940,5 +942,76 @@ func TestNoSetIDFilesInWorkspace(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(p.Workspace, "g")); err == nil {
 		t.Fatal("set-uid open created a file")
+	}
+}
+
+func TestWorkerDeathStopsMachines(t *testing.T) {
+	requireRoot(t)
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "w.sock")
+	parent := fmt.Sprintf("corral-test-%d-killed", os.Getpid())
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "CORRAL_TEST_WORKER_SOCKET="+sock, "CORRAL_TEST_PROJECTS="+root,
+		"CORRAL_TEST_STATE="+t.TempDir(), "CORRAL_TEST_CGROUP="+parent)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	h := &harness{sock: sock, root: root}
+	eventually(t, "worker listening", func() bool { _, err := os.Stat(sock); return err == nil })
+	c := h.dial(t)
+	p := h.project(t, 1)
+	run := h.start(t, c, p, "sh", "-c", "sleep 100 & sleep 100")
+	if !run.started {
+		t.Fatalf("%#v", run.first)
+	}
+	own, err := ownCgroup("pids")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parentDir := filepath.Join("/sys/fs/cgroup/pids", own, parent)
+	var procs []string
+	eventually(t, "init, sh and two sleeps", func() bool {
+		b, _ := os.ReadFile(filepath.Join(parentDir, "machine-1.1", "cgroup.procs"))
+		procs = strings.Fields(string(b))
+		return len(procs) == 4
+	})
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	// The client sees the connection end.
+	_ = c.UnixConn().SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, _, err := c.Recv(); err == nil {
+		t.Fatal("connection alive after the worker died")
+	}
+	// The init saw its control channel close and exited: the kernel killed
+	// the whole machine.
+	for _, pid := range procs {
+		n, _ := strconv.Atoi(pid)
+		eventually(t, "machine process "+pid+" gone", func() bool { return !alive(n) })
+	}
+	run.stdinW.Close()
+	<-run.out
+	<-run.errOut
+	// A new worker sweeps the dead one's cgroups.
+	l := filepath.Join(parentDir, "machine-1.1")
+	w, err := New(Config{ProjectsRoot: root, StateDir: t.TempDir(), CgroupParent: parent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = w.Shutdown(context.Background())
+		for _, c := range []string{"memory", "pids"} {
+			own, _ := ownCgroup(c)
+			_ = os.Remove(filepath.Join("/sys/fs/cgroup", c, own, parent))
+		}
+	}()
+	if _, err := os.Stat(l); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("stale machine cgroup left: %v", err)
 	}
 }
