@@ -93,8 +93,9 @@ var commandStatus = map[sandbox.ErrorKind]int{
 //   - a *sandbox.CommandError keeps its kind, message and partial output;
 //     its status comes from its kind, except that a cause of
 //     sandbox.ErrDenied is 403, sandbox.ErrNotFound 404, and
-//     sandbox.ErrUnavailable or machine.ErrNoPrivilegedTransport 503,
-//     whatever the kind;
+//     sandbox.ErrUnavailable, machine.ErrNoPrivilegedTransport or
+//     machine.ErrUnavailable (the worker cannot be reached) 503, whatever
+//     the kind;
 //   - sandbox.ErrUnavailable, plugin.ErrAbsent and
 //     machine.ErrNoPrivilegedTransport are 503 "unavailable";
 //   - store.ErrNotFound is 404, store.ErrExists 409, store.ErrProjectBusy 409;
@@ -112,7 +113,9 @@ func toAPIError(err error) *APIError {
 			out.Status = http.StatusForbidden
 		case errors.Is(err, sandbox.ErrNotFound):
 			out.Status = http.StatusNotFound
-		case errors.Is(err, machine.ErrNoPrivilegedTransport), errors.Is(err, sandbox.ErrUnavailable):
+		case errors.Is(err, machine.ErrNoPrivilegedTransport), errors.Is(err, sandbox.ErrUnavailable),
+			errors.Is(err, machine.ErrUnavailable):
+			// Nothing was sent to a worker: try again later.
 			out.Status = http.StatusServiceUnavailable
 		}
 		if out.Status == 0 {

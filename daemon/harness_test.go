@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,13 +28,60 @@ import (
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
+	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
 
 func TestMain(m *testing.M) {
 	confine.MaybeRun()
 	worker.MaybeRunInit()
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		os.Exit(testWorkerMain(os.Args[2:]))
+	}
 	goleak.VerifyTestMain(m)
+}
+
+// testWorkerMain serves as `corral worker` for the supervisor tests: the
+// daemon re-executes this test binary with the worker's arguments.
+func testWorkerMain(args []string) int {
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	sock := fs.String("socket", "", "")
+	root := fs.String("projects-root", "", "")
+	state := fs.String("state", "", "")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if err := os.MkdirAll(*state, 0o700); err != nil {
+		log.Error("state", "err", err)
+		return 1
+	}
+	w, err := worker.New(worker.Config{
+		ProjectsRoot: *root,
+		StateDir:     *state,
+		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
+		CgroupParent: fmt.Sprintf("corral-daemon-sup-%d", os.Getpid()),
+		Logger:       log,
+	})
+	if err != nil {
+		log.Error("worker", "err", err)
+		return 1
+	}
+	ln, err := wire.Listen(*sock)
+	if err != nil {
+		log.Error("listen", "err", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	serveErr := w.Serve(ctx, ln)
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.Shutdown(sctx); err != nil || serveErr != nil {
+		log.Error("worker stopped", "serve", serveErr, "shutdown", err)
+		return 1
+	}
+	return 0
 }
 
 // envOpts configure a test daemon.
