@@ -1,0 +1,226 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/daemon"
+)
+
+// cli runs corral in-process with the daemon's subcommands registered.
+func cli(args ...string) (stdout, stderr string, status int) {
+	root := newRoot()
+	if c, _, err := root.Find([]string{"account"}); err != nil || c == root {
+		root.AddCommand(daemonCommands()...)
+	}
+	var out, errb bytes.Buffer
+	root.SetArgs(args)
+	root.SetOut(&out)
+	root.SetErr(&errb)
+	err := root.Execute()
+	switch e := err.(type) {
+	case nil:
+	case exitError:
+		status = e.status
+	default:
+		errb.WriteString("corral: " + err.Error() + "\n")
+		status = 2
+	}
+	return out.String(), errb.String(), status
+}
+
+func mustCLI(t *testing.T, args ...string) string {
+	t.Helper()
+	out, errs, status := cli(args...)
+	if status != 0 {
+		t.Fatalf("corral %v: status %d: %s", args, status, errs)
+	}
+	return strings.TrimSpace(out)
+}
+
+// TestAdminCommands drives account, token and project against a state
+// directory, then uses what they made through a running daemon.
+func TestAdminCommands(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: host commands are confined by corral's Landlock helper")
+	}
+	state, err := os.MkdirTemp("", "cc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	dir := t.TempDir()
+	src := t.TempDir()
+	if err := os.WriteFile(filepath.Join(src, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	mustCLI(t, "account", "create", "alice", "--state", state)
+	mustCLI(t, "account", "create", "bob", "--state", state)
+	if _, errs, status := cli("account", "create", "alice", "--state", state); status == 0 {
+		t.Errorf("duplicate account accepted: %s", errs)
+	}
+	tok := mustCLI(t, "token", "create", "alice", "--name", "laptop", "--state", state)
+	if !strings.HasPrefix(tok, "corral_") {
+		t.Fatalf("token %q", tok)
+	}
+	hostID := mustCLI(t, "project", "create", "web", "--host", dir, "--owner", "alice", "--state", state)
+	boxID := mustCLI(t, "project", "create", "box", "--managed", "--from", src, "--owner", "alice", "--state", state)
+	if b, err := os.ReadFile(filepath.Join(state, "projects", "box", "f")); err != nil || string(b) != "x" {
+		t.Errorf("managed workspace copy: %q %v", b, err)
+	}
+	for _, bad := range [][]string{
+		{"project", "create", "x", "--owner", "alice"},
+		{"project", "create", "x", "--managed", "--host", dir, "--owner", "alice"},
+		{"project", "create", "x", "--managed"},
+		{"project", "create", "x", "--host", dir, "--git", "file:///x", "--owner", "alice"},
+	} {
+		if _, _, status := cli(append(bad, "--state", state)...); status == 0 {
+			t.Errorf("corral %v accepted", bad)
+		}
+	}
+	mustCLI(t, "project", "add-member", "web", "bob", "--trusted", "--state", state)
+	list := mustCLI(t, "project", "list", "--state", state)
+	if !strings.Contains(list, "web") || !strings.Contains(list, "box") || !strings.Contains(list, "managed") {
+		t.Errorf("project list:\n%s", list)
+	}
+
+	sock := startDaemon(t, state)
+
+	out, errs, status := cli("run", "--daemon", sock, "--project-id", hostID, "--token", tok, "--", "sh", "-c", "pwd; exit 3")
+	if status != 3 || out != "/workspace\n" {
+		t.Errorf("run --daemon: %d %q %q", status, out, errs)
+	}
+	// Managed projects need a worker this daemon does not have.
+	_, errs, status = cli("run", "--daemon", sock, "--project-id", boxID, "--token", tok, "--", "true")
+	if status != 125 || !strings.Contains(errs, "no privileged transport in this process") {
+		t.Errorf("managed without a worker: %d %q", status, errs)
+	}
+	mustCLI(t, "project", "delete", "box", "--state", state)
+	if _, err := os.Stat(filepath.Join(state, "projects", "box")); !os.IsNotExist(err) {
+		t.Errorf("workspace left after delete: %v", err)
+	}
+}
+
+// startDaemon runs the daemon on state until the test ends.
+func startDaemon(t *testing.T, state string) string {
+	t.Helper()
+	ready := make(chan string, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, daemon.Config{
+			StateDir: state,
+			Logger:   slog.New(slog.DiscardHandler),
+			Ready:    func(s string) { ready <- s },
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("daemon: %v", err)
+		}
+	})
+	select {
+	case s := <-ready:
+		return s
+	case err := <-done:
+		t.Fatalf("daemon: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("daemon did not start")
+	}
+	return ""
+}
+
+// TestRunViaDaemonContract: `corral run --daemon` keeps the pinned CLI
+// contract (exit statuses, --json bodies).
+func TestRunViaDaemonContract(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: host commands are confined by corral's Landlock helper")
+	}
+	state, err := os.MkdirTemp("", "cc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	mustCLI(t, "account", "create", "alice", "--state", state)
+	mustCLI(t, "account", "create", "eve", "--state", state)
+	tok := mustCLI(t, "token", "create", "alice", "--state", state)
+	eve := mustCLI(t, "token", "create", "eve", "--state", state)
+	id := mustCLI(t, "project", "create", "web", "--host", t.TempDir(), "--owner", "alice", "--state", state)
+	sock := startDaemon(t, state)
+
+	cases := []struct {
+		name      string
+		args      []string
+		token     string
+		status    int
+		stdout    string
+		stderrHas string
+		kind      string
+	}{
+		{name: "success", args: []string{"--", "sh", "-c", "printf out; printf err >&2"}, status: 0, stdout: "out", stderrHas: "err"},
+		{name: "nonzero", args: []string{"--", "sh", "-c", "exit 7"}, status: 7},
+		{name: "signal", args: []string{"--", "sh", "-c", "kill -TERM $$"}, status: 128 + 15},
+		{name: "timeout", args: []string{"--timeout", "300ms", "--", "sh", "-c", "echo partial; exec sleep 10"}, status: 124, stdout: "partial\n", stderrHas: "corral: timeout: ", kind: "timeout"},
+		{name: "start", args: []string{"--", "/no/such/program"}, status: 125, stderrHas: "corral: start: ", kind: "start"},
+		{name: "overflow", args: []string{"--stdout-limit", "4B", "--", "sh", "-c", "echo 123456789"}, status: 125, stdout: "1234", stderrHas: "corral: overflow: ", kind: "overflow"},
+		{name: "forbidden", token: eve, args: []string{"--", "true"}, status: 125, stderrHas: "corral: prepare: daemon refused (403 forbidden)", kind: "prepare"},
+		{name: "unauthorized", token: "corral_forged", args: []string{"--", "true"}, status: 125, stderrHas: "(401 unauthorized)", kind: "prepare"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			token := tc.token
+			if token == "" {
+				token = tok
+			}
+			args := append([]string{"run", "--daemon", sock, "--project-id", id, "--token", token}, tc.args...)
+			out, errs, status := cli(args...)
+			if status != tc.status {
+				t.Fatalf("status = %d, want %d (stderr %q)", status, tc.status, errs)
+			}
+			if tc.stdout != "" && out != tc.stdout {
+				t.Errorf("stdout = %q, want %q", out, tc.stdout)
+			}
+			if !strings.Contains(errs, tc.stderrHas) {
+				t.Errorf("stderr = %q, want it to contain %q", errs, tc.stderrHas)
+			}
+			out, _, jstatus := cli(append([]string{"run", "--json"}, args[1:]...)...)
+			if jstatus != tc.status {
+				t.Errorf("--json status = %d, want %d", jstatus, tc.status)
+			}
+			var obj map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(out), &obj); err != nil {
+				t.Fatalf("--json stdout %q: %v", out, err)
+			}
+			if tc.kind != "" {
+				var e struct {
+					Kind   string `json:"kind"`
+					Stdout string `json:"stdout"`
+				}
+				if err := json.Unmarshal(obj["error"], &e); err != nil || e.Kind != tc.kind {
+					t.Errorf("--json error %s (want kind %s)", out, tc.kind)
+				}
+			} else if _, ok := obj["code"]; !ok {
+				t.Errorf("--json result %s", out)
+			}
+		})
+	}
+	// The token from the environment.
+	t.Setenv("CORRAL_TOKEN", tok)
+	if out, errs, status := cli("run", "--daemon", sock, "--project-id", id, "--", "echo", "env"); status != 0 || out != "env\n" {
+		t.Errorf("$CORRAL_TOKEN: %d %q %q", status, out, errs)
+	}
+	// An unreachable daemon: nothing started.
+	_, errs, status := cli("run", "--daemon", filepath.Join(state, "nope.sock"), "--project-id", id, "--", "true")
+	if status != 125 || !strings.Contains(errs, "corral: prepare: cannot reach the daemon") {
+		t.Errorf("unreachable: %d %q", status, errs)
+	}
+}
