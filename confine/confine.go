@@ -106,8 +106,7 @@ func MaybeRun() {
 		return
 	}
 	// The restriction and the execve must happen on one thread: Landlock
-	// domains are per thread (go-landlock applies it to all of them, but
-	// the execve'ing thread is the one that matters).
+	// domains are per thread. Never unlocked.
 	runtime.LockOSThread()
 	status := statusWriter()
 	err := run(os.Args[2:])
@@ -146,7 +145,15 @@ func run(args []string) error {
 		return errors.New("confine: bad helper arguments: no command")
 	}
 	argv := args[1:]
-	if err := restrict(writable); err != nil {
+	fd, err := ruleset(writable)
+	if err != nil {
+		return err
+	}
+	// Only this (locked) thread is restricted, and it is the one that
+	// execve's; the helper's other threads end with the execve.
+	err = restrictThread(fd)
+	unix.Close(fd)
+	if err != nil {
 		return err
 	}
 	path, err := exec.LookPath(argv[0])
@@ -172,26 +179,47 @@ func unwrapExecError(err error) error {
 	return err
 }
 
-// restrict applies the Landlock domain: read and execute everywhere, write
-// beneath writable and to the harmless devices. Strict: any shortfall is an
-// error.
-func restrict(writable []string) error {
+// ruleset builds the Landlock ruleset: read and execute everywhere, write
+// beneath writable and to the harmless devices. Strict: a kernel below
+// MinABI, a relative or missing root, any rule the kernel refuses is an
+// error. The returned descriptor is close-on-exec; the caller closes it.
+func ruleset(writable []string) (int, error) {
 	if _, err := Available(); err != nil {
-		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+		return -1, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	for _, w := range writable {
 		if !strings.HasPrefix(w, "/") {
-			return fmt.Errorf("confine: writable root %q is not absolute", w)
+			return -1, fmt.Errorf("confine: writable root %q is not absolute", w)
 		}
 	}
 	cfg := landlock.Config{HandledAccessFS: handled}
-	rules := []landlock.Rule{
+	fd, _, err := cfg.NewRulesetFD(
 		landlock.PathAccess(readExec, "/"),
 		landlock.PathAccess(handled, writable...),
 		landlock.PathAccess(handled&accessFile, devices...).IgnoreIfMissing(),
+	)
+	if err != nil {
+		return -1, fmt.Errorf("confine: landlock: %w", err)
 	}
-	if err := cfg.RestrictPaths(rules...); err != nil {
-		return fmt.Errorf("confine: landlock: %w", err)
+	if fd < 0 {
+		// Only best-effort configurations may enforce nothing.
+		return -1, errors.New("confine: landlock: no ruleset to enforce")
+	}
+	return fd, nil
+}
+
+// restrictThread enforces ruleset fd on the calling OS thread, which must be
+// locked (runtime.LockOSThread) and never unlocked afterwards: the runtime
+// then ends the thread, with its domain, when its goroutine returns.
+// no_new_privs (which Landlock requires of an unprivileged thread, and which
+// keeps setuid programs from shedding the domain's intent) is set on the
+// thread too.
+func restrictThread(fd int) error {
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("confine: prctl(PR_SET_NO_NEW_PRIVS): %w", err)
+	}
+	if err := llsys.LandlockRestrictSelf(fd, 0); err != nil {
+		return fmt.Errorf("confine: landlock_restrict_self: %w", err)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +21,14 @@ import (
 // probeEnv makes the test binary, run as a confined command, perform one
 // filesystem operation and print its outcome instead of running tests.
 const probeEnv = "CORRAL_CONFINE_PROBE"
+
+func init() {
+	// Keep the main thread to the main goroutine, so that Start's
+	// confining goroutine never lands on it (the runtime wedges an exiting
+	// locked main thread instead of ending it, which would hide a
+	// parent-death signal bug).
+	runtime.LockOSThread()
+}
 
 func TestMain(m *testing.M) {
 	confine.MaybeRun()
@@ -74,7 +83,7 @@ func probe(spec string) int {
 	return 0
 }
 
-func requireLandlock(t *testing.T) {
+func requireLandlock(t testing.TB) {
 	t.Helper()
 	if _, err := confine.Available(); err != nil {
 		t.Skipf("the confinement helper cannot run here: %v", err)
@@ -327,4 +336,102 @@ func TestNotHelper(t *testing.T) {
 	// MaybeRun returns at once in a process that is not the helper (this
 	// one); reaching the next line is the assertion.
 	confine.MaybeRun()
+}
+
+// startProbe runs the test binary through Start, performing op.
+func startProbe(t *testing.T, writable []string, sys *syscall.SysProcAttr, op, path string) string {
+	t.Helper()
+	self, _ := os.Executable()
+	var stdout, stderr bytes.Buffer
+	cmd := &exec.Cmd{Path: self, Args: []string{self}, Env: []string{probeEnv + "=" + op + ":" + path},
+		Stdout: &stdout, Stderr: &stderr, SysProcAttr: sys}
+	if err := confine.Start(cmd, writable); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("probe %s %s: %v, stderr %q", op, path, err, stderr.String())
+	}
+	return strings.TrimSpace(stdout.String())
+}
+
+func TestStart(t *testing.T) {
+	requireLandlock(t)
+	root := t.TempDir()
+	other := t.TempDir()
+	must(t, os.WriteFile(filepath.Join(other, "existing"), []byte("outside data"), 0o644))
+	tmpName := fmt.Sprintf("/tmp/corral-confine-start-%d", os.Getpid())
+	t.Cleanup(func() { os.Remove(tmpName) })
+
+	for _, tc := range []struct{ name, op, path, want string }{
+		{"WriteInRoot", "write", filepath.Join(root, "f"), "ok"},
+		{"WriteOutside", "write", filepath.Join(other, "f"), "errno:permission denied"},
+		{"WriteTmp", "write", tmpName, "errno:permission denied"},
+		{"TruncateOutside", "truncate", filepath.Join(other, "existing"), "errno:permission denied"},
+		{"ReadOutside", "read", filepath.Join(other, "existing"), "ok:outside data"},
+		{"WriteDevNull", "write", "/dev/null", "ok"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := startProbe(t, []string{root}, nil, tc.op, tc.path); got != tc.want {
+				t.Fatalf("%s %s = %q, want %q", tc.op, tc.path, got, tc.want)
+			}
+		})
+	}
+	if _, err := os.Stat(tmpName); err == nil {
+		t.Fatalf("%s was created by a confined command", tmpName)
+	}
+
+	t.Run("CallerStaysUnconfined", func(t *testing.T) {
+		// Start again, then write outside the roots from this process,
+		// from several goroutines (so from several threads).
+		startProbe(t, []string{root}, nil, "write", filepath.Join(root, "g"))
+		errs := make(chan error, 8)
+		for i := range 8 {
+			go func() { errs <- os.WriteFile(filepath.Join(other, fmt.Sprintf("parent-%d", i)), nil, 0o644) }()
+		}
+		for range 8 {
+			if err := <-errs; err != nil {
+				t.Fatalf("the calling process was confined: %v", err)
+			}
+		}
+	})
+
+	t.Run("PdeathsigOutlivesTheThread", func(t *testing.T) {
+		var out bytes.Buffer
+		cmd := exec.Command("sh", "-c", "sleep 0.3; echo alive")
+		cmd.Stdout = &out
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+		if err := confine.Start(cmd, []string{root}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Wait(); err != nil || out.String() != "alive\n" {
+			t.Fatalf("command with Pdeathsig: %v, output %q (killed when the confining thread ended?)", err, out.String())
+		}
+	})
+
+	t.Run("MissingProgram", func(t *testing.T) {
+		cmd := &exec.Cmd{Path: "/nonexistent/corral-no-such-program", Args: []string{"x"}}
+		err := confine.Start(cmd, []string{root})
+		if !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("Start of a missing program: %v, want ErrNotExist", err)
+		}
+	})
+
+	t.Run("MissingRoot", func(t *testing.T) {
+		marker := filepath.Join(root, "ran")
+		cmd := exec.Command("touch", marker)
+		if err := confine.Start(cmd, []string{filepath.Join(other, "missing")}); err == nil {
+			cmd.Wait()
+			t.Fatal("Start with a missing root succeeded")
+		}
+		if cmd.Process != nil {
+			t.Fatal("a process was started")
+		}
+	})
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
 }
