@@ -167,7 +167,7 @@ func (m *machine) boot() (err error) {
 	cleanups = append(cleanups, func() { _ = m.cg.Destroy() })
 
 	cfg := &ctl.Config{
-		Hostname: "project-" + strconv.FormatInt(m.id, 10), Workspace: m.workspace, Home: home,
+		Hostname: "project-" + strconv.FormatInt(m.id, 10),
 		UID: GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
 		Mask: w.masks,
 	}
@@ -175,7 +175,7 @@ func (m *machine) boot() (err error) {
 		// Leave the init room for its own threads under the pids limit.
 		cfg.NProc = int(max(w.pidLimit-16, w.pidLimit/2, 1))
 	}
-	mounts, err := m.idmapMounts(cfg, home, wsStat.Uid, wsStat.Gid)
+	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
 	if err != nil {
 		return err
 	}
@@ -239,42 +239,50 @@ func closeAll(fs []*os.File) {
 	}
 }
 
-// idmapMounts prepares the workspace and home as detached idmapped mounts
-// on which the host owner of the workspace is the guest user. It records
-// in cfg which ones it made; for the others (the filesystem refused) it
-// logs the fallback. The home directory is chowned to match.
-func (m *machine) idmapMounts(cfg *ctl.Config, home string, uid, gid uint32) ([]*os.File, error) {
-	guestHost := m.hostUID + GuestUID
-	userns, err := holdUserns(m.w.cfg.SelfExe, uid, gid, guestHost)
+// workspaceMounts prepares the workspace and the home as detached mounts
+// (open_tree clones the worker makes with its own access, so the init
+// needs none to the host paths), idmapped where the filesystem allows so
+// that the host owner of the workspace is the guest user. Where it does
+// not, the clone is used as is and the fallback is logged; the home is then
+// chowned to the guest user's host id. It returns the workspace's mount,
+// then the home's.
+func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.File, err error) {
+	defer func() {
+		if err != nil {
+			closeAll(mounts)
+		}
+	}()
+	guestUID, guestGID := m.hostUID+GuestUID, m.hostUID+GuestGID
+	userns, err := holdUserns(m.w.cfg.SelfExe, uid, gid, guestUID, guestGID)
 	if err != nil {
 		m.w.log.Warn("idmapped mounts unavailable, falling back to plain binds", "project", m.id, "err", err)
-	}
-	var mounts []*os.File
-	if userns != nil {
+	} else {
 		defer userns.Close()
-		if f, err := idmappedTree(m.workspace, userns); err != nil {
-			m.w.log.Warn("workspace cannot be idmapped, bound as is: files the guest creates belong to its host range",
-				"project", m.id, "workspace", m.workspace, "err", err)
-		} else {
-			mounts = append(mounts, f)
-			cfg.WorkspaceFD = true
-			m.idmapped = true
-		}
-		if err := os.Chown(home, int(uid), int(gid)); err != nil {
-			closeAll(mounts)
-			return nil, fmt.Errorf("home: %w", err)
-		}
-		if f, err := idmappedTree(home, userns); err != nil {
-			m.w.log.Warn("home cannot be idmapped, chowned to the guest user's host id", "project", m.id, "err", err)
-		} else {
-			mounts = append(mounts, f)
-			cfg.HomeFD = true
-		}
 	}
-	if !cfg.HomeFD {
-		if err := os.Chown(home, int(guestHost), int(m.hostUID+GuestGID)); err != nil {
-			closeAll(mounts)
-			return nil, fmt.Errorf("home: %w", err)
+	ws, idmapped, err := cloneTree(m.workspace, userns)
+	if err != nil {
+		return nil, err
+	}
+	mounts = append(mounts, ws)
+	if !idmapped {
+		m.w.log.Warn("workspace not idmapped, bound as is: files the guest creates belong to its host id",
+			"project", m.id, "workspace", m.workspace, "hostUID", guestUID)
+	}
+	m.idmapped = idmapped
+	// Owned by the workspace's owner, for the idmapping; re-owned below if
+	// that fails.
+	if err := os.Chown(home, int(uid), int(gid)); err != nil {
+		return mounts, fmt.Errorf("home: %w", err)
+	}
+	hm, idmapped, err := cloneTree(home, userns)
+	if err != nil {
+		return mounts, err
+	}
+	mounts = append(mounts, hm)
+	if !idmapped {
+		m.w.log.Warn("home not idmapped, chowned to the guest user's host id", "project", m.id, "hostUID", guestUID)
+		if err := os.Chown(home, int(guestUID), int(guestGID)); err != nil {
+			return mounts, fmt.Errorf("home: %w", err)
 		}
 	}
 	return mounts, nil
@@ -284,7 +292,7 @@ func (m *machine) idmapMounts(cfg *ctl.Config, home string, uid, gid uint32) ([]
 // uid/gid to id host (the idmapping of the guest user's files). A helper
 // process (this binary, see MaybeRunInit) creates it and is killed once
 // the descriptor is open.
-func holdUserns(self string, uid, gid, host uint32) (*os.File, error) {
+func holdUserns(self string, uid, gid, hostUID, hostGID uint32) (*os.File, error) {
 	r, wr, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -295,8 +303,8 @@ func holdUserns(self string, uid, gid, host uint32) (*os.File, error) {
 	cmd.Stdin = r
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: int(uid), HostID: int(host), Size: 1}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: int(gid), HostID: int(host - GuestUID + GuestGID), Size: 1}},
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: int(uid), HostID: int(hostUID), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: int(gid), HostID: int(hostGID), Size: 1}},
 	}
 	err = cmd.Start()
 	r.Close()
@@ -314,19 +322,27 @@ func holdUserns(self string, uid, gid, host uint32) (*os.File, error) {
 	return f, nil
 }
 
-// idmappedTree clones the mount tree at path as a detached mount idmapped
-// through userns.
-func idmappedTree(path string, userns *os.File) (*os.File, error) {
+// cloneTree clones the mount tree at path as a detached mount, idmapped
+// through userns when userns is not nil and the filesystem allows it.
+func cloneTree(path string, userns *os.File) (f *os.File, idmapped bool, err error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
 	if err != nil {
-		return nil, fmt.Errorf("open_tree %s: %w", path, err)
+		return nil, false, fmt.Errorf("open_tree %s: %w", path, err)
 	}
-	attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("mount_setattr idmap %s: %w", path, err)
+	if userns != nil {
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(userns.Fd())}
+		if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err == nil {
+			idmapped = true
+		} else {
+			// EINVAL: the filesystem does not support idmapping. The failed
+			// call changed nothing; clone again to be sure of a clean tree.
+			unix.Close(fd)
+			if fd, err = unix.OpenTree(unix.AT_FDCWD, path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE); err != nil {
+				return nil, false, fmt.Errorf("open_tree %s: %w", path, err)
+			}
+		}
 	}
-	return os.NewFile(uintptr(fd), "idmapped:"+path), nil
+	return os.NewFile(uintptr(fd), "mount:"+path), idmapped, nil
 }
 
 // wait reaps the init and cleans up after it.

@@ -1015,3 +1015,30 @@ func TestWorkerDeathStopsMachines(t *testing.T) {
 		t.Fatalf("stale machine cgroup left: %v", err)
 	}
 }
+
+func TestWorkspaceWithoutIdmapping(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	// ramfs supports no idmapped mounts; the projects root is private (0700
+	// t.TempDir), which the fallback must not need to traverse.
+	if err := unix.Mount("ramfs", p.Workspace, "ramfs", 0, "mode=0777"); err != nil {
+		t.Skip("cannot mount ramfs:", err)
+	}
+	defer unix.Unmount(p.Workspace, unix.MNT_DETACH)
+	r := h.run(t, c, p, "sh", "-c", "echo x > /workspace/f && echo y > /home/corral/g && stat -c %u /workspace/f /home/corral/g")
+	if r.code() != 0 || r.stdout != "1000\n1000\n" {
+		t.Fatalf("%v", r)
+	}
+	m := h.machineOf(t, 1)
+	if m.Idmapped {
+		t.Fatal("ramfs reported idmapped")
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(filepath.Join(p.Workspace, "f"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Uid != m.HostUID+GuestUID {
+		t.Fatalf("file owned by %d on the host, want the guest user's host id %d", st.Uid, m.HostUID+GuestUID)
+	}
+}

@@ -9,7 +9,7 @@
 //
 //	worker                                  init (PID 1 of the machine)
 //	  |                                        |
-//	  |-- config {Config} [+ mount fds] ------>|  set up mounts, pivot_root,
+//	  |-- config {Config} + 2 mount fds ------>|  set up mounts, pivot_root,
 //	  |                                        |  hostname, loopback, rlimits
 //	  |<------------------- ready | fail {msg} |  (fail: init exits nonzero)
 //	  |                                        |
@@ -26,7 +26,8 @@
 // (Endpoint).
 //
 // A start carries exactly three descriptors (stdin, stdout, stderr); config
-// carries the descriptors its Config.MountFDs says; nothing else carries any.
+// carries two (the detached mounts of the workspace and of the home);
+// nothing else carries any.
 package ctl
 
 import (
@@ -61,14 +62,6 @@ const MaxPacket = 128 << 10
 // Config is what the init needs to build the machine.
 type Config struct {
 	Hostname string `json:"hostname"`
-	// Workspace and Home are host paths bind-mounted (through the old root)
-	// when no idmapped mount descriptor is supplied for them.
-	Workspace string `json:"workspace"`
-	Home      string `json:"home"`
-	// WorkspaceFD and HomeFD say that the config packet carries a detached
-	// (idmapped) mount for the workspace, resp. home, in that order.
-	WorkspaceFD bool `json:"workspaceFD,omitempty"`
-	HomeFD      bool `json:"homeFD,omitempty"`
 	// UID and GID are the guest ids sessions run as.
 	UID int `json:"uid"`
 	GID int `json:"gid"`
@@ -101,14 +94,7 @@ func FDCount(m *Msg) int {
 	case OpStart:
 		return 3
 	case OpConfig:
-		n := 0
-		if m.Config != nil && m.Config.WorkspaceFD {
-			n++
-		}
-		if m.Config != nil && m.Config.HomeFD {
-			n++
-		}
-		return n
+		return 2 // detached mounts: the workspace, then the home
 	}
 	return 0
 }

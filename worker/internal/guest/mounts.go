@@ -29,7 +29,7 @@ var skipped = map[string]bool{
 }
 
 // setupRoot builds the guest's filesystem. mountFDs are the detached mounts
-// the config announced (workspace first, then home).
+// of the workspace and of the home, in that order.
 func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
@@ -83,21 +83,11 @@ func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
 	if err := setupDev(); err != nil {
 		return err
 	}
-	fds := mountFDs
-	if cfg.WorkspaceFD {
-		if err := moveMount(fds[0], newroot+cfg.GuestWorkspace); err != nil {
-			return fmt.Errorf("attach workspace: %w", err)
-		}
-		fds = fds[1:]
-	} else if err := bind(oldroot+cfg.Workspace, newroot+cfg.GuestWorkspace); err != nil {
-		return fmt.Errorf("bind workspace: %w", err)
+	if err := moveMount(mountFDs[0], newroot+cfg.GuestWorkspace); err != nil {
+		return fmt.Errorf("attach workspace: %w", err)
 	}
-	if cfg.HomeFD {
-		if err := moveMount(fds[0], newroot+cfg.GuestHome); err != nil {
-			return fmt.Errorf("attach home: %w", err)
-		}
-	} else if err := bind(oldroot+cfg.Home, newroot+cfg.GuestHome); err != nil {
-		return fmt.Errorf("bind home: %w", err)
+	if err := moveMount(mountFDs[1], newroot+cfg.GuestHome); err != nil {
+		return fmt.Errorf("attach home: %w", err)
 	}
 	// The root tmpfs itself becomes read-only: "/" is not writable.
 	if err := unix.MountSetattr(unix.AT_FDCWD, newroot, 0, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
