@@ -168,7 +168,7 @@ func (m *machine) boot() (err error) {
 
 	cfg := &ctl.Config{
 		Hostname: "project-" + strconv.FormatInt(m.id, 10),
-		UID: GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
+		UID:      GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
 		Mask: w.masks,
 	}
 	if w.pidLimit > 0 {
