@@ -24,6 +24,10 @@
 //	  "message\n": nothing ran      ◄────── failure: write message to fd 3, exit 127
 //
 // Core reports a message on fd 3 as a start failure, never as exit code 127.
+// The command inherits file descriptors 0-2 only.
+//
+// [Start] applies the same confinement to an exec.Cmd without the helper
+// process, from a restricted, disposable OS thread of the caller.
 package confine
 
 import (
@@ -211,9 +215,9 @@ func ruleset(writable []string) (int, error) {
 // restrictThread enforces ruleset fd on the calling OS thread, which must be
 // locked (runtime.LockOSThread) and never unlocked afterwards: the runtime
 // then ends the thread, with its domain, when its goroutine returns.
-// no_new_privs (which Landlock requires of an unprivileged thread, and which
-// keeps setuid programs from shedding the domain's intent) is set on the
-// thread too.
+// no_new_privs is set on the thread first: Landlock requires it of a thread
+// without CAP_SYS_ADMIN, and it keeps setuid and file-capability programs
+// the command runs from gaining privileges.
 func restrictThread(fd int) error {
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("confine: prctl(PR_SET_NO_NEW_PRIVS): %w", err)
