@@ -184,6 +184,82 @@ func TestSitesRoundTrip(t *testing.T) {
 	if status != http.StatusBadGateway {
 		t.Errorf("dead site: %d %s", status, body)
 	}
+
+	// A WebSocket upgrade through the gateway, to a minimal echo server
+	// that also says whether it saw an Authorization header.
+	ws, _, err := e.dialSession(ctx, tok, p.ID, "python3", "-c", wsEchoServer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	go func() { _ = readSession(ctx, ws) }()
+	if status, body := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/sites/ws", p.ID), tok, map[string]int{"port": 8002}); status != 200 {
+		t.Fatalf("publish: %d %s", status, body)
+	}
+	var conn *websocket.Conn
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		conn, _, err = websocket.Dial(ctx, "ws://corral/sites/ws/socket", &websocket.DialOptions{
+			HTTPClient: e.http,
+			HTTPHeader: http.Header{"Authorization": {"Bearer " + tok}},
+		})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("WebSocket through the gateway: %v", err)
+	}
+	defer conn.CloseNow()
+	if err := conn.Write(ctx, websocket.MessageText, []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	_, msg, err := conn.Read(ctx)
+	if err != nil || string(msg) != "echo: hi path=/socket auth=no" {
+		t.Fatalf("echo: %q %v", msg, err)
+	}
+
 	srv.Close(websocket.StatusNormalClosure, "done")
-	waitFor(t, "the server's lease to be released", func() bool { return e.liveLeases() == 0 })
+	ws.Close(websocket.StatusNormalClosure, "done")
+	waitFor(t, "the servers' leases to be released", func() bool { return e.liveLeases() == 0 })
 }
+
+// wsEchoServer answers one WebSocket upgrade on port 8002 and echoes one
+// short text message with the request path and whether the request
+// carried an Authorization header.
+const wsEchoServer = `
+import base64, hashlib, socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 8002))
+s.listen(4)
+while True:
+    c, _ = s.accept()
+    f = c.makefile("rb")
+    path = f.readline().decode().split(" ")[1]
+    key, auth = "", "no"
+    while True:
+        line = f.readline().decode()
+        if line in ("\r\n", ""):
+            break
+        k, _, v = line.partition(":")
+        if k.strip().lower() == "sec-websocket-key":
+            key = v.strip()
+        if k.strip().lower() == "authorization":
+            auth = "yes"
+    if not key:
+        c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        c.close()
+        continue
+    acc = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
+    c.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n" % acc).encode())
+    b0, b1 = f.read(2)
+    n = b1 & 127
+    mask = f.read(4)
+    data = bytes(x ^ mask[i % 4] for i, x in enumerate(f.read(n)))
+    out = b"echo: " + data + (" path=%s auth=%s" % (path, auth)).encode()
+    c.sendall(bytes([0x81, len(out)]) + out)
+    f.read(1)
+    c.close()
+`
