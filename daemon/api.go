@@ -62,7 +62,7 @@ func (a *App) whoami(w http.ResponseWriter, r *http.Request) error {
 func (a *App) requireAdmin(r *http.Request) error {
 	acct, _ := accountFrom(r.Context())
 	if !a.isAdmin(acct) {
-		return errorf(http.StatusForbidden, KindForbidden, "account %s is not an administrator of this daemon", acct.Name)
+		return apiErr(http.StatusForbidden, KindForbidden, "account %s is not an administrator of this daemon", acct.Name)
 	}
 	return nil
 }
@@ -79,7 +79,7 @@ func (a *App) createAccount(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if strings.TrimSpace(req.Name) == "" {
-		return errorf(http.StatusBadRequest, KindInvalid, "name is required")
+		return apiErr(http.StatusBadRequest, KindInvalid, "name is required")
 	}
 	acct, err := a.store.CreateAccount(r.Context(), req.Name)
 	if err != nil {
@@ -146,11 +146,11 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 	spec := ProjectSpec{Name: req.Name, Kind: kind, Root: req.Root, From: req.From, Git: req.Git, Owner: acct.ID}
 	if !a.opts.AllowHostPaths {
 		if kind == store.ProjectHost || req.From != "" {
-			return errorf(http.StatusForbidden, KindForbidden, "host paths are not accepted over HTTP by this daemon (use the corral CLI)")
+			return apiErr(http.StatusForbidden, KindForbidden, "host paths are not accepted over HTTP by this daemon (use the corral CLI)")
 		}
 		if req.Git != "" {
 			if u, err := url.Parse(req.Git); err == nil && (u.Scheme == "file" || u.Scheme == "") && !strings.Contains(req.Git, "@") {
-				return errorf(http.StatusForbidden, KindForbidden, "local git URLs are not accepted over HTTP by this daemon")
+				return apiErr(http.StatusForbidden, KindForbidden, "local git URLs are not accepted over HTTP by this daemon")
 			}
 			spec.GitProtocols = "https:http:ssh:git"
 		}
@@ -194,7 +194,7 @@ func (a *App) getProject(w http.ResponseWriter, r *http.Request) error {
 // requireOwner returns 403 unless m is an owner.
 func requireOwner(m store.Member, p store.Project) error {
 	if m.Role != store.RoleOwner {
-		return errorf(http.StatusForbidden, KindForbidden, "only an owner of project %d may do this", p.ID)
+		return apiErr(http.StatusForbidden, KindForbidden, "only an owner of project %d may do this", p.ID)
 	}
 	return nil
 }
@@ -260,12 +260,12 @@ func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if req.Trusted && !a.opts.AllowHostPaths {
-		return errorf(http.StatusForbidden, KindForbidden, "trusted members are not granted over HTTP by this daemon (use the corral CLI)")
+		return apiErr(http.StatusForbidden, KindForbidden, "trusted members are not granted over HTTP by this daemon (use the corral CLI)")
 	}
 	switch store.Role(req.Role) {
 	case "", store.RoleMember, store.RoleOwner:
 	default:
-		return errorf(http.StatusBadRequest, KindInvalid, "role %q is not member or owner", req.Role)
+		return apiErr(http.StatusBadRequest, KindInvalid, "role %q is not member or owner", req.Role)
 	}
 	acct, err := a.store.AccountByName(r.Context(), req.Account)
 	if err != nil {

@@ -20,7 +20,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -189,7 +188,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	// /sites/{name} without the trailing slash redirects, so that relative
 	// links of the site resolve below its prefix.
 	a.mux.HandleFunc("/sites/{name}", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, r.URL.EscapedPath()+"/", http.StatusPermanentRedirect)
+		u := *r.URL
+		u.Path, u.RawPath = r.URL.Path+"/", ""
+		http.Redirect(w, r, u.RequestURI(), http.StatusPermanentRedirect)
 	})
 	a.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiErr(http.StatusNotFound, KindNotFound, "no route for %s %s", r.Method, r.URL.Path))
@@ -405,8 +406,4 @@ func pathID(r *http.Request) (int64, error) {
 		return 0, apiErr(http.StatusBadRequest, KindInvalid, "project id %q is not a positive integer", s)
 	}
 	return id, nil
-}
-
-func errorf(status int, kind, format string, args ...any) error {
-	return &APIError{Status: status, Kind: kind, Message: fmt.Sprintf(format, args...)}
 }

@@ -46,15 +46,15 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 		req.LeaseKind = sandbox.LeaseTerminal
 	}
 	if req.TimeoutMs < 0 {
-		return errorf(http.StatusBadRequest, KindInvalid, "timeoutMs must not be negative")
+		return apiErr(http.StatusBadRequest, KindInvalid, "timeoutMs must not be negative")
 	}
 	timeout := time.Duration(req.TimeoutMs) * time.Millisecond
 	if timeout > a.opts.MaxTimeout || req.TimeoutMs > int64(a.opts.MaxTimeout/time.Millisecond) {
-		return errorf(http.StatusBadRequest, KindInvalid, "timeoutMs must not exceed %d", a.opts.MaxTimeout.Milliseconds())
+		return apiErr(http.StatusBadRequest, KindInvalid, "timeoutMs must not exceed %d", a.opts.MaxTimeout.Milliseconds())
 	}
 	l := req.OutputLimit
 	if l.Stdout > a.opts.MaxOutput || l.Stderr > a.opts.MaxOutput || l.Combined > a.opts.MaxOutput {
-		return errorf(http.StatusBadRequest, KindInvalid, "output limits must not exceed %d bytes", a.opts.MaxOutput)
+		return apiErr(http.StatusBadRequest, KindInvalid, "output limits must not exceed %d bytes", a.opts.MaxOutput)
 	}
 	ctl, err := a.core.Sandbox()
 	if err != nil {

@@ -61,17 +61,17 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	argv := q["argv"]
 	if len(argv) == 0 {
-		return errorf(http.StatusBadRequest, KindInvalid, "argv is required (?argv=FILE&argv=ARG…)")
+		return apiErr(http.StatusBadRequest, KindInvalid, "argv is required (?argv=FILE&argv=ARG…)")
 	}
 	kind := sandbox.LeaseKind(q.Get("leaseKind"))
 	if kind == "" {
 		kind = sandbox.LeaseTerminal
 	}
 	if proj.Kind != store.ProjectManaged {
-		return errorf(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
+		return apiErr(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
 	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
-		return errorf(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
+		return apiErr(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
 	}
 	ctl, err := a.core.Sandbox()
 	if err != nil {
@@ -91,7 +91,7 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	mp, ok := prep.(*sandbox.ManagedPrepared)
 	if !ok {
 		releaseQuietly(a, lease)
-		return errorf(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
+		return apiErr(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
 	}
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {

@@ -192,7 +192,7 @@ func (a *App) publishSite(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if p.Kind != store.ProjectManaged {
-		return errorf(http.StatusBadRequest, KindInvalid, "sites are served from managed projects only")
+		return apiErr(http.StatusBadRequest, KindInvalid, "sites are served from managed projects only")
 	}
 	ctl, err := a.sites.resolve()
 	if err != nil {
