@@ -175,6 +175,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		}
 		return
 	}
+	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0])
 	s := mach.newSession(c, m.ID, m.Argv, env, cwd)
 	c.mu.Lock()
 	c.sessions[m.ID] = s

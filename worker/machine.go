@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -460,8 +461,20 @@ func (m *machine) attach(s *session, stdio []*os.File) bool {
 	}
 	s.state = stateStarting
 	m.mu.Unlock()
-	// A failed send means the init is gone: read() ends the session.
-	_ = m.ctl.Send(&ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd}, stdio...)
+	err := m.ctl.Send(&ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd}, stdio...)
+	if err == nil || errors.Is(err, ctl.ErrClosed) {
+		return true // on ErrClosed the init is gone: read() ends the session
+	}
+	m.mu.Lock()
+	if s.state != stateStarting {
+		m.mu.Unlock()
+		return true
+	}
+	delete(m.bySID, s.sid)
+	s.state = stateDone
+	m.releaseLocked(true)
+	m.mu.Unlock()
+	s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cannot pass the command to the machine: " + err.Error()})
 	return true
 }
 

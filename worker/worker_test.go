@@ -1042,3 +1042,40 @@ func TestWorkspaceWithoutIdmapping(t *testing.T) {
 		t.Fatalf("file owned by %d on the host, want the guest user's host id %d", st.Uid, m.HostUID+GuestUID)
 	}
 }
+
+func TestLargeCommandLine(t *testing.T) {
+	h := newHarness(t, nil)
+	p := h.project(t, 1)
+	uc := rawConn(t, h, true)
+	defer uc.Close()
+	// Raw '<' characters, which Go's JSON would escape six times larger.
+	arg := strings.Repeat("<", 60000)
+	frame := fmt.Sprintf(`{"type":"exec-start","id":"big","project":{"id":1,"workspace":%q},"argv":["printf","%%s",%q]}`, p.Workspace, arg)
+	if _, err := uc.Write([]byte(frame)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readPacket(t, uc); !strings.Contains(got, "exec-accepted") {
+		t.Fatalf("got %s", got)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	null, _ := os.Open(os.DevNull)
+	defer null.Close()
+	_, _, err = uc.WriteMsgUnix([]byte(`{"type":"exec-attach","id":"big","fds":3}`), unix.UnixRights(int(null.Fd()), int(w.Fd()), int(w.Fd())), nil)
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(r)
+	if string(out) != arg {
+		t.Fatalf("got %d bytes of output, want %d", len(out), len(arg))
+	}
+	for _, want := range []string{"exec-started", `"code":0`} {
+		if got := readPacket(t, uc); !strings.Contains(got, want) {
+			t.Fatalf("want %s, got %s", want, got)
+		}
+	}
+}

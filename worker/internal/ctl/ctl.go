@@ -31,6 +31,7 @@
 package ctl
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -56,8 +57,9 @@ const (
 )
 
 // MaxPacket bounds one control packet. A start carries at most one wire
-// frame's worth of argv and env (64 KiB), so twice that is ample.
-const MaxPacket = 128 << 10
+// frame's worth of argv and env (64 KiB), at most three times larger once
+// invalid UTF-8 became U+FFFD; the socket buffers are sized for it.
+const MaxPacket = 200 << 10
 
 // Config is what the init needs to build the machine.
 type Config struct {
@@ -128,6 +130,10 @@ func Pair() (*Conn, *os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("ctl: socketpair: %w", err)
+	}
+	for _, fd := range fds {
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 2*MaxPacket)
+		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 2*MaxPacket)
 	}
 	if err := unix.SetNonblock(fds[0], true); err != nil {
 		unix.Close(fds[0])
@@ -273,10 +279,16 @@ func encode(m *Msg, files []*os.File) (b, oob []byte, err error) {
 	if len(files) != FDCount(m) {
 		return nil, nil, ErrFDMismatch
 	}
-	b, err = json.Marshal(m)
-	if err != nil {
+	// Without HTML escaping a string takes no more room here than in the
+	// wire frame it came from (up to 3x for invalid UTF-8, which Go decoded
+	// as U+FFFD), so that a start fits in MaxPacket.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
 		return nil, nil, fmt.Errorf("ctl: %w", err)
 	}
+	b = buf.Bytes()
 	if len(b) > MaxPacket {
 		return nil, nil, fmt.Errorf("ctl: packet of %d bytes exceeds %d", len(b), MaxPacket)
 	}
