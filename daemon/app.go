@@ -317,6 +317,9 @@ func (a *App) wrap(rt Route) http.Handler {
 			a.log.Error("request failed", append(attrs, "kind", ae.Kind, "err", ae.Cause)...)
 		case ae != nil:
 			a.log.Info("request refused", append(attrs, "kind", ae.Kind, "message", ae.Message)...)
+		case !rt.Auth:
+			// Probes and scrapes: not worth an info line each.
+			a.log.Debug("request", attrs...)
 		default:
 			a.log.Info("request", attrs...)
 		}

@@ -4,11 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -186,3 +192,116 @@ func TestRunSupervisesWorker(t *testing.T) {
 }
 
 func fmtSscan(s string, v *int) (int, error) { return fmt.Sscan(s, v) }
+
+// TestPlatformFlow is the issue's "done when": through the daemon alone (a
+// supervised real worker behind it), a platform creates an account, a
+// token and a project, runs a command, opens a session and reaches a site.
+func TestPlatformFlow(t *testing.T) {
+	requireRoot(t)
+	state, err := os.MkdirTemp("", "cp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	// The platform's own account is made once with the CLI's store access.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st, err := store.Open(ctx, filepath.Join(state, "corral.db"), store.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa, err := st.CreateAccount(ctx, "platform")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ptok, _, err := st.CreateToken(ctx, pa.ID, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock, _ := runDaemon(t, Config{StateDir: state, SuperviseWorker: true, WorkerExe: exe, WorkerLog: testWriter{t}, Admins: []string{"platform"}})
+	platform, err := client.New(sock, ptok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := platform.Do(ctx, "POST", "/v1/accounts", map[string]string{"name": "dev"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	var tj TokenJSON
+	if err := platform.Do(ctx, "POST", "/v1/accounts/dev/tokens", map[string]string{"name": "agent"}, &tj); err != nil {
+		t.Fatal(err)
+	}
+	proj, err := platform.CreateProject(ctx, client.ProjectRequest{Name: "site"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := platform.AddMember(ctx, proj.ID, "dev", false); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := client.New(sock, tj.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A command (retried while the worker starts).
+	var res *sandbox.CommandResult
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		res, err = dev.RunCommand(ctx, proj.ID, client.CommandRequest{Command: sandbox.Command{Type: "argv", File: "sh", Args: []string{"-c", "echo '<p>hi</p>' > index.html && whoami"}}})
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err != nil || res.Stdout == "" || *res.Code != 0 {
+		t.Fatalf("command: %+v %v", res, err)
+	}
+	// A session serving the workspace.
+	conn, _, err := websocket.Dial(ctx, "ws://corral/v1/projects/"+strconv.FormatInt(proj.ID, 10)+"/sessions?argv=python3&argv=-m&argv=http.server&argv=8000&argv=--bind&argv=127.0.0.1",
+		&websocket.DialOptions{HTTPClient: dev.HTTPClient(), HTTPHeader: dev.Header()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.CloseNow()
+	typ, msg, err := conn.Read(ctx)
+	if err != nil || typ != websocket.MessageText || !strings.Contains(string(msg), `"started"`) {
+		t.Fatalf("session: %s %v", msg, err)
+	}
+	go func() {
+		for {
+			if _, _, err := conn.Read(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	// A site.
+	if err := dev.PublishSite(ctx, proj.ID, "hello", 8000); err != nil {
+		t.Fatal(err)
+	}
+	var body string
+	deadline = time.Now().Add(15 * time.Second)
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", dev.URL("/sites/hello/"), nil)
+		req.Header = dev.Header()
+		resp, err := dev.HTTPClient().Do(req)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				body = string(b)
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("site did not answer: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if body != "<p>hi</p>\n" {
+		t.Errorf("site body %q", body)
+	}
+	conn.Close(websocket.StatusNormalClosure, "done")
+}
