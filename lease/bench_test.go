@@ -52,7 +52,7 @@ func benchManager(b *testing.B, opts Options, n int) (*Manager, []*Lease) {
 // heartbeat in its own transaction; "batched" has 500 holders heartbeating
 // concurrently, sharing transactions through the heartbeat window, as
 // 10,000 leases at a 5 s interval (2,000 heartbeats/s) do with the default
-// 100 ms window. cpu-µs/op is the process's CPU time per heartbeat, the
+// 250 ms window. cpu-µs/op is the process's CPU time per heartbeat, the
 // figure that matters (ns/op of the batched case is mostly waiting).
 func BenchmarkHeartbeat(b *testing.B) {
 	ctx := context.Background()

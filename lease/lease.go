@@ -30,7 +30,7 @@ import (
 const (
 	DefaultTTL             = 15 * time.Second
 	DefaultSweepInterval   = 3 * time.Second
-	DefaultHeartbeatWindow = 100 * time.Millisecond
+	DefaultHeartbeatWindow = 250 * time.Millisecond
 )
 
 var (
@@ -54,7 +54,7 @@ type Options struct {
 	// written together, which makes them far cheaper. It delays every
 	// Heartbeat call by up to the window, so it must stay well below the
 	// heartbeat interval. A window that gathers 2000 heartbeats is
-	// written at once. If zero, 100 ms; if negative, every heartbeat is
+	// written at once. If zero, 250 ms; if negative, every heartbeat is
 	// written on its own, at once.
 	HeartbeatWindow time.Duration
 
@@ -250,6 +250,23 @@ func (m *Manager) Run(ctx context.Context) error {
 			if _, err := m.Sweep(ctx); err != nil && ctx.Err() == nil {
 				m.log.WarnContext(ctx, "lease sweep failed", "err", err)
 			}
+		}
+	}
+}
+
+// InterruptJournal returns an Options.OnExpired hook that marks the
+// journal entries still running under an expired lease interrupted: their
+// commands were cancelled (or their holder died) and will never report an
+// end. Failures are logged (to slog.Default() if log is nil).
+func InterruptJournal(st *store.Store, log *slog.Logger) func(store.Lease) {
+	if log == nil {
+		log = slog.Default()
+	}
+	return func(l store.Lease) {
+		ctx, cancel := context.WithTimeout(context.Background(), flushTimeout)
+		defer cancel()
+		if _, err := st.JournalInterrupt(ctx, l.ID, "lease expired"); err != nil {
+			log.Warn("journal: cannot mark the commands of an expired lease interrupted", "lease", l.ID, "err", err)
 		}
 	}
 }

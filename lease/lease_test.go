@@ -263,7 +263,11 @@ func TestExpiryAcrossProcesses(t *testing.T) {
 	p, _ := daemonStore.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
 
 	var daemonHooked, runnerHooked []string
-	daemon := NewManager(daemonStore, Options{Holder: "daemon", HeartbeatWindow: -1, OnExpired: func(l store.Lease) { daemonHooked = append(daemonHooked, l.ID) }})
+	journal := InterruptJournal(daemonStore, nil)
+	daemon := NewManager(daemonStore, Options{Holder: "daemon", HeartbeatWindow: -1, OnExpired: func(l store.Lease) {
+		daemonHooked = append(daemonHooked, l.ID)
+		journal(l)
+	}})
 	runner := NewManager(runnerStore, Options{Holder: "runner", HeartbeatWindow: -1, OnExpired: func(l store.Lease) { runnerHooked = append(runnerHooked, l.ID) }})
 
 	l, err := runner.Acquire(ctx, AcquireRequest{Account: 1, Project: p.ID, Kind: sandbox.LeaseRunner, Domain: "runner"})
@@ -272,6 +276,13 @@ func TestExpiryAcrossProcesses(t *testing.T) {
 	}
 	var cancels atomic.Int32
 	l.Watch(func() { cancels.Add(1) })
+	entry, err := runnerStore.JournalStart(ctx, store.JournalCommand{Account: 1, Project: p.ID, Domain: "runner", Lease: l.ID(), LeaseKind: "runner", Argv: []string{"sleep", "60"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := daemonStore.ProjectLiveLeases(ctx, p.ID); n != 1 {
+		t.Fatalf("ProjectLiveLeases = %d; want 1", n)
+	}
 	if n, _ := daemon.LiveCount(ctx); n != 1 {
 		t.Fatalf("daemon sees %d live leases; want 1", n)
 	}
@@ -294,6 +305,12 @@ func TestExpiryAcrossProcesses(t *testing.T) {
 	}
 	if len(daemonHooked) != 1 || len(runnerHooked) != 0 {
 		t.Fatalf("hooks: daemon %v, runner %v", daemonHooked, runnerHooked)
+	}
+	if js, _ := runnerStore.ListJournal(ctx, store.JournalFilter{Lease: l.ID()}); len(js) != 1 || js[0].ID != entry || js[0].End.Outcome != store.OutcomeInterrupted {
+		t.Fatalf("journal of the expired lease = %+v; want its command interrupted", js)
+	}
+	if n, _ := daemonStore.ProjectLiveLeases(ctx, p.ID); n != 0 {
+		t.Fatalf("ProjectLiveLeases = %d; want 0", n)
 	}
 	if err := l.Release(ctx); !errors.Is(err, ErrExpired) {
 		t.Fatalf("Release = %v; want ErrExpired", err)

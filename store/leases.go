@@ -239,6 +239,19 @@ func (s *Store) LiveLeaseCount(ctx context.Context) (int, error) {
 	return n, nil
 }
 
+// ProjectLiveLeases returns the number of live leases on a project, overdue
+// ones included. A caller that must not act under a live lease (workspace
+// reset, stopping an idle machine) checks it; only DeleteProject checks it
+// in the same transaction as its action.
+func (s *Store) ProjectLiveLeases(ctx context.Context, project int64) (int, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx,
+		"SELECT count(*) FROM leases WHERE project = ? AND state = 'live'", project).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count live leases of project %d: %w", project, err)
+	}
+	return n, nil
+}
+
 // HeartbeatLease extends a live lease to expire at at plus its TTL. It
 // fails with ErrLeaseExpired if the lease expired or is overdue,
 // ErrLeaseReleased if it was released, ErrNotFound if it does not exist.

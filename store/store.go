@@ -88,8 +88,9 @@ type Options struct {
 	// (version 0) and is not created.
 	Migrate bool
 
-	// Now is the clock for every timestamp the store records and for the
-	// expiry it computes. If nil, time.Now is used.
+	// Now is the clock for the timestamps the store records itself
+	// (creation, revocation, journal times). The lease methods take their
+	// time from the caller instead. If nil, time.Now is used.
 	Now func() time.Time
 
 	// BusyTimeout is how long a statement waits for another process's
