@@ -88,6 +88,8 @@ type Config struct {
 	UIDBase uint32
 	// CgroupParent is where machine cgroups are created: relative to the
 	// worker's own cgroup on v1, to the root on v2. Empty means "corral".
+	// New removes whatever a previous worker left there (killing its
+	// processes), so two workers must not share a parent.
 	CgroupParent string
 	// Logger receives the worker's logs. Nil means no logging.
 	Logger *slog.Logger
@@ -163,9 +165,11 @@ type MachineInfo struct {
 	Idmapped bool
 }
 
-// New checks cfg and prepares a worker; it starts nothing. It fails when
-// not run as root, when ProjectsRoot or StateDir are unusable, or when no
-// usable cgroup hierarchy exists.
+// New checks cfg and prepares a worker; it starts no machine. It removes
+// stale machine cgroups under CgroupParent and marks every inherited
+// descriptor above 2 close-on-exec, so that none reaches a machine. It fails
+// when not run as root, when ProjectsRoot or StateDir are unusable, or when
+// no usable cgroup hierarchy exists.
 func New(cfg Config) (*Worker, error) {
 	if err := RequireRoot(); err != nil {
 		return nil, err
