@@ -11,10 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/provider"
+	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -44,6 +45,10 @@ type Options struct {
 	Lease lease.Options
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// Plugins are the plugins to load, in order. Nil means Builtins().
+	Plugins []PluginFactory
+	// PluginConfig enables and disables plugins by name.
+	PluginConfig plugin.Config
 }
 
 // Core is a built corral core. Close it when done.
@@ -52,9 +57,11 @@ type Core struct {
 	ownStore  bool
 	leases    *lease.Manager
 	gateway   *machine.Gateway
-	provider  *provider.Provider
-	control   *sandbox.Control
-	log       *slog.Logger
+	registry    *plugin.Registry
+	services    *plugin.ServiceManager
+	controlOpts sandbox.ControlOptions
+	migrated    bool
+	log         *slog.Logger
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -118,18 +125,41 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 		OnInterrupted: c.onInterrupted,
 	})
 
-	c.provider, err = provider.New(provider.Options{
-		Store: c.store, Leases: c.leases, SelfExe: opts.SelfExe, Logger: log,
-	})
-	if err != nil {
-		return c, fmt.Errorf("core: %w", err)
-	}
 	copts := opts.Control
 	if copts.Logger == nil {
 		copts.Logger = log
 	}
 	copts.Journal = journal(c.store, func(msg string, args ...any) { log.Warn(msg, args...) })
-	c.control = sandbox.NewControl(c.provider, copts)
+	c.controlOpts = copts
+	c.migrated = opts.Migrate
+
+	c.registry = plugin.New(plugin.Options{Logger: log, Stamp: c.stamp})
+	if err := c.registerDomains(); err != nil {
+		return c, err
+	}
+	artifacts := &Artifacts{resolve: c.Sandbox}
+	if err := c.registry.ProvideCore(plugin.DomainSandboxArtifacts, artifacts, plugin.Requires(plugin.DomainSandbox)); err != nil {
+		return c, fmt.Errorf("core: %w", err)
+	}
+	factories := opts.Plugins
+	if factories == nil {
+		factories = Builtins()
+	}
+	deps := Deps{Store: c.store, Leases: c.leases, Gateway: c.gateway, Logger: log, SelfExe: opts.SelfExe}
+	regs := make([]plugin.Registration, 0, len(factories))
+	for _, f := range factories {
+		regs = append(regs, f(deps))
+	}
+	c.registry.Load(ctx, regs, opts.PluginConfig)
+
+	// A process that must not migrate (the delegated runner) runs no plugin
+	// services.
+	if opts.Migrate {
+		c.services = plugin.NewServiceManager(plugin.ServiceOptions{Logger: log})
+		if err := c.services.Start(ctx, c.registry.Services()); err != nil {
+			return c, fmt.Errorf("core: start plugin services: %w", err)
+		}
+	}
 	return c, nil
 }
 
@@ -150,20 +180,40 @@ func (c *Core) Leases() *lease.Manager { return c.leases }
 // call fails with machine.ErrNoPrivilegedTransport).
 func (c *Core) Gateway() *machine.Gateway { return c.gateway }
 
-// Sandbox resolves the sandbox control for core's own use. It returns
-// sandbox.ErrUnavailable when no provider is loaded.
+// Sandbox resolves the sandbox control for core's own use, at call time.
+// When no provider is loaded (absent, disabled, failed) the error wraps
+// sandbox.ErrUnavailable: callers report "unavailable", never crash.
 func (c *Core) Sandbox() (*sandbox.Control, error) {
-	if c.control == nil {
-		return nil, sandbox.ErrUnavailable
+	ctl, err := plugin.ResolveCoreAs[*sandbox.Control](c.registry, plugin.DomainSandbox)
+	if err != nil {
+		if !errors.Is(err, sandbox.ErrUnavailable) {
+			err = fmt.Errorf("%w: %w", sandbox.ErrUnavailable, err)
+		}
+		return nil, err
 	}
-	return c.control, nil
+	return ctl, nil
 }
+
+// Registry returns the plugin registry.
+func (c *Core) Registry() *plugin.Registry { return c.registry }
+
+// Services returns the plugin-service manager; nil for a core built with
+// Migrate false (the delegated runner).
+func (c *Core) Services() *plugin.ServiceManager { return c.services }
+
+// Migrated reports whether this core was built with Migrate.
+func (c *Core) Migrated() bool { return c.migrated }
 
 // Close stops the reconciler and the gateway and closes a store Build
 // opened. It blocks until they stopped and may be called more than once.
 func (c *Core) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		if c.services != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			err = errors.Join(err, c.services.Stop(sctx))
+			cancel()
+		}
 		if c.cancel != nil {
 			c.cancel()
 		}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/corral-sandbox/corral/confine"
 	"github.com/corral-sandbox/corral/lease"
+	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -55,6 +56,10 @@ type Options struct {
 	// helper (see confine.Command); its main must call confine.MaybeRun
 	// first. Empty means os.Executable().
 	SelfExe string
+	// Gateway reaches managed machines through the privileged worker. Nil,
+	// or a gateway without a transport, makes every managed preparation
+	// fail with machine.ErrNoPrivilegedTransport; host projects still work.
+	Gateway *machine.Gateway
 	// Logger receives diagnostics. Nil means slog.Default().
 	Logger *slog.Logger
 	// Env is added to every command's environment, after the minimal
@@ -67,12 +72,13 @@ type Options struct {
 // Provider prepares executions for corral's projects. It is safe for
 // concurrent use.
 type Provider struct {
-	store  *store.Store
-	leases *lease.Manager
-	domain string
-	self   string
-	log    *slog.Logger
-	env    []string
+	store   *store.Store
+	leases  *lease.Manager
+	gateway *machine.Gateway
+	domain  string
+	self    string
+	log     *slog.Logger
+	env     []string
 
 	// available reports whether confinement works on this kernel
 	// (confine.Available; replaced in tests).
@@ -92,6 +98,7 @@ func New(opts Options) (*Provider, error) {
 	p := &Provider{
 		store:     opts.Store,
 		leases:    opts.Leases,
+		gateway:   opts.Gateway,
 		domain:    opts.Domain,
 		self:      opts.SelfExe,
 		log:       opts.Logger,
@@ -145,8 +152,8 @@ func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, a
 	switch proj.Kind {
 	case store.ProjectHost:
 		return p.prepareHost(ctx, in, actor, proj, member)
-	// case store.ProjectManaged: the managed branch (prepareManaged) goes
-	// here, on the same tenancy result and mintLease.
+	case store.ProjectManaged:
+		return p.prepareManaged(ctx, in, actor, proj)
 	default:
 		return nil, fmt.Errorf("provider: project %d: %s projects are not supported yet: %w", proj.ID, proj.Kind, errors.ErrUnsupported)
 	}

@@ -5,16 +5,20 @@ import (
 
 	"github.com/corral-sandbox/corral/confine"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/worker"
 )
 
 // reexec dispatches the hidden re-exec entry points before anything else
 // runs: the confinement helper and the machine init never return.
 func reexec() {
 	confine.MaybeRun()
+	worker.MaybeRunInit()
 }
 
 // addCommands adds the subcommands beyond run and version.
-func addCommands(root *cobra.Command) {}
+func addCommands(root *cobra.Command) {
+	root.AddCommand(newWorkerCmd())
+}
 
 // envTransport is the transport for a run that was given --worker-socket.
 func envTransport(f *runFlags) machine.PrivilegedTransport {

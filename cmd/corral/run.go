@@ -28,6 +28,10 @@ type runFlags struct {
 
 	state        string
 	workerSocket string
+
+	daemon    string
+	token     string
+	projectID int64
 }
 
 func newRunCmd() *cobra.Command {
@@ -68,6 +72,9 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 	fl.BoolVar(&f.json, "json", false, "write one JSON object to stdout")
 	fl.StringVar(&f.state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
 	fl.StringVar(&f.workerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one (--project)")
+	fl.StringVar(&f.daemon, "daemon", "", "run through the corral daemon at `ADDR` (a Unix socket path or host:port)")
+	fl.StringVar(&f.token, "token", "", "bearer token for --daemon (default $CORRAL_TOKEN)")
+	fl.Int64Var(&f.projectID, "project-id", 0, "the daemon's project `ID` (with --daemon)")
 	return cmd
 }
 
@@ -80,6 +87,10 @@ func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if f.daemon != "" {
+		res, err := runViaDaemon(ctx, f, argv, opts)
+		return report(stdout, stderr, f.json, res, err)
+	}
 
 	env, err := openRunEnv(ctx, f)
 	if err != nil {
@@ -98,7 +109,12 @@ func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 
 // options validates the flags into RunOptions.
 func (f *runFlags) options() (*sandbox.RunOptions, error) {
-	if (f.host == "") == (f.project == "") {
+	switch {
+	case f.daemon != "":
+		if f.host != "" || f.project != "" || f.projectID <= 0 {
+			return nil, errors.New("--daemon takes --project-id ID, not --host or --project")
+		}
+	case (f.host == "") == (f.project == ""):
 		return nil, errors.New("give exactly one of --host DIR and --project DIR")
 	}
 	if f.combinedLimit.set && (f.stdoutLimit.set || f.stderrLimit.set) {

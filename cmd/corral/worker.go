@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker"
+)
+
+func newWorkerCmd() *cobra.Command {
+	var (
+		socket, projectsRoot, state string
+		idle                        time.Duration
+		memory                      sizeFlag
+		pids                        int64
+		maxSessions                 int
+	)
+	cmd := &cobra.Command{
+		Use:   "worker --socket PATH --projects-root DIR",
+		Short: "Serve protocol 2 as the privileged worker (root)",
+		Long: `Run the persistent privileged worker: it listens on a SOCK_SEQPACKET Unix
+socket (mode 0600) and runs one machine per project whose workspace lies under
+--projects-root. It must run as root. SIGTERM or SIGINT stops every machine.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := worker.RequireRoot(); err != nil {
+				return err
+			}
+			if socket == "" || projectsRoot == "" {
+				return errors.New("--socket and --projects-root are required")
+			}
+			if state == "" {
+				state = "/var/lib/corral/worker"
+			}
+			if err := os.MkdirAll(state, 0o700); err != nil {
+				return err
+			}
+			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
+			w, err := worker.New(worker.Config{
+				ProjectsRoot: projectsRoot,
+				StateDir:     state,
+				IdleGrace:    idle,
+				MaxSessions:  maxSessions,
+				Limits:       worker.Limits{Memory: memory.n, Pids: pids},
+				Logger:       log,
+				Name:         "corral-worker/" + version,
+			})
+			if err != nil {
+				return err
+			}
+			ln, err := wire.Listen(socket)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			log.Info("worker listening", "socket", socket, "projectsRoot", projectsRoot)
+			serveErr := w.Serve(ctx, ln)
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if err := w.Shutdown(sctx); err != nil {
+				return fmt.Errorf("shutdown: %w", err)
+			}
+			os.Remove(socket)
+			return serveErr
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&socket, "socket", "", "listen on this Unix socket `PATH`")
+	fl.StringVar(&projectsRoot, "projects-root", "", "accept only workspaces under `DIR`")
+	fl.StringVar(&state, "state", "", "worker state `DIR` (homes); default /var/lib/corral/worker")
+	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
+	fl.Var(&memory, "memory", "memory limit per machine (default 1GiB)")
+	fl.Int64Var(&pids, "pids", 0, "task limit per machine (default 512)")
+	fl.IntVar(&maxSessions, "max-sessions", 0, "sessions per machine (default 64)")
+	return cmd
+}

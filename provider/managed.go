@@ -1,0 +1,169 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+	"sync"
+
+	"github.com/corral-sandbox/corral/lease"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// GuestHome is a managed machine's home directory, as the guest sees it.
+const GuestHome = "/home/corral"
+
+// prepareManaged prepares a command inside the project's machine. Nothing
+// runs until Start: Start sends exec-start through the machine gateway,
+// which makes three socketpairs and attaches their far ends as the
+// command's 0/1/2; Cancel sends exec-cancel. Without a privileged
+// transport, preparation fails at once with machine.ErrNoPrivilegedTransport
+// (nothing to clean up).
+//
+// The working directory is a guest path: empty means /workspace; a relative
+// path is taken below /workspace; it must stay inside /workspace or the
+// machine's home after cleaning. Output is sanitized by replacing the host
+// workspace path with /workspace.
+func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project) (sandbox.Prepared, error) {
+	if p.gateway == nil || !p.gateway.HasTransport() {
+		return nil, fmt.Errorf("provider: project %d: %w", proj.ID, machine.ErrNoPrivilegedTransport)
+	}
+	cwd, err := guestCwd(in.Cwd)
+	if err != nil {
+		return nil, fmt.Errorf("provider: project %d: %w", proj.ID, err)
+	}
+	l, err := p.mintLease(ctx, in, actor)
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{
+		"PATH": DefaultPath,
+		"HOME": GuestHome,
+		"LANG": "C.UTF-8",
+		"TERM": "dumb",
+		"USER": "corral",
+	}
+	for _, kv := range p.env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	m := &managedExec{
+		gw: p.gateway,
+		req: machine.ExecRequest{
+			Project: wire.Project{ID: proj.ID, Workspace: proj.Root},
+			Account: actor.AccountUserID,
+			Lease:   l.ID(),
+			Argv:    in.Command.Argv(),
+			Cwd:     cwd,
+			Env:     env,
+		},
+		lease: l,
+	}
+	// Work under an expired lease is cancelled, even if its holder died.
+	l.Watch(func() { _ = m.cancel(context.Background()) })
+	return &sandbox.ManagedPrepared{
+		PreparedCommon: sandbox.PreparedCommon{
+			Project:    in.Project,
+			Cwd:        cwd,
+			DisplayCwd: cwd,
+			Lease:      l,
+			Sanitize:   sanitizer([]string{proj.Root}),
+		},
+		Start:  m.start,
+		Cancel: m.cancel,
+	}, nil
+}
+
+// guestCwd resolves a requested working directory inside the machine.
+func guestCwd(req string) (string, error) {
+	if req == "" {
+		return DisplayRoot, nil
+	}
+	p := req
+	if !path.IsAbs(p) {
+		p = path.Join(DisplayRoot, p)
+	}
+	p = path.Clean(p)
+	for _, root := range []string{DisplayRoot, GuestHome} {
+		if p == root || strings.HasPrefix(p, root+"/") {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("cwd %q is outside %s and %s", req, DisplayRoot, GuestHome)
+}
+
+// managedExec is one prepared managed execution.
+type managedExec struct {
+	gw    *machine.Gateway
+	req   machine.ExecRequest
+	lease *lease.Lease
+
+	mu        sync.Mutex
+	session   *machine.Session
+	cancelled bool
+}
+
+func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSession, error) {
+	m.mu.Lock()
+	if m.cancelled {
+		m.mu.Unlock()
+		return nil, errors.New("provider: execution was cancelled before it started")
+	}
+	m.mu.Unlock()
+	s, err := m.gw.Exec(ctx, m.req)
+	if err != nil {
+		return nil, translate(err)
+	}
+	m.mu.Lock()
+	m.session = s
+	cancelled := m.cancelled
+	m.mu.Unlock()
+	if cancelled {
+		_ = s.Cancel(context.Background())
+	}
+	sess, settle := sandbox.NewManagedSession(s.Stdin, s.Stdout, s.Stderr)
+	go func() {
+		exit, err := s.Wait()
+		if err != nil {
+			settle(sandbox.Exit{}, translate(err))
+			return
+		}
+		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal}, nil)
+	}()
+	return sess, nil
+}
+
+// cancel kills the session's whole process tree (exec-cancel). It is
+// idempotent; before Start it makes Start refuse.
+func (m *managedExec) cancel(ctx context.Context) error {
+	m.mu.Lock()
+	m.cancelled = true
+	s := m.session
+	m.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	err := s.Cancel(ctx)
+	if errors.Is(err, machine.ErrInterrupted) || errors.Is(err, machine.ErrClosed) {
+		// The worker cancels every session of a lost connection itself.
+		return nil
+	}
+	return err
+}
+
+// translate maps the gateway's errors onto the seam's sentinels.
+func translate(err error) error {
+	switch {
+	case errors.Is(err, machine.ErrNotStarted):
+		return fmt.Errorf("%w: %w", sandbox.ErrNotStarted, err)
+	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrUnavailable),
+		errors.Is(err, machine.ErrClosed), errors.Is(err, machine.ErrNoPrivilegedTransport):
+		return fmt.Errorf("%w: %w", sandbox.ErrTransport, err)
+	}
+	return err
+}
