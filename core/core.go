@@ -53,18 +53,18 @@ type Options struct {
 
 // Core is a built corral core. Close it when done.
 type Core struct {
-	store     *store.Store
-	ownStore  bool
-	leases    *lease.Manager
-	gateway   *machine.Gateway
+	store       *store.Store
+	ownStore    bool
+	leases      *lease.Manager
+	gateway     *machine.Gateway
 	registry    *plugin.Registry
 	services    *plugin.ServiceManager
 	controlOpts sandbox.ControlOptions
 	migrated    bool
 	log         *slog.Logger
-	cancel    context.CancelFunc
-	wg        sync.WaitGroup
-	closeOnce sync.Once
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
 }
 
 // Build composes a core. On error everything it opened is closed again.
