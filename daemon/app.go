@@ -94,10 +94,12 @@ type App struct {
 	proj    *Projects
 	sites   *sitesGateway
 
-	ctx    context.Context // ended by Close: cancels sessions
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // sessions in flight
-	once   sync.Once
+	ctx     context.Context // ended by Close: cancels sessions
+	cancel  context.CancelFunc
+	sessMu  sync.Mutex
+	closing bool           // guarded by sessMu
+	wg      sync.WaitGroup // sessions in flight
+	once    sync.Once
 }
 
 // Route is one registered route: Method is empty for routes that accept
@@ -215,6 +217,9 @@ func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTT
 // It does not close the core. It blocks, and may be called more than once.
 func (a *App) Close() error {
 	a.once.Do(func() {
+		a.sessMu.Lock()
+		a.closing = true
+		a.sessMu.Unlock()
 		a.cancel()
 		a.wg.Wait()
 		a.sites.close()

@@ -13,11 +13,15 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/sandbox"
-	"github.com/corral-sandbox/corral/store"
 )
 
 // Raw sessions: GET /v1/projects/{id}/sessions?argv=F&argv=A1&…&cwd=C&leaseKind=K
-// upgrades to a WebSocket that carries one command's standard streams.
+// upgrades to a WebSocket that carries one command's standard streams. A
+// managed project's command runs in its machine (ManagedPrepared.Start); a
+// host project's is started by the daemon from the prepared launch
+// (confined unless the member is trusted), in its own process group.
+// Output is forwarded as the command wrote it: unlike RunCommand's
+// results, a stream is not sanitized.
 //
 // Framing (every message is one WebSocket message):
 //
@@ -40,8 +44,8 @@ import (
 // AppOptions.SessionHeartbeat (5 s); a failed heartbeat cancels the command
 // ("error" kind "transport").
 //
-// Errors before the upgrade (401, 403, 404, 400 for a host project or a
-// missing argv, 503, …) are ordinary JSON error responses.
+// Errors before the upgrade (401, 403, 404, 400 for a missing argv or a
+// refused preparation, 503, …) are ordinary JSON error responses.
 
 // Stream identifiers: the first byte of binary session messages.
 const (
@@ -67,9 +71,6 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	if kind == "" {
 		kind = sandbox.LeaseTerminal
 	}
-	if proj.Kind != store.ProjectManaged {
-		return apiErr(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
-	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		return apiErr(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
 	}
@@ -87,25 +88,56 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	lease := prep.Common().Lease
-	mp, ok := prep.(*sandbox.ManagedPrepared)
-	if !ok {
-		releaseQuietly(a, lease)
-		return apiErr(http.StatusBadRequest, KindInvalid, "sessions need a managed project")
+	s := &wsSession{a: a, lease: prep.Common().Lease}
+	switch p := prep.(type) {
+	case *sandbox.ManagedPrepared:
+		s.start, s.cancel = p.Start, p.Cancel
+	case *sandbox.LocalPrepared:
+		var localCancel func(context.Context) error
+		s.start = func(context.Context) (*sandbox.ManagedExecutionSession, error) {
+			sess, c, err := startLocalSession(p)
+			localCancel = c
+			return sess, err
+		}
+		s.cancel = func(ctx context.Context) error {
+			if localCancel != nil {
+				return localCancel(ctx)
+			}
+			if p.Cancel != nil {
+				return p.Cancel(ctx)
+			}
+			return nil
+		}
 	}
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {
-		a.cancelPrepared(mp)
+		s.cancelUnstarted()
 		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: "WebSocket upgrade failed", Cause: err}
 	}
-	a.wg.Add(1)
+	s.conn = conn
+	if !a.enterSession() {
+		s.cancelUnstarted()
+		s.fail(sandbox.KindAbort, "the daemon is shutting down", websocket.StatusGoingAway)
+		return nil
+	}
 	defer a.wg.Done()
 	a.metrics.sessionsTotal.Inc()
 	a.metrics.sessionsActive.Inc()
 	defer a.metrics.sessionsActive.Dec()
-	s := &wsSession{a: a, conn: conn, mp: mp, lease: lease}
 	s.run()
 	return nil
+}
+
+// enterSession counts a session that Close waits for; it reports false
+// once Close began.
+func (a *App) enterSession() bool {
+	a.sessMu.Lock()
+	defer a.sessMu.Unlock()
+	if a.closing {
+		return false
+	}
+	a.wg.Add(1)
+	return true
 }
 
 func releaseQuietly(a *App, l sandbox.Lease) {
@@ -116,22 +148,25 @@ func releaseQuietly(a *App, l sandbox.Lease) {
 	}
 }
 
-// cancelPrepared cancels a prepared execution and releases its lease.
-func (a *App) cancelPrepared(mp *sandbox.ManagedPrepared) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := mp.Cancel(ctx); err != nil {
-		a.log.Warn("session: cancel", "lease", mp.Lease.ID(), "err", err)
-	}
-	releaseQuietly(a, mp.Lease)
+// wsSession is one raw session bridged to a WebSocket: a managed
+// execution's session, or a host process started by startLocalSession.
+type wsSession struct {
+	a      *App
+	conn   *websocket.Conn
+	lease  sandbox.Lease
+	start  func(context.Context) (*sandbox.ManagedExecutionSession, error)
+	cancel func(context.Context) error
 }
 
-// wsSession is one raw session bridged to a WebSocket.
-type wsSession struct {
-	a     *App
-	conn  *websocket.Conn
-	mp    *sandbox.ManagedPrepared
-	lease sandbox.Lease
+// cancelUnstarted cancels a prepared execution that never started and
+// releases its lease.
+func (s *wsSession) cancelUnstarted() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.cancel(ctx); err != nil {
+		s.a.log.Warn("session: cancel", "lease", s.lease.ID(), "err", err)
+	}
+	releaseQuietly(s.a, s.lease)
 }
 
 func (s *wsSession) send(ctx context.Context, v any) error {
@@ -157,9 +192,9 @@ func (s *wsSession) run() {
 	defer cancel()
 	s.conn.SetReadLimit(sessionReadLimit)
 
-	sess, err := s.mp.Start(ctx)
+	sess, err := s.start(ctx)
 	if err != nil {
-		a.cancelPrepared(s.mp)
+		s.cancelUnstarted()
 		kind := sandbox.KindStart
 		if errors.Is(err, sandbox.ErrTransport) {
 			kind = sandbox.KindTransport
@@ -251,7 +286,7 @@ func (s *wsSession) run() {
 func releaseAfterCancel(s *wsSession, sess *sandbox.ManagedExecutionSession) {
 	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := s.mp.Cancel(cctx); err != nil {
+	if err := s.cancel(cctx); err != nil {
 		s.a.log.Warn("session: cancel", "lease", s.lease.ID(), "err", err)
 	}
 	select {

@@ -211,7 +211,7 @@ func TestSessionRefusals(t *testing.T) {
 	}{
 		{"anonymous", fmt.Sprintf("/v1/projects/%d/sessions?argv=true", box.ID), "", 401},
 		{"no argv", fmt.Sprintf("/v1/projects/%d/sessions", box.ID), tok, 400},
-		{"host project", fmt.Sprintf("/v1/projects/%d/sessions?argv=true", host.ID), tok, 400},
+		{"host project without upgrade", fmt.Sprintf("/v1/projects/%d/sessions?argv=true", host.ID), tok, 400},
 		{"no upgrade", fmt.Sprintf("/v1/projects/%d/sessions?argv=true", box.ID), tok, 400},
 	} {
 		status, body := e.do(ctx, "GET", tc.path, tc.token, nil)
@@ -232,4 +232,64 @@ func TestSessionRefusals(t *testing.T) {
 func readFile(name string) (string, error) {
 	b, err := os.ReadFile(name)
 	return string(b), err
+}
+
+// TestHostSession runs raw sessions in a host project with the real
+// provider: confined by corral's helper, started by the daemon.
+func TestHostSession(t *testing.T) {
+	requireRoot(t)
+	e := newEnv(t, envOpts{app: AppOptions{SessionHeartbeat: 20 * time.Millisecond}})
+	alice, tok := e.account("alice")
+	p := e.hostProject("web", alice)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	c, _, err := e.dialSession(ctx, tok, p.ID, "sh", "-c", "cat; echo err >&2; exit 5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, websocket.MessageBinary, append([]byte{StreamStdin}, "ping\n"...)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte(`{"type":"eof"}`)); err != nil {
+		t.Fatal(err)
+	}
+	tr := readSession(ctx, c)
+	if tr.stdout.String() != "ping\n" || tr.stderr.String() != "err\n" {
+		t.Errorf("stdout %q stderr %q", tr.stdout.String(), tr.stderr.String())
+	}
+	if last := tr.last(); last["type"] != "exit" || last["code"] != float64(5) {
+		t.Errorf("control %v", tr.control)
+	}
+	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+
+	// A program that cannot be started: an error message, then a close.
+	c, _, err = e.dialSession(ctx, tok, p.ID, "/no/such/program")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr = readSession(ctx, c)
+	if last := tr.last(); last["type"] != "error" || last["kind"] != "start" {
+		t.Errorf("start failure: %v", tr.control)
+	}
+	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+
+	// Closing the socket cancels the command.
+	marker := fmt.Sprintf("corral-host-session-%d", time.Now().UnixNano())
+	c, _, err = e.dialSession(ctx, tok, p.ID, "python3", "-c", "import time; print('up', flush=True); time.sleep(30)", marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		typ, data, err := c.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if typ == websocket.MessageBinary && string(data[1:]) == "up\n" {
+			break
+		}
+	}
+	c.Close(websocket.StatusNormalClosure, "bye")
+	sandboxtest.AssertNoProcesses(t, marker)
+	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 }
