@@ -422,6 +422,12 @@ func TestLeaseLifecycle(t *testing.T) {
 	if n, _ := s.LiveLeaseCount(ctx); n != 1 {
 		t.Fatalf("LiveLeaseCount = %d", n)
 	}
+	if got, err := s.GetLease(ctx, l.ID); err != nil || !got.HeartbeatAt.Equal(c.Now().Add(-10*time.Second)) || !got.ExpiresAt.Equal(got.HeartbeatAt.Add(ttl)) || got.TTL != ttl {
+		t.Fatalf("after heartbeat GetLease = %+v, %v", got, err)
+	}
+	if list, err := s.ListLeases(ctx, LeaseFilter{Project: p.ID, State: LeaseLive, Account: 7, Holder: "test"}); err != nil || len(list) != 1 || list[0].ID != l.ID {
+		t.Fatalf("ListLeases(live) = %+v, %v", list, err)
+	}
 
 	// Overdue: heartbeat and release both report expiry; the lease is
 	// expired by exactly one ExpireLeases.
@@ -438,6 +444,13 @@ func TestLeaseLifecycle(t *testing.T) {
 	}
 	if exp, _ := s.ExpireLeases(ctx, c.Now()); len(exp) != 0 {
 		t.Fatalf("second ExpireLeases = %+v", exp)
+	}
+	// The ended row keeps the lease's last heartbeat and expiry.
+	if got, _ := s.GetLease(ctx, l.ID); got != exp[0] || !got.ExpiresAt.Equal(c.Now().Add(-10*time.Second)) {
+		t.Fatalf("expired GetLease = %+v; want %+v", got, exp[0])
+	}
+	if list, _ := s.ListLeases(ctx, LeaseFilter{State: LeaseLive}); len(list) != 0 {
+		t.Fatalf("ListLeases(live) after expiry = %+v", list)
 	}
 	if _, err := s.ReleaseLease(ctx, l.ID, c.Now()); !errors.Is(err, ErrLeaseExpired) {
 		t.Fatalf("release expired = %v; want ErrLeaseExpired", err)
