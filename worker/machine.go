@@ -43,13 +43,14 @@ type machine struct {
 
 	dead chan struct{} // closed once the init is gone and cleaned up
 
-	mu       sync.Mutex
-	refs     int // sessions plus in-flight net-dials
-	sessions int
-	stopping bool
-	idleGen  int
-	nextSID  uint64
-	bySID    map[uint64]*session
+	mu        sync.Mutex
+	refs      int // sessions plus in-flight net-dials
+	sessions  int
+	stopping  bool
+	idle      *time.Timer // one per machine, re-armed: no timer per exec
+	idleSince time.Time   // when refs last dropped to zero
+	nextSID   uint64
+	bySID     map[uint64]*session
 }
 
 func (w *Worker) newMachine(id int64, ws, requested string, slot int) *machine {
@@ -68,7 +69,9 @@ func (m *machine) hold(session bool) {
 	if session {
 		m.sessions++
 	}
-	m.idleGen++ // disarms a pending idle stop
+	if m.idle != nil {
+		m.idle.Stop()
+	}
 }
 
 // release drops a reference taken by acquire.
@@ -84,16 +87,22 @@ func (m *machine) releaseLocked(session bool) {
 		m.sessions--
 	}
 	if m.refs == 0 && !m.stopping && m.startErr == nil {
-		m.idleGen++
-		gen := m.idleGen
-		time.AfterFunc(m.w.cfg.IdleGrace, func() { m.idleStop(gen) })
+		m.idleSince = time.Now()
+		if m.idle == nil {
+			m.idle = time.AfterFunc(m.w.cfg.IdleGrace, m.idleStop)
+		} else {
+			m.idle.Reset(m.w.cfg.IdleGrace)
+		}
 	}
 }
 
-func (m *machine) idleStop(gen int) {
+// idleStop stops m if it has been idle for the grace when its timer fires
+// (a firing that raced with a re-arm finds it idle for less, and the
+// re-armed timer fires again).
+func (m *machine) idleStop() {
 	m.w.mu.Lock()
 	m.mu.Lock()
-	if m.idleGen != gen || m.refs != 0 || m.stopping {
+	if m.refs != 0 || m.stopping || time.Since(m.idleSince) < m.w.cfg.IdleGrace {
 		m.mu.Unlock()
 		m.w.mu.Unlock()
 		return
@@ -351,6 +360,9 @@ func (m *machine) wait() {
 	_ = m.cmd.Wait()
 	m.mu.Lock()
 	m.stopping = true
+	if m.idle != nil {
+		m.idle.Stop()
+	}
 	m.mu.Unlock()
 	m.ctl.Close()
 	m.w.forget(m)
