@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1088,4 +1089,37 @@ func TestLargeCommandLine(t *testing.T) {
 			t.Fatalf("want %s, got %s", want, got)
 		}
 	}
+}
+
+func TestNoLeaksAcrossExecs(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	h.run(t, c, p, "true")
+	initFDs := func() int {
+		ents, err := os.ReadDir("/proc/" + strconv.Itoa(h.machineOf(t, 1).InitPID) + "/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	workerFDs, inInit, goroutines := openFDs(t), initFDs(), runtime.NumGoroutine()
+	for i := range 200 {
+		r := h.run(t, c, p, "sh", "-c", "exit "+strconv.Itoa(i%3))
+		if r.code() != i%3 {
+			t.Fatalf("exec %d: %v", i, r)
+		}
+	}
+	// Cancelled and never-started sessions too.
+	for range 20 {
+		run := h.start(t, c, p, "sleep", "100")
+		if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+			t.Fatal(err)
+		}
+		run.wait(t)
+		h.run(t, c, p, "no-such-program")
+	}
+	eventually(t, "descriptors and goroutines back to their level", func() bool {
+		return openFDs(t) <= workerFDs && initFDs() <= inInit && runtime.NumGoroutine() <= goroutines
+	})
 }
