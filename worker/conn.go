@@ -1,5 +1,20 @@
 package worker
 
+// The worker's side of protocol 2 (drawn in package wire) and how each
+// session crosses into a machine (the control channel of internal/ctl):
+//
+//	client                      worker (conn, machine)             init
+//	  |-- exec-start ------------>| validate; acquire the machine
+//	  |<----------- exec-accepted | (or exec-rejected {code})
+//	  |-- exec-attach [3 fds] --->|-- start {sid} [3 fds] ------------>| fork+exec
+//	  |<------------ exec-started |<------------------------ started --|
+//	  |-- exec-cancel ----------->|-- kill {sid} --------------------->| SIGKILL pid 1
+//	  |<--------------- exec-exit |<------------ exit {code|signal} ---| wait4
+//	  |                           |<------------ notStarted {msg} -----| (exec failed)
+//	  |-- net-dial -------------->| setns+socket+connect
+//	  |<------ net-dialed [1 fd]  |
+//	  |-- (close) --------------->| exec-cancel for every open session
+
 import (
 	"errors"
 	"fmt"
