@@ -72,7 +72,7 @@ type Options struct {
 	// expired, whichever process held it (the journal marks that lease's
 	// commands interrupted). It is called synchronously from Sweep (or from
 	// the Heartbeat or Release call that noticed the expiry) and should not
-	// block for long.
+	// block for long: the next lease's expiry waits for it.
 	OnExpired func(store.Lease)
 }
 
@@ -320,9 +320,11 @@ func (l *Lease) Deadline() time.Time {
 // Watch registers cancel to be called once if the lease expires: when a
 // sweep (of this or another process) expires it, or when Heartbeat or
 // Release finds it expired. It is never called after a successful Release.
-// If the lease is already known to have expired, cancel is called before
-// Watch returns. cancel must not block; it typically cancels a context.
-// Watch may be called more than once; each callback runs at most once.
+// cancel runs in a goroutine of its own, so it may block (to cancel a
+// session through the worker, say) without holding up the reconciler; if
+// the lease is already known to have expired, that goroutine starts before
+// Watch returns. Watch may be called more than once; each callback runs at
+// most once.
 func (l *Lease) Watch(cancel func()) {
 	l.mu.Lock()
 	switch l.state {
@@ -331,7 +333,7 @@ func (l *Lease) Watch(cancel func()) {
 		l.mu.Unlock()
 	case store.LeaseExpired:
 		l.mu.Unlock()
-		cancel()
+		go cancel()
 	default:
 		l.mu.Unlock()
 	}
@@ -418,8 +420,12 @@ func (l *Lease) expired() {
 	l.watchers = nil
 	l.mu.Unlock()
 	l.m.forget(l.row.ID)
-	for _, w := range ws {
-		w()
+	if len(ws) > 0 {
+		go func() {
+			for _, w := range ws {
+				w()
+			}
+		}()
 	}
 }
 

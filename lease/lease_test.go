@@ -39,6 +39,25 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
+// calls counts the calls of a Watch callback, which runs in a goroutine of
+// its own.
+type calls struct{ n atomic.Int32 }
+
+func (c *calls) fn() { c.n.Add(1) }
+
+// expect waits for want calls, then checks that no more come.
+func (c *calls) expect(t *testing.T, want int32) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for c.n.Load() < want && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	if got := c.n.Load(); got != want {
+		t.Fatalf("callback called %d times; want %d", got, want)
+	}
+}
+
 type fixture struct {
 	st      *store.Store
 	clock   *clock
@@ -112,8 +131,8 @@ func TestAcquireHeartbeatRelease(t *testing.T) {
 		t.Fatalf("Sweep = %v, %v; want nothing expired", exp, err)
 	}
 
-	var cancels atomic.Int32
-	l.Watch(func() { cancels.Add(1) })
+	var cancels calls
+	l.Watch(cancels.fn)
 	for i := range 2 {
 		if err := l.Release(ctx); err != nil {
 			t.Fatalf("Release #%d: %v", i+1, err)
@@ -129,8 +148,9 @@ func TestAcquireHeartbeatRelease(t *testing.T) {
 	if _, err := m.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if cancels.Load() != 0 || m.Held() != 0 {
-		t.Fatalf("released lease: cancels = %d, Held = %d", cancels.Load(), m.Held())
+	cancels.expect(t, 0)
+	if m.Held() != 0 {
+		t.Fatalf("released lease: Held = %d", m.Held())
 	}
 	if n, _ := m.LiveCount(ctx); n != 0 {
 		t.Fatalf("LiveCount = %d", n)
@@ -161,9 +181,9 @@ func TestSweepExpiresStaleLease(t *testing.T) {
 	m := f.manager(Options{OnExpired: func(l store.Lease) { hooked = append(hooked, l.ID) }})
 	stale := acquire(t, m, f.project)
 	fresh := acquire(t, m, f.project)
-	var cancels, freshCancels atomic.Int32
-	stale.Watch(func() { cancels.Add(1) })
-	fresh.Watch(func() { freshCancels.Add(1) })
+	var cancels, freshCancels calls
+	stale.Watch(cancels.fn)
+	fresh.Watch(freshCancels.fn)
 
 	f.clock.Advance(10 * time.Second)
 	if err := fresh.Heartbeat(ctx); err != nil {
@@ -174,23 +194,21 @@ func TestSweepExpiresStaleLease(t *testing.T) {
 	if err != nil || len(exp) != 1 || exp[0].ID != stale.ID() || exp[0].State != store.LeaseExpired {
 		t.Fatalf("Sweep = %+v, %v; want the stale lease", exp, err)
 	}
-	if cancels.Load() != 1 || freshCancels.Load() != 0 {
-		t.Fatalf("cancels: stale %d, fresh %d; want 1, 0", cancels.Load(), freshCancels.Load())
-	}
+	cancels.expect(t, 1)
+	freshCancels.expect(t, 0)
 	if len(hooked) != 1 || hooked[0] != stale.ID() {
 		t.Fatalf("OnExpired saw %v", hooked)
 	}
 	// Sweeping again neither cancels nor reports it again.
 	f.clock.Advance(time.Second)
-	if exp, _ := m.Sweep(ctx); len(exp) != 0 || cancels.Load() != 1 || len(hooked) != 1 {
-		t.Fatalf("second sweep: %v, cancels %d, hooked %v", exp, cancels.Load(), hooked)
+	if exp, _ := m.Sweep(ctx); len(exp) != 0 || len(hooked) != 1 {
+		t.Fatalf("second sweep: %v, hooked %v", exp, hooked)
 	}
+	cancels.expect(t, 1)
 	// A watcher registered after expiry runs at once.
-	var late atomic.Int32
-	stale.Watch(func() { late.Add(1) })
-	if late.Load() != 1 {
-		t.Fatal("Watch on an expired lease did not run its callback")
-	}
+	var late calls
+	stale.Watch(late.fn)
+	late.expect(t, 1)
 	// Expiry is reported, not hidden.
 	if err := stale.Heartbeat(ctx); !errors.Is(err, ErrExpired) {
 		t.Fatalf("Heartbeat after expiry = %v; want ErrExpired", err)
@@ -203,9 +221,8 @@ func TestSweepExpiresStaleLease(t *testing.T) {
 	if err := fresh.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if cancels.Load() != 1 {
-		t.Fatalf("cancels = %d", cancels.Load())
-	}
+	cancels.expect(t, 1)
+	freshCancels.expect(t, 0)
 }
 
 // A holder that finds its lease overdue before any sweep ran marks it
@@ -219,8 +236,8 @@ func TestOverdueFoundByHolder(t *testing.T) {
 			var hooked atomic.Int32
 			m := f.manager(Options{TTL: time.Second, OnExpired: func(store.Lease) { hooked.Add(1) }})
 			l := acquire(t, m, f.project)
-			var cancels atomic.Int32
-			l.Watch(func() { cancels.Add(1) })
+			var cancels calls
+			l.Watch(cancels.fn)
 			f.clock.Advance(2 * time.Second)
 			var err error
 			if op == "heartbeat" {
@@ -237,8 +254,9 @@ func TestOverdueFoundByHolder(t *testing.T) {
 			if _, err := m.Sweep(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if cancels.Load() != 1 || hooked.Load() != 1 {
-				t.Fatalf("cancels %d, hooked %d; want 1, 1", cancels.Load(), hooked.Load())
+			cancels.expect(t, 1)
+			if hooked.Load() != 1 {
+				t.Fatalf("hooked %d; want 1", hooked.Load())
 			}
 		})
 	}
@@ -274,8 +292,8 @@ func TestExpiryAcrossProcesses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var cancels atomic.Int32
-	l.Watch(func() { cancels.Add(1) })
+	var cancels calls
+	l.Watch(cancels.fn)
 	entry, err := runnerStore.JournalStart(ctx, store.JournalCommand{Account: 1, Project: p.ID, Domain: "runner", Lease: l.ID(), LeaseKind: "runner", Argv: []string{"sleep", "60"}})
 	if err != nil {
 		t.Fatal(err)
@@ -294,14 +312,13 @@ func TestExpiryAcrossProcesses(t *testing.T) {
 	if exp, err := daemon.Sweep(ctx); err != nil || len(exp) != 1 || exp[0].Holder != "runner" {
 		t.Fatalf("daemon Sweep = %+v, %v", exp, err)
 	}
-	if cancels.Load() != 0 {
-		t.Fatal("the daemon cannot cancel the runner's work directly")
-	}
+	cancels.expect(t, 0) // the daemon cannot cancel the runner's work directly
 	if exp, err := runner.Sweep(ctx); err != nil || len(exp) != 0 {
 		t.Fatalf("runner Sweep = %+v, %v; want nothing newly expired", exp, err)
 	}
-	if cancels.Load() != 1 || runner.Held() != 0 {
-		t.Fatalf("runner sweep: cancels %d, held %d; want 1, 0", cancels.Load(), runner.Held())
+	cancels.expect(t, 1)
+	if runner.Held() != 0 {
+		t.Fatalf("runner sweep: held %d; want 0", runner.Held())
 	}
 	if len(daemonHooked) != 1 || len(runnerHooked) != 0 {
 		t.Fatalf("hooks: daemon %v, runner %v", daemonHooked, runnerHooked)
