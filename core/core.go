@@ -109,6 +109,11 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 	if lopts.Logger == nil {
 		lopts.Logger = log
 	}
+	if lopts.OnExpired == nil {
+		lopts.OnExpired = func(l store.Lease) {
+			c.interrupt([]string{l.ID}, "interrupted: lease expired")
+		}
+	}
 	c.leases = lease.NewManager(c.store, lopts)
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.cancel = cancel
@@ -166,8 +171,22 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 // onInterrupted records that the worker connection was lost while sessions
 // ran: the journal marks their commands interrupted before any of them
 // settles.
+//
+// Sessions are named after the leases that cover them (see the provider).
 func (c *Core) onInterrupted(sessionIDs []string) {
 	c.log.Warn("worker connection lost", "sessions", len(sessionIDs))
+	c.interrupt(sessionIDs, "interrupted: connection to the worker lost")
+}
+
+// interrupt marks the journal entries of leases interrupted.
+func (c *Core) interrupt(leaseIDs []string, message string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, id := range leaseIDs {
+		if _, err := c.store.JournalInterrupt(ctx, id, message); err != nil {
+			c.log.Error("journal: record interruption", "lease", id, "err", err)
+		}
+	}
 }
 
 // Store returns the core's database.

@@ -18,6 +18,7 @@ func reexec() {
 // addCommands adds the subcommands beyond run and version.
 func addCommands(root *cobra.Command) {
 	root.AddCommand(newWorkerCmd())
+	root.AddCommand(daemonCommands()...)
 }
 
 // envTransport is the transport for a run that was given --worker-socket.

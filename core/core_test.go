@@ -1,0 +1,326 @@
+package core_test
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/corral-sandbox/corral/confine"
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/internal/testworker"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/plugin"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
+	"github.com/corral-sandbox/corral/store"
+	"github.com/corral-sandbox/corral/worker"
+)
+
+func TestMain(m *testing.M) {
+	confine.MaybeRun()
+	worker.MaybeRunInit()
+	goleak.VerifyTestMain(m)
+}
+
+// env is a built core with one account that is a member of a host project
+// and, when a worker is given, of a managed project.
+type env struct {
+	core    *core.Core
+	actor   sandbox.Actor
+	host    store.Project
+	managed store.Project
+}
+
+func build(t *testing.T, opts core.Options, w *testworker.Worker) *env {
+	t.Helper()
+	ctx := context.Background()
+	if opts.StorePath == "" && opts.Store == nil {
+		opts.StorePath = filepath.Join(t.TempDir(), "corral.db")
+		opts.Migrate = true
+	}
+	if w != nil {
+		opts.PrivilegedTransport = machine.SocketTransport{Path: w.Socket}
+	}
+	c, err := core.Build(ctx, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	st := c.Store()
+	acct, err := st.CreateAccount(ctx, "alice")
+	must(t, err)
+	e := &env{core: c, actor: sandbox.Actor{AccountUserID: acct.ID}}
+	e.host, err = st.CreateProject(ctx, store.NewProject{Kind: store.ProjectHost, Name: "h", Root: t.TempDir()})
+	must(t, err)
+	_, err = st.AddMember(ctx, store.Member{Project: e.host.ID, Account: acct.ID, Role: store.RoleOwner})
+	must(t, err)
+	ws := t.TempDir()
+	if w != nil {
+		ws = w.Workspace(t, "m")
+	}
+	e.managed, err = st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "m", Root: ws})
+	must(t, err)
+	_, err = st.AddMember(ctx, store.Member{Project: e.managed.ID, Account: acct.ID, Role: store.RoleOwner})
+	must(t, err)
+	return e
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (e *env) ref(p store.Project) sandbox.ProjectRef {
+	return sandbox.ProjectRef{Kind: sandbox.ProjectKind(p.Kind), ProjectID: p.ID}
+}
+
+func (e *env) input(p store.Project, argv ...string) sandbox.ExecInput {
+	return sandbox.ExecInput{
+		Command:   sandbox.Command{Type: "argv", File: argv[0], Args: argv[1:]},
+		LeaseKind: sandbox.LeaseTerminal,
+		Project:   e.ref(p),
+	}
+}
+
+func (e *env) liveLeases(t *testing.T) int {
+	n, err := e.core.Leases().LiveCount(context.Background())
+	must(t, err)
+	return n
+}
+
+// TestManagedConformance runs the provider conformance suite against
+// managed projects through a real worker over a real socket.
+func TestManagedConformance(t *testing.T) {
+	w := testworker.Start(t, testworker.Options{})
+	e := build(t, core.Options{}, w)
+	ctl, err := e.core.Sandbox()
+	must(t, err)
+	sandboxtest.Run(t, sandboxtest.Target{
+		Control: ctl, Actor: e.actor, Project: e.ref(e.managed),
+		HostCwd: e.managed.Root, HostPath: e.managed.Root, DisplayPath: "/workspace",
+		LiveLeases: e.liveLeases,
+	})
+}
+
+// TestNoTransport: without a privileged transport, managed commands fail
+// at once with ErrNoPrivilegedTransport and host commands still run.
+func TestNoTransport(t *testing.T) {
+	e := build(t, core.Options{}, nil)
+	ctl, err := e.core.Sandbox()
+	must(t, err)
+	ctx := context.Background()
+	_, err = ctl.RunCommand(ctx, e.input(e.managed, "true"), &e.actor, nil)
+	if !errors.Is(err, machine.ErrNoPrivilegedTransport) || sandbox.KindOf(err) != sandbox.KindPrepare {
+		t.Fatalf("managed without transport: %v", err)
+	}
+	if !strings.Contains(err.Error(), "no privileged transport in this process") {
+		t.Errorf("message %q", err)
+	}
+	if _, err := e.core.Gateway().Dial(ctx, wireProject(e.managed), 80); !errors.Is(err, machine.ErrNoPrivilegedTransport) {
+		t.Errorf("Dial without transport: %v", err)
+	}
+	res, err := ctl.RunCommand(ctx, e.input(e.host, "echo", "host"), &e.actor, nil)
+	if err != nil || res.Stdout != "host\n" {
+		t.Fatalf("host command: %+v %v", res, err)
+	}
+	if n := e.liveLeases(t); n != 0 {
+		t.Errorf("%d live leases", n)
+	}
+}
+
+// TestSandboxAbsentIsUnavailable: with the sandbox plugin disabled, the
+// control resolves as absent and callers get ErrUnavailable.
+func TestSandboxAbsentIsUnavailable(t *testing.T) {
+	e := build(t, core.Options{PluginConfig: plugin.Config{Disabled: []string{"sandbox"}}}, nil)
+	if _, err := e.core.Sandbox(); !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("Sandbox() = %v, want ErrUnavailable", err)
+	}
+	a, err := e.core.Artifacts()
+	if err == nil {
+		// sandboxArtifacts requires sandbox: absent too.
+		_, err = a.ReadFile(context.Background(), core.ArtifactRequest{Actor: e.actor, Project: e.ref(e.host), Path: "/workspace/x", LeaseKind: sandbox.LeaseGitHub}, 10)
+	}
+	if err == nil {
+		t.Fatal("artifacts usable without a sandbox")
+	}
+}
+
+// TestProviderCannotSubstituteRunner: whatever a plugin provides for the
+// sandbox domain, resolvers get core's Control.
+func TestProviderCannotSubstituteRunner(t *testing.T) {
+	fake := &sandboxtest.Provider{Kind: sandbox.ProjectHost}
+	reg := func(core.Deps) plugin.Registration {
+		return plugin.Registration{
+			Manifest: plugin.Manifest{Name: "fake", Version: "1", Provides: []plugin.Domain{plugin.DomainSandbox}},
+			Register: func(c *plugin.Context) error { return c.Provide(plugin.DomainSandbox, fake) },
+		}
+	}
+	e := build(t, core.Options{Plugins: []core.PluginFactory{reg}}, nil)
+	ctl, err := e.core.Sandbox()
+	must(t, err)
+	res, err := ctl.RunCommand(context.Background(), e.input(e.host, "echo", "x"), &e.actor, nil)
+	if err != nil || res.Stdout != "x\n" {
+		t.Fatal(res, err)
+	}
+	if fake.Calls() != 1 || fake.LastLease().Releases.Load() != 1 {
+		t.Fatalf("core's RunCommand did not drive the fake provider: calls %d", fake.Calls())
+	}
+}
+
+// TestPluginCannotResolveArtifacts: sandboxArtifacts is core's alone.
+func TestPluginCannotResolveArtifacts(t *testing.T) {
+	var resolveErrs []error
+	spy := func(core.Deps) plugin.Registration {
+		return plugin.Registration{
+			Manifest: plugin.Manifest{Name: "spy", Version: "1", Consumes: []plugin.Domain{plugin.DomainSandbox}},
+			Register: func(c *plugin.Context) error {
+				for _, name := range []plugin.Domain{"sandboxArtifacts", "SandboxArtifacts", "sandbox_artifacts", "sandboxartifacts"} {
+					_, err := c.Consumer().Resolve(name)
+					resolveErrs = append(resolveErrs, err)
+				}
+				return nil
+			},
+		}
+	}
+	e := build(t, core.Options{Plugins: append(core.Builtins(), spy)}, nil)
+	for i, err := range resolveErrs {
+		if err == nil {
+			t.Errorf("spelling %d resolved sandboxArtifacts", i)
+		}
+	}
+	// Declaring it is refused outright.
+	decl := func(core.Deps) plugin.Registration {
+		return plugin.Registration{
+			Manifest: plugin.Manifest{Name: "decl", Version: "1", Consumes: []plugin.Domain{plugin.DomainSandboxArtifacts}},
+			Register: func(*plugin.Context) error { return nil },
+		}
+	}
+	e2 := build(t, core.Options{Plugins: append(core.Builtins(), decl)}, nil)
+	if st, _ := e2.core.Registry().Status("decl"); st.State != plugin.StateFailed {
+		t.Errorf("plugin declaring sandboxArtifacts: state %s", st.State)
+	}
+	if _, err := e.core.Artifacts(); err != nil {
+		t.Errorf("core cannot resolve its own artifacts control: %v", err)
+	}
+}
+
+// TestJournal: every command leaves a row stamped with the owner's domain,
+// its lease, redacted argv, limits and outcome.
+func TestJournal(t *testing.T) {
+	e := build(t, core.Options{}, nil)
+	ctl, err := e.core.Sandbox()
+	must(t, err)
+	ctx := context.Background()
+	_, err = ctl.RunCommand(ctx, e.input(e.host, "sh", "-c", "echo hi; exit 3", "https://bob:hunter2@example.invalid/x", "--token", "t0ps3cret"), &e.actor,
+		&sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Combined: 4096}})
+	must(t, err)
+	_, err = ctl.RunCommand(ctx, e.input(e.host, "sleep", "5"), &e.actor, &sandbox.RunOptions{Timeout: 50 * time.Millisecond})
+	if sandbox.KindOf(err) != sandbox.KindTimeout {
+		t.Fatal(err)
+	}
+	rows, err := e.core.Store().ListJournal(ctx, store.JournalFilter{Project: e.host.ID})
+	must(t, err)
+	if len(rows) != 2 {
+		t.Fatalf("%d journal rows, want 2", len(rows))
+	}
+	timeout, exit := rows[0], rows[1]
+	if exit.Domain != "sandbox" || exit.Account != e.actor.AccountUserID || exit.Lease == "" || exit.LeaseKind != "terminal" {
+		t.Errorf("row = %+v", exit.JournalCommand)
+	}
+	argv := strings.Join(exit.Argv, " ")
+	if strings.Contains(argv, "hunter2") || strings.Contains(argv, "t0ps3cret") || !strings.Contains(argv, "[REDACTED]") {
+		t.Errorf("argv not redacted: %q", argv)
+	}
+	if exit.Limits.Combined != 4096 || exit.End.Outcome != store.OutcomeExit || *exit.End.Code != 3 || exit.End.StdoutBytes != 3 {
+		t.Errorf("exit row = %+v %+v", exit.Limits, exit.End)
+	}
+	if timeout.End.Outcome != store.OutcomeError || timeout.End.ErrorKind != "timeout" || timeout.Ended.IsZero() {
+		t.Errorf("timeout row = %+v", timeout.End)
+	}
+}
+
+// TestRunnerCoreNeverMigrates: a core built with Migrate false refuses a
+// schema it does not know and runs no plugin services.
+func TestRunnerCoreNeverMigrates(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	if _, err := core.Build(ctx, core.Options{StorePath: path}); !errors.Is(err, store.ErrSchemaMismatch) {
+		t.Fatalf("un-migrated store: %v", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		t.Fatal("a non-migrating core created the database")
+	}
+	c, err := core.Build(ctx, core.Options{StorePath: path, Migrate: true})
+	must(t, err)
+	if c.Services() == nil {
+		t.Error("a migrating core has no service manager")
+	}
+	c.Close()
+	r, err := core.Build(ctx, core.Options{StorePath: path})
+	must(t, err)
+	if r.Services() != nil {
+		t.Error("a runner core has a plugin-service manager")
+	}
+	r.Close()
+	// A newer schema is refused.
+	db, err := sql.Open("sqlite", path)
+	must(t, err)
+	_, err = db.ExecContext(ctx, fmt.Sprintf("PRAGMA user_version = %d", store.LatestVersion()+1))
+	must(t, err)
+	db.Close()
+	if _, err := core.Build(ctx, core.Options{StorePath: path}); !errors.Is(err, store.ErrSchemaMismatch) {
+		t.Fatalf("newer schema: %v", err)
+	}
+}
+
+// TestArtifacts reads a file out of a managed machine, refuses symlinks,
+// oversized files and paths outside the guest roots, and deletes.
+func TestArtifacts(t *testing.T) {
+	w := testworker.Start(t, testworker.Options{})
+	e := build(t, core.Options{}, w)
+	a, err := e.core.Artifacts()
+	must(t, err)
+	ctx := context.Background()
+	data := make([]byte, 5<<20+17)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	must(t, os.WriteFile(filepath.Join(e.managed.Root, "blob"), data, 0o644))
+	must(t, os.Symlink("/etc/hostname", filepath.Join(e.managed.Root, "link")))
+	req := func(p string) core.ArtifactRequest {
+		return core.ArtifactRequest{Actor: e.actor, Project: e.ref(e.managed), Path: p, LeaseKind: sandbox.LeaseGitHub}
+	}
+	got, err := a.ReadFile(ctx, req("/workspace/blob"), 8<<20)
+	must(t, err)
+	if string(got) != string(data) {
+		t.Fatalf("read %d bytes, content differs", len(got))
+	}
+	if _, err := a.ReadFile(ctx, req("/workspace/blob"), 1<<20); !errors.Is(err, core.ErrArtifactTooLarge) {
+		t.Errorf("oversized: %v", err)
+	}
+	if _, err := a.ReadFile(ctx, req("/workspace/link"), 1<<20); !errors.Is(err, core.ErrArtifactNotFile) {
+		t.Errorf("symlink: %v", err)
+	}
+	for _, p := range []string{"/etc/passwd", "workspace/blob", "/workspace/../etc/passwd", "/workspace/a\x00b"} {
+		if _, err := a.ReadFile(ctx, req(p), 1<<20); !errors.Is(err, core.ErrArtifactPath) {
+			t.Errorf("path %q: %v", p, err)
+		}
+	}
+	must(t, a.Delete(ctx, req("/workspace/blob")))
+	if _, err := os.Stat(filepath.Join(e.managed.Root, "blob")); !os.IsNotExist(err) {
+		t.Errorf("blob not deleted: %v", err)
+	}
+	if n := e.liveLeases(t); n != 0 {
+		t.Errorf("%d live leases", n)
+	}
+}

@@ -1,0 +1,98 @@
+// Package testworker starts a real privileged worker in the test process,
+// on a real socket, for tests of the packages above it. The test binary's
+// TestMain must call worker.MaybeRunInit first (the worker re-executes it as
+// machine inits).
+package testworker
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker"
+)
+
+// Worker is a running in-process worker.
+type Worker struct {
+	*worker.Worker
+	// Socket is the path of its protocol-2 socket.
+	Socket string
+	// ProjectsRoot is where workspaces must live.
+	ProjectsRoot string
+
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// Options tune Start; the zero value is fine.
+type Options struct {
+	IdleGrace time.Duration
+	Limits    worker.Limits
+}
+
+// Start serves a new worker until the test ends. It skips the test when not
+// run as root.
+func Start(t testing.TB, opts Options) *Worker {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the privileged worker needs root (CI runs as root)")
+	}
+	if opts.IdleGrace == 0 {
+		opts.IdleGrace = time.Minute
+	}
+	if opts.Limits == (worker.Limits{}) {
+		opts.Limits = worker.Limits{Memory: 512 << 20, Pids: 256}
+	}
+	root := t.TempDir()
+	parent := fmt.Sprintf("corral-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	w, err := worker.New(worker.Config{
+		ProjectsRoot: root,
+		StateDir:     t.TempDir(),
+		IdleGrace:    opts.IdleGrace,
+		Limits:       opts.Limits,
+		CgroupParent: parent,
+		Logger:       slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "worker.sock")
+	ln, err := wire.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tw := &Worker{Worker: w, Socket: sock, ProjectsRoot: root, cancel: cancel, done: make(chan error, 1)}
+	go func() { tw.done <- w.Serve(ctx, ln) }()
+	t.Cleanup(tw.Stop)
+	return tw
+}
+
+// Workspace makes a new workspace directory under the projects root.
+func (w *Worker) Workspace(t testing.TB, name string) string {
+	t.Helper()
+	dir := filepath.Join(w.ProjectsRoot, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Stop ends serving (closing every connection) and stops every machine. It
+// is idempotent.
+func (w *Worker) Stop() {
+	if w.cancel == nil {
+		return
+	}
+	w.cancel()
+	<-w.done
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = w.Shutdown(ctx)
+	w.cancel = nil
+}
