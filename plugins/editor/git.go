@@ -84,8 +84,11 @@ func (o *gitOutput) exit(c int) bool { return o.code != nil && *o.code == c }
 // errNotRepo reports a project directory that is not a Git repository.
 var errNotRepo = errors.New("editor: not a git repository")
 
+// notRepo reports git's answer in a directory that is not a repository:
+// "fatal: not a git repository" (128), or diff's usage warning "Not a git
+// repository" (129).
 func (o *gitOutput) notRepo() bool {
-	return o.exit(128) && strings.Contains(o.stderr, "not a git repository")
+	return (o.exit(128) || o.exit(129)) && strings.Contains(strings.ToLower(o.stderr), "not a git repository")
 }
 
 func (o *gitOutput) gitError(cmd string) error {

@@ -111,9 +111,15 @@ func (e *Editor) Log(ctx context.Context, actor sandbox.Actor, project int64, op
 		return nil, err
 	}
 	if !out.overflowed && !out.ok() {
-		// HEAD of a branch with no commit yet.
-		if opts.Ref == "" && out.exit(128) && strings.Contains(out.stderr, "does not have any commits yet") {
-			return &Log{IsRepo: true, Commits: []Commit{}}, nil
+		// HEAD of a branch with no commit yet is an empty history.
+		if opts.Ref == "" && out.exit(128) {
+			unborn, err := g.unbornHead(ctx)
+			if err != nil {
+				return nil, err
+			}
+			if unborn {
+				return &Log{IsRepo: true, Commits: []Commit{}}, nil
+			}
 		}
 		if unknownRevision(out) {
 			return nil, revisionError(out)
@@ -183,4 +189,20 @@ func splitMessage(msg string) (subject, body string) {
 		body = strings.Join(lines[i:], "\n") + "\n"
 	}
 	return strings.Join(subj, " "), body
+}
+
+// unbornHead reports whether HEAD names a branch that has no commit yet.
+func (g *gitRunner) unbornHead(ctx context.Context) (bool, error) {
+	ref, err := g.run(ctx, 4096, false, "symbolic-ref", "-q", "HEAD")
+	if err != nil {
+		return false, err
+	}
+	if !ref.ok() {
+		return false, nil // detached
+	}
+	head, err := g.run(ctx, 4096, false, "rev-parse", "-q", "--verify", "HEAD")
+	if err != nil {
+		return false, err
+	}
+	return head.exit(1), nil
 }

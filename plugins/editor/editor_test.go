@@ -1,0 +1,780 @@
+package editorplugin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/confine"
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/plugin"
+	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	// The test binary is the confinement helper of the host provider
+	// (core's SelfExe defaults to os.Executable()).
+	confine.MaybeRun()
+	goleak.VerifyTestMain(m)
+}
+
+// env is a real core with the sandbox and editor plugins, one host project
+// whose root is a directory the test fills, a member and a non-member.
+type env struct {
+	core     *core.Core
+	root     string // the project root (host path)
+	project  int64
+	member   sandbox.Actor
+	outsider sandbox.Actor
+}
+
+func editorFactory(d core.Deps) plugin.Registration {
+	return editorplugin.Registration(editorplugin.Options{ProjectKind: editorplugin.StoreProjectKind(d.Store), Logger: d.Logger})
+}
+
+func newEnv(t *testing.T, disabled ...string) *env {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the host provider's tests run as root (as CI does)")
+	}
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	c, err := core.Build(ctx, core.Options{
+		StorePath:    filepath.Join(dir, "corral.db"),
+		Migrate:      true,
+		Plugins:      []core.PluginFactory{core.SandboxPlugin, editorFactory},
+		PluginConfig: plugin.Config{Disabled: disabled},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	st := c.Store()
+	root := filepath.Join(dir, "project")
+	if err := os.Mkdir(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	alice, err := st.CreateAccount(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mallory, err := st.CreateAccount(ctx, "mallory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	proj, err := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectHost, Name: "p", Root: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Confined unless this kernel cannot confine: then the member must be
+	// trusted for host commands to run at all.
+	_, noLandlock := confine.Available()
+	if _, err := st.AddMember(ctx, store.Member{Project: proj.ID, Account: alice.ID, Role: store.RoleOwner, Trusted: noLandlock != nil}); err != nil {
+		t.Fatal(err)
+	}
+	return &env{
+		core: c, root: root, project: proj.ID,
+		member:   sandbox.Actor{AccountUserID: alice.ID},
+		outsider: sandbox.Actor{AccountUserID: mallory.ID},
+	}
+}
+
+func (e *env) editor(t *testing.T) *editorplugin.Editor {
+	t.Helper()
+	ed, err := plugin.ResolveCoreAs[*editorplugin.Editor](e.core.Registry(), plugin.DomainEditor)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ed
+}
+
+// git runs the host's git in the project root, for building fixtures.
+func (e *env) git(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := e.gitErr(args...)
+	if err != nil {
+		t.Fatalf("git %v: %v\n%s", args, err, out)
+	}
+	return strings.TrimSpace(out)
+}
+
+func (e *env) gitErr(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir = e.root
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"), "HOME=" + filepath.Dir(e.root), "LC_ALL=C",
+		"GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null",
+		"GIT_AUTHOR_NAME=Ada Lovelace", "GIT_AUTHOR_EMAIL=ada@example.com",
+		"GIT_COMMITTER_NAME=Ada Lovelace", "GIT_COMMITTER_EMAIL=ada@example.com",
+		"GIT_AUTHOR_DATE=2024-01-02T03:04:05Z", "GIT_COMMITTER_DATE=2024-01-02T03:04:05Z",
+	}
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (e *env) write(t *testing.T, name, content string) {
+	t.Helper()
+	p := filepath.Join(e.root, name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const secretURL = "https://user:s3cret@example.invalid/x.git"
+
+// richRepo holds the commits of the repository built by buildRich.
+type richRepo struct {
+	base, ours, theirs, upstream string
+}
+
+// buildRich builds a repository in the middle of a conflicted merge, with
+// a staged change, an unstaged change, a staged rename, untracked files and
+// an upstream (whose URL carries a password) one commit ahead and one
+// behind.
+func (e *env) buildRich(t *testing.T) richRepo {
+	t.Helper()
+	var r richRepo
+	e.git(t, "init", "-q", "-b", "main")
+	e.write(t, "a.txt", "a\n")
+	e.write(t, "b.txt", "b\n")
+	e.write(t, "old.txt", strings.Repeat("a line that makes renames detectable\n", 20))
+	e.write(t, "conflict.txt", "base\n")
+	e.write(t, "remote.txt", "the remote is "+secretURL+"\n")
+	e.write(t, "bin.dat", "\x00\x01\x02binary\x00")
+	e.git(t, "add", ".")
+	e.git(t, "commit", "-q", "-m", "initial")
+	r.base = e.git(t, "rev-parse", "HEAD")
+
+	e.git(t, "checkout", "-q", "-b", "other")
+	e.write(t, "conflict.txt", "theirs\n")
+	e.git(t, "commit", "-q", "-am", "theirs")
+	r.theirs = e.git(t, "rev-parse", "HEAD")
+
+	e.git(t, "checkout", "-q", "main")
+	e.write(t, "conflict.txt", "ours\n")
+	e.git(t, "commit", "-q", "-am", "ours\n\nPushed to "+secretURL+" later.\nSecond body line.")
+	r.ours = e.git(t, "rev-parse", "HEAD")
+
+	e.git(t, "remote", "add", "origin", secretURL)
+	r.upstream = e.git(t, "commit-tree", r.base+"^{tree}", "-p", r.base, "-m", "upstream")
+	e.git(t, "update-ref", "refs/remotes/origin/main", r.upstream)
+	e.git(t, "branch", "-q", "--set-upstream-to=origin/main", "main")
+
+	if out, err := e.gitErr("merge", "other"); err == nil {
+		t.Fatalf("merge did not conflict:\n%s", out)
+	}
+	e.write(t, "a.txt", "a staged\n")
+	e.git(t, "add", "a.txt")
+	e.write(t, "b.txt", "b unstaged\n")
+	e.git(t, "mv", "old.txt", "new.txt")
+	e.write(t, "u.txt", "untracked\n")
+	e.write(t, "dir/nested.txt", "untracked too\n")
+	return r
+}
+
+func TestStatus(t *testing.T) {
+	e := newEnv(t)
+	r := e.buildRich(t)
+	st, err := e.editor(t).Status(context.Background(), e.member, e.project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !st.IsRepo || st.Truncated {
+		t.Fatalf("isRepo %v truncated %v", st.IsRepo, st.Truncated)
+	}
+	b := st.Branch
+	if b == nil || b.Head != "main" || b.OID != r.ours || b.Detached || b.Initial || b.Upstream != "origin/main" {
+		t.Fatalf("branch = %+v", b)
+	}
+	if b.Ahead == nil || b.Behind == nil || *b.Ahead != 1 || *b.Behind != 1 {
+		t.Fatalf("ahead/behind = %v/%v, want 1/1", b.Ahead, b.Behind)
+	}
+	byPath := map[string]editorplugin.Entry{}
+	for _, en := range st.Entries {
+		byPath[en.Path] = en
+	}
+	check := func(path string, kind editorplugin.EntryKind, index, worktree string) editorplugin.Entry {
+		t.Helper()
+		en, ok := byPath[path]
+		if !ok {
+			t.Fatalf("no entry for %s in %+v", path, st.Entries)
+		}
+		if en.Kind != kind || en.Index != index || en.Worktree != worktree {
+			t.Errorf("%s: kind %s %s%s, want %s %s%s", path, en.Kind, en.Index, en.Worktree, kind, index, worktree)
+		}
+		return en
+	}
+	staged := check("a.txt", editorplugin.EntryOrdinary, "M", ".")
+	if staged.ModeHead != "100644" || staged.OIDHead == "" || staged.OIDHead == staged.OIDIndex {
+		t.Errorf("a.txt modes/oids: %+v", staged)
+	}
+	check("b.txt", editorplugin.EntryOrdinary, ".", "M")
+	ren := check("new.txt", editorplugin.EntryRenamed, "R", ".")
+	if ren.OrigPath != "old.txt" || ren.Score != 100 {
+		t.Errorf("rename: orig %q score %d", ren.OrigPath, ren.Score)
+	}
+	con := check("conflict.txt", editorplugin.EntryUnmerged, "U", "U")
+	if !con.Conflicted || con.Conflict != "both modified" || len(con.Stages) != 3 {
+		t.Errorf("conflict: %+v", con)
+	} else {
+		want := []string{
+			e.git(t, "rev-parse", r.base+":conflict.txt"),
+			e.git(t, "rev-parse", r.ours+":conflict.txt"),
+			e.git(t, "rev-parse", r.theirs+":conflict.txt"),
+		}
+		for i, s := range con.Stages {
+			if s.Stage != i+1 || s.Mode != "100644" || s.OID != want[i] {
+				t.Errorf("stage %d = %+v, want oid %s", i+1, s, want[i])
+			}
+		}
+	}
+	check("u.txt", editorplugin.EntryUntracked, "?", "?")
+	check("dir/nested.txt", editorplugin.EntryUntracked, "?", "?")
+	if len(st.Entries) != 6 {
+		t.Errorf("%d entries, want 6: %+v", len(st.Entries), st.Entries)
+	}
+	noSecret(t, st)
+}
+
+func TestStatusEmptyRepository(t *testing.T) {
+	e := newEnv(t)
+	e.git(t, "init", "-q", "-b", "trunk")
+	e.write(t, "x", "x\n")
+	st, err := e.editor(t).Status(context.Background(), e.member, e.project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Branch == nil || !st.Branch.Initial || st.Branch.Head != "trunk" || st.Branch.Ahead != nil {
+		t.Fatalf("branch %+v", st.Branch)
+	}
+	if len(st.Entries) != 1 || st.Entries[0].Kind != editorplugin.EntryUntracked {
+		t.Fatalf("entries %+v", st.Entries)
+	}
+	lg, err := e.editor(t).Log(context.Background(), e.member, e.project, editorplugin.LogOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lg.IsRepo || len(lg.Commits) != 0 || lg.HasMore {
+		t.Fatalf("log of an empty branch: %+v", lg)
+	}
+}
+
+func TestLogPaging(t *testing.T) {
+	e := newEnv(t)
+	e.git(t, "init", "-q", "-b", "main")
+	for i := range 7 {
+		name := "f.txt"
+		if i%2 == 1 {
+			name = "g.txt"
+		}
+		e.write(t, name, fmt.Sprintf("version %d\n", i))
+		e.git(t, "add", name)
+		e.git(t, "commit", "-q", "-m", fmt.Sprintf("commit %d\nsubject continues\n\nbody of %d\n\nsecond paragraph", i, i))
+	}
+	all := strings.Fields(e.git(t, "rev-list", "HEAD"))
+	ed := e.editor(t)
+	ctx := context.Background()
+
+	for skip, wantMore := range map[int]bool{0: true, 3: true, 6: false} {
+		lg, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Skip: skip, Limit: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lg.HasMore != wantMore {
+			t.Errorf("skip %d: hasMore %v, want %v", skip, lg.HasMore, wantMore)
+		}
+		for i, c := range lg.Commits {
+			if c.Hash != all[skip+i] {
+				t.Errorf("skip %d: commit %d is %s, want %s", skip, i, c.Hash, all[skip+i])
+			}
+		}
+		if want := min(3, 7-skip); len(lg.Commits) != want {
+			t.Errorf("skip %d: %d commits, want %d", skip, len(lg.Commits), want)
+		}
+	}
+	lg, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := lg.Commits[0]
+	if c.Subject != "commit 6 subject continues" || c.Body != "body of 6\n\nsecond paragraph\n" ||
+		c.AuthorName != "Ada Lovelace" || c.AuthorEmail != "ada@example.com" ||
+		c.AuthorDate != "2024-01-02T03:04:05+00:00" || c.CommitterDate != "2024-01-02T03:04:05+00:00" ||
+		len(c.Parents) != 1 || c.Parents[0] != all[1] {
+		t.Errorf("commit = %+v", c)
+	}
+	if !lg.HasMore || len(lg.Commits) != 2 {
+		t.Errorf("limit 2: %d commits, hasMore %v", len(lg.Commits), lg.HasMore)
+	}
+
+	// A path limits history; a ref other than HEAD works.
+	lg, err = ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Ref: all[2], Path: "g.txt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hashes []string
+	for _, c := range lg.Commits {
+		hashes = append(hashes, c.Hash)
+	}
+	want := strings.Fields(e.git(t, "rev-list", all[2], "--", "g.txt"))
+	if strings.Join(hashes, " ") != strings.Join(want, " ") || len(want) != 2 || lg.HasMore {
+		t.Errorf("path history %v, want %v", hashes, want)
+	}
+	root := lg.Commits[len(lg.Commits)-1]
+	if len(want) > 0 && root.Hash == all[6] && len(root.Parents) != 0 {
+		t.Errorf("root commit has parents %v", root.Parents)
+	}
+
+	// An unknown ref is ErrUnknownRevision; a ref that looks like an
+	// option is refused before anything runs.
+	if _, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Ref: "nope"}); !errors.Is(err, editorplugin.ErrUnknownRevision) {
+		t.Errorf("unknown ref: %v", err)
+	}
+	for _, bad := range []editorplugin.LogOptions{{Ref: "--output=/tmp/x"}, {Ref: "a b"}, {Path: "../x"}, {Path: "/etc"}, {Limit: -1}, {Skip: -1}, {Limit: 100000}} {
+		if _, err := ed.Log(ctx, e.member, e.project, bad); !errors.Is(err, editorplugin.ErrBadInput) {
+			t.Errorf("%+v: %v, want ErrBadInput", bad, err)
+		}
+	}
+}
+
+func TestDiff(t *testing.T) {
+	e := newEnv(t)
+	r := e.buildRich(t)
+	ed := e.editor(t)
+	ctx := context.Background()
+	diff := func(o editorplugin.DiffOptions) *editorplugin.Diff {
+		t.Helper()
+		d, err := ed.Diff(ctx, e.member, e.project, o)
+		if err != nil {
+			t.Fatalf("%+v: %v", o, err)
+		}
+		if !d.IsRepo {
+			t.Fatalf("%+v: not a repo", o)
+		}
+		noSecret(t, d)
+		return d
+	}
+
+	wt := diff(editorplugin.DiffOptions{Path: "b.txt"})
+	if !strings.Contains(wt.Patch, "-b\n+b unstaged\n") || wt.Truncated {
+		t.Errorf("working tree diff:\n%s", wt.Patch)
+	}
+	if all := diff(editorplugin.DiffOptions{}); strings.Contains(all.Patch, "a staged") || !strings.Contains(all.Patch, "b unstaged") {
+		t.Errorf("working tree diff shows the staged change or misses the unstaged one:\n%s", all.Patch)
+	}
+	staged := diff(editorplugin.DiffOptions{Staged: true})
+	if !strings.Contains(staged.Patch, "+a staged\n") || strings.Contains(staged.Patch, "b unstaged") ||
+		!strings.Contains(staged.Patch, "rename from old.txt\nrename to new.txt") {
+		t.Errorf("staged diff:\n%s", staged.Patch)
+	}
+	refs := diff(editorplugin.DiffOptions{From: r.base, To: r.ours})
+	if !strings.Contains(refs.Patch, "-base\n+ours\n") || strings.Contains(refs.Patch, "a staged") {
+		t.Errorf("diff between refs:\n%s", refs.Patch)
+	}
+	full := diff(editorplugin.DiffOptions{From: r.base, To: r.theirs})
+	cutd := diff(editorplugin.DiffOptions{From: r.base, To: r.theirs, MaxBytes: 40})
+	if !cutd.Truncated || len(cutd.Patch) > 40 || !strings.HasPrefix(full.Patch, cutd.Patch) || full.Truncated {
+		t.Errorf("truncated diff (%v, %d bytes):\n%s", cutd.Truncated, len(cutd.Patch), cutd.Patch)
+	}
+	exact := diff(editorplugin.DiffOptions{From: r.base, To: r.theirs, MaxBytes: int64(len(full.Patch))})
+	if exact.Truncated || exact.Patch != full.Patch {
+		t.Errorf("a diff of exactly max bytes is truncated")
+	}
+	// A large working-tree diff overflows the command's limit: that is
+	// truncation, not an error.
+	e.write(t, "b.txt", strings.Repeat("a long line of changes to overflow the limit\n", 3000))
+	big := diff(editorplugin.DiffOptions{Path: "b.txt", MaxBytes: 1000})
+	if !big.Truncated || len(big.Patch) > 1000 || !strings.HasPrefix(big.Patch, "diff --git a/b.txt b/b.txt\n") {
+		t.Errorf("big diff truncated %v, %d bytes", big.Truncated, len(big.Patch))
+	}
+
+	if _, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{From: "nope"}); !errors.Is(err, editorplugin.ErrUnknownRevision) {
+		t.Errorf("unknown ref: %v", err)
+	}
+	for _, bad := range []editorplugin.DiffOptions{{To: "HEAD"}, {From: "-p"}, {From: "HEAD", To: "HEAD", Staged: true}, {MaxBytes: -1}, {Path: "-x"}} {
+		if _, err := ed.Diff(ctx, e.member, e.project, bad); !errors.Is(err, editorplugin.ErrBadInput) {
+			t.Errorf("%+v: %v, want ErrBadInput", bad, err)
+		}
+	}
+}
+
+func TestShow(t *testing.T) {
+	e := newEnv(t)
+	r := e.buildRich(t)
+	ed := e.editor(t)
+	ctx := context.Background()
+	show := func(ref, path string, max int64) *editorplugin.File {
+		t.Helper()
+		f, err := ed.Show(ctx, e.member, e.project, ref, path, max)
+		if err != nil {
+			t.Fatalf("show %s:%s: %v", ref, path, err)
+		}
+		noSecret(t, f)
+		return f
+	}
+	if f := show(r.base, "conflict.txt", 0); f.Content != "base\n" || f.Size != 5 || f.Binary || f.Truncated || f.Mode != "100644" {
+		t.Errorf("base: %+v", f)
+	}
+	if f := show("", "conflict.txt", 0); f.Content != "ours\n" || f.Ref != "HEAD" {
+		t.Errorf("HEAD: %+v", f)
+	}
+	if f := show("other", "./conflict.txt", 0); f.Content != "theirs\n" || f.Path != "conflict.txt" {
+		t.Errorf("other: %+v", f)
+	}
+	if f := show(r.base, "bin.dat", 0); !f.Binary || f.Content != "" || f.Size != 10 {
+		t.Errorf("binary: %+v", f)
+	}
+	if f := show(r.base, "old.txt", 10); !f.Truncated || f.Content != "a line tha" || f.Size != 37*20 {
+		t.Errorf("truncated: %+v", f)
+	}
+	if f := show(r.base, "remote.txt", 0); !f.Redacted || !strings.Contains(f.Content, "https://[REDACTED]@example.invalid/x.git") {
+		t.Errorf("remote.txt not redacted: %+v", f)
+	}
+	for _, c := range []struct {
+		ref, path string
+		want      error
+	}{
+		{r.base, "missing.txt", editorplugin.ErrUnknownRevision},
+		{"nope", "a.txt", editorplugin.ErrUnknownRevision},
+		{r.ours, "new.txt", editorplugin.ErrUnknownRevision}, // only staged
+		{"", "", editorplugin.ErrBadInput},
+		{"-x", "a.txt", editorplugin.ErrBadInput},
+		{"HEAD", "../a.txt", editorplugin.ErrBadInput},
+	} {
+		if _, err := ed.Show(ctx, e.member, e.project, c.ref, c.path, 0); !errors.Is(err, c.want) {
+			t.Errorf("show %q:%q: %v, want %v", c.ref, c.path, err, c.want)
+		}
+	}
+	e.write(t, "conflict.txt", "resolved\n")
+	e.write(t, "d/f", "x")
+	e.git(t, "add", "d/f", "conflict.txt")
+	e.git(t, "commit", "-q", "-m", "dir") // concludes the merge
+	if _, err := ed.Show(ctx, e.member, e.project, "HEAD", "d", 0); !errors.Is(err, editorplugin.ErrNotFile) {
+		t.Errorf("directory: %v", err)
+	}
+}
+
+func TestNotARepository(t *testing.T) {
+	e := newEnv(t)
+	e.write(t, "plain.txt", "not tracked by anything\n")
+	ed := e.editor(t)
+	ctx := context.Background()
+	st, err := ed.Status(ctx, e.member, e.project)
+	if err != nil || st.IsRepo || st.Branch != nil || st.Entries != nil {
+		t.Errorf("status: %+v, %v", st, err)
+	}
+	lg, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{})
+	if err != nil || lg.IsRepo {
+		t.Errorf("log: %+v, %v", lg, err)
+	}
+	d, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{})
+	if err != nil || d.IsRepo {
+		t.Errorf("diff: %+v, %v", d, err)
+	}
+	f, err := ed.Show(ctx, e.member, e.project, "HEAD", "plain.txt", 0)
+	if err != nil || f.IsRepo {
+		t.Errorf("show: %+v, %v", f, err)
+	}
+	b, _ := json.Marshal(st)
+	if string(b) != `{"isRepo":false}` {
+		t.Errorf("status JSON %s", b)
+	}
+}
+
+// TestNoRepositoryDiscoveryAbove checks that a project root inside another
+// repository is not that repository: git never looks above the project.
+func TestNoRepositoryDiscoveryAbove(t *testing.T) {
+	e := newEnv(t)
+	outer := filepath.Dir(e.root)
+	cmd := exec.Command("git", "init", "-q", outer)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	e.write(t, "inner.txt", "x")
+	st, err := e.editor(t).Status(context.Background(), e.member, e.project)
+	if err != nil || st.IsRepo {
+		t.Fatalf("status of a directory inside a repository: %+v, %v", st, err)
+	}
+}
+
+func TestTenancy(t *testing.T) {
+	e := newEnv(t)
+	e.git(t, "init", "-q")
+	ed := e.editor(t)
+	ctx := context.Background()
+	if _, err := ed.Status(ctx, e.outsider, e.project); !errors.Is(err, sandbox.ErrDenied) {
+		t.Errorf("non-member: %v", err)
+	}
+	if _, err := ed.Status(ctx, e.member, e.project+100); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Errorf("unknown project: %v", err)
+	}
+}
+
+func TestMissingSandbox(t *testing.T) {
+	e := newEnv(t, "sandbox")
+	e.git(t, "init", "-q")
+	ed := e.editor(t)
+	_, err := ed.Status(context.Background(), e.member, e.project)
+	if !errors.Is(err, sandbox.ErrUnavailable) {
+		t.Fatalf("status without a sandbox: %v", err)
+	}
+	srv := httptest.NewServer(editorplugin.Handler(ed, headerAuth))
+	defer srv.Close()
+	code, body := get(t, srv, e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project))
+	if code != http.StatusServiceUnavailable || errorKind(t, body) != editorplugin.KindUnavailable {
+		t.Fatalf("status without a sandbox: %d %s", code, body)
+	}
+}
+
+// TestHardening arms every repository setting that would make a read run a
+// program, checks the editor's reads run none of them, then checks that a
+// plain git does (so the trap was armed).
+func TestHardening(t *testing.T) {
+	e := newEnv(t)
+	e.git(t, "init", "-q", "-b", "main")
+	e.write(t, "f.txt", "one\n")
+	e.write(t, ".gitattributes", "* filter=evil diff=evil\n")
+	e.git(t, "add", ".")
+	e.git(t, "commit", "-q", "-m", "initial")
+	markers := filepath.Join(e.root, ".git", "markers")
+	if err := os.Mkdir(markers, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	// A trap never reads its input: a process filter would otherwise wait
+	// for git forever.
+	trap := func(name string) string { return "touch " + filepath.Join(markers, name) + "; exit 1" }
+	for key, val := range map[string]string{
+		"core.fsmonitor":      trap("fsmonitor"),
+		"core.pager":          trap("pager"),
+		"pager.diff":          trap("pager.diff"),
+		"pager.log":           trap("pager.log"),
+		"diff.external":       trap("external"),
+		"diff.evil.command":   trap("diff-command"),
+		"diff.evil.textconv":  trap("textconv"),
+		"filter.evil.clean":   trap("clean"),
+		"filter.evil.smudge":  trap("smudge"),
+		"filter.evil.process": trap("process"),
+		"core.hooksPath":      markers,
+		"core.worktree":       "/",
+	} {
+		e.git(t, "config", key, val)
+	}
+	e.write(t, "f.txt", "two\n")
+	e.write(t, "g.txt", "new\n")
+	ed := e.editor(t)
+	ctx := context.Background()
+	if st, err := ed.Status(ctx, e.member, e.project); err != nil || len(st.Entries) != 2 {
+		t.Fatalf("status: %+v, %v", st, err)
+	}
+	if d, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{}); err != nil || !strings.Contains(d.Patch, "-one\n+two\n") {
+		t.Fatalf("diff: %+v, %v", d, err)
+	}
+	if _, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{From: "HEAD"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := ed.Show(ctx, e.member, e.project, "HEAD", "f.txt", 0); err != nil || f.Content != "one\n" {
+		t.Fatalf("show: %+v, %v", f, err)
+	}
+	if got := listDir(t, markers); len(got) != 0 {
+		t.Fatalf("a read ran the project's programs: %v", got)
+	}
+
+	// The trap is armed: plain git runs them.
+	e.gitErr("-c", "core.worktree=.", "status")
+	e.gitErr("-c", "core.worktree=.", "diff")
+	got := listDir(t, markers)
+	if len(got) == 0 {
+		t.Fatal("plain git ran none of the trap programs: the test proves nothing")
+	}
+	t.Logf("plain git ran %v", got)
+}
+
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// TestCredentialsNeverLeak checks every endpoint's response, through the
+// HTTP handler, for the remote URL's password.
+func TestCredentialsNeverLeak(t *testing.T) {
+	e := newEnv(t)
+	r := e.buildRich(t)
+	// The unstaged change adds the URL too.
+	e.write(t, "b.txt", "b unstaged, pushing to "+secretURL+"\n")
+	srv := httptest.NewServer(editorplugin.Handler(e.editor(t), headerAuth))
+	defer srv.Close()
+	base := fmt.Sprintf("/v1/projects/%d/git/", e.project)
+	redacted := 0
+	for _, q := range []string{
+		"status",
+		"log", "log?limit=1", "log?ref=origin/main",
+		"diff", "diff?staged=true", "diff?from=" + r.base + "&to=" + r.ours, "diff?from=" + r.base,
+		"diff?from=" + r.base + "&to=origin/nope",
+		"show?ref=" + r.base + "&path=remote.txt", "show?path=remote.txt&max=20",
+	} {
+		code, body := get(t, srv, e.member, base+q)
+		if strings.Contains(body, "s3cret") {
+			t.Errorf("%s (%d) leaks the password: %s", q, code, body)
+		}
+		if strings.Contains(body, "[REDACTED]") {
+			redacted++
+		}
+		if code != http.StatusOK && !strings.Contains(q, "nope") {
+			t.Errorf("%s: %d %s", q, code, body)
+		}
+	}
+	if redacted < 4 {
+		t.Errorf("only %d responses carried a redacted URL: the password never reached the redactor", redacted)
+	}
+	// The upstream's name is kept.
+	_, body := get(t, srv, e.member, base+"status")
+	if !strings.Contains(body, `"upstream":"origin/main"`) {
+		t.Errorf("status lost the upstream: %s", body)
+	}
+}
+
+func TestHTTP(t *testing.T) {
+	e := newEnv(t)
+	e.git(t, "init", "-q", "-b", "main")
+	for i := range 3 {
+		e.write(t, "f.txt", strconv.Itoa(i))
+		e.git(t, "add", ".")
+		e.git(t, "commit", "-q", "-m", "c"+strconv.Itoa(i))
+	}
+	srv := httptest.NewServer(editorplugin.Handler(e.editor(t), headerAuth))
+	defer srv.Close()
+	p := fmt.Sprintf("/v1/projects/%d/git/", e.project)
+
+	code, body := get(t, srv, e.member, p+"log?limit=2&skip=0")
+	var lg editorplugin.Log
+	if code != 200 || json.Unmarshal([]byte(body), &lg) != nil || len(lg.Commits) != 2 || !lg.HasMore || lg.Commits[0].Subject != "c2" {
+		t.Fatalf("log: %d %s", code, body)
+	}
+	code, body = get(t, srv, e.member, p+"show?ref=HEAD~2&path=f.txt")
+	var f editorplugin.File
+	if code != 200 || json.Unmarshal([]byte(body), &f) != nil || f.Content != "0" {
+		t.Fatalf("show: %d %s", code, body)
+	}
+	code, body = get(t, srv, e.member, p+"diff?from=HEAD~1&to=HEAD&max=10")
+	var d editorplugin.Diff
+	if code != 200 || json.Unmarshal([]byte(body), &d) != nil || !d.Truncated || len(d.Patch) > 10 {
+		t.Fatalf("diff: %d %s", code, body)
+	}
+	code, body = get(t, srv, e.member, p+"status")
+	var st editorplugin.Status
+	if code != 200 || json.Unmarshal([]byte(body), &st) != nil || !st.IsRepo || st.Branch.Head != "main" {
+		t.Fatalf("status: %d %s", code, body)
+	}
+
+	for _, c := range []struct {
+		actor *sandbox.Actor
+		path  string
+		code  int
+		kind  string
+	}{
+		{nil, p + "status", 401, editorplugin.KindUnauthenticated},
+		{&e.outsider, p + "status", 403, editorplugin.KindDenied},
+		{&e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project+9), 404, editorplugin.KindNotFound},
+		{&e.member, "/v1/projects/x/git/status", 400, editorplugin.KindBadRequest},
+		{&e.member, p + "log?ref=-x", 400, editorplugin.KindBadRequest},
+		{&e.member, p + "log?limit=z", 400, editorplugin.KindBadRequest},
+		{&e.member, p + "diff?staged=maybe", 400, editorplugin.KindBadRequest},
+		{&e.member, p + "show?path=", 400, editorplugin.KindBadRequest},
+		{&e.member, p + "log?ref=nope", 404, editorplugin.KindUnknownRevision},
+		{&e.member, p + "show?path=missing", 404, editorplugin.KindUnknownRevision},
+	} {
+		var actor sandbox.Actor
+		if c.actor != nil {
+			actor = *c.actor
+		}
+		code, body := get(t, srv, actor, c.path)
+		if code != c.code || errorKind(t, body) != c.kind {
+			t.Errorf("%s as %d: %d %s, want %d %s", c.path, actor.AccountUserID, code, body, c.code, c.kind)
+		}
+	}
+}
+
+// headerAuth authenticates X-Account: <id> (tests only).
+func headerAuth(r *http.Request) (sandbox.Actor, error) {
+	id, err := strconv.ParseInt(r.Header.Get("X-Account"), 10, 64)
+	if err != nil || id <= 0 {
+		return sandbox.Actor{}, editorplugin.ErrUnauthenticated
+	}
+	return sandbox.Actor{AccountUserID: id}, nil
+}
+
+func get(t *testing.T, srv *httptest.Server, actor sandbox.Actor, path string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if actor.AccountUserID > 0 {
+		req.Header.Set("X-Account", strconv.FormatInt(actor.AccountUserID, 10))
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b strings.Builder
+	if _, err := io.Copy(&b, resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b.String()
+}
+
+func errorKind(t *testing.T, body string) string {
+	t.Helper()
+	var v struct {
+		Error struct{ Kind, Message string }
+	}
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("error body %q: %v", body, err)
+	}
+	return v.Error.Kind
+}
+
+func noSecret(t *testing.T, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), "s3cret") {
+		t.Errorf("response leaks the password: %s", b)
+	}
+}
