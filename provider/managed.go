@@ -55,6 +55,9 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	m := &managedExec{
 		gw: p.gateway,
 		req: machine.ExecRequest{
+			// The session is named after its lease: one lease covers one
+			// execution, and an interruption names what it covered.
+			ID:      l.ID(),
 			Project: wire.Project{ID: proj.ID, Workspace: proj.Root},
 			Account: actor.AccountUserID,
 			Lease:   l.ID(),

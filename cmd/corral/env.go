@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -11,6 +12,15 @@ import (
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
+
+// cliLogger is the logger of one-shot CLI commands: corral's stderr carries
+// the command's output, so only errors are logged, unless $CORRAL_LOG is
+// "debug", "info" or "warn".
+func cliLogger() *slog.Logger {
+	level := slog.LevelError
+	_ = level.UnmarshalText([]byte(os.Getenv("CORRAL_LOG")))
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
 
 // localAccount is the account `corral run` acts as on its embedded defaults.
 const localAccount = "local"
@@ -61,6 +71,7 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 		StorePath:           filepath.Join(state, "corral.db"),
 		Migrate:             true,
 		PrivilegedTransport: transport,
+		Logger:              cliLogger(),
 	})
 	if err != nil {
 		return nil, err
