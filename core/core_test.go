@@ -3,8 +3,9 @@ package core_test
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,6 +28,7 @@ import (
 func TestMain(m *testing.M) {
 	confine.MaybeRun()
 	worker.MaybeRunInit()
+	testworker.MaybeRunChild()
 	goleak.VerifyTestMain(m)
 }
 
@@ -39,7 +41,22 @@ type env struct {
 	managed store.Project
 }
 
-func build(t *testing.T, opts core.Options, w *testworker.Worker) *env {
+// workerHandle is a test worker: in-process or a child process.
+type workerHandle interface {
+	Workspace(t testing.TB, name string) string
+}
+
+func socketOf(w workerHandle) string {
+	switch w := w.(type) {
+	case *testworker.Worker:
+		return w.Socket
+	case *testworker.Process:
+		return w.Socket
+	}
+	return ""
+}
+
+func build(t *testing.T, opts core.Options, w workerHandle) *env {
 	t.Helper()
 	ctx := context.Background()
 	if opts.StorePath == "" && opts.Store == nil {
@@ -47,7 +64,10 @@ func build(t *testing.T, opts core.Options, w *testworker.Worker) *env {
 		opts.Migrate = true
 	}
 	if w != nil {
-		opts.PrivilegedTransport = machine.SocketTransport{Path: w.Socket}
+		opts.PrivilegedTransport = machine.SocketTransport{Path: socketOf(w)}
+	}
+	if opts.Logger == nil && !testing.Verbose() {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	c, err := core.Build(ctx, opts)
 	if err != nil {

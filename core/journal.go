@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"regexp"
 	"strings"
@@ -100,7 +101,9 @@ func journal(st *store.Store, logf func(msg string, args ...any)) func(sandbox.R
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
-			if err := st.JournalFinish(ctx, id, e); err != nil {
+			// An entry already marked interrupted (the worker connection was
+			// lost, or the lease expired) keeps that outcome.
+			if err := st.JournalFinish(ctx, id, e); err != nil && !errors.Is(err, store.ErrNotFound) {
 				logf("journal: finish", "err", err, "lease", end.LeaseID)
 			}
 		}

@@ -1,0 +1,120 @@
+package testworker
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker"
+)
+
+const childEnv = "CORRAL_TESTWORKER_CHILD"
+
+// MaybeRunChild must be called by TestMain (after worker.MaybeRunInit) in
+// test binaries that use StartProcess: in a worker child it serves and never
+// returns.
+func MaybeRunChild() {
+	sock := os.Getenv(childEnv)
+	if sock == "" {
+		return
+	}
+	w, err := worker.New(worker.Config{
+		ProjectsRoot: os.Getenv(childEnv + "_ROOT"),
+		StateDir:     os.Getenv(childEnv + "_STATE"),
+		CgroupParent: os.Getenv(childEnv + "_CGROUP"),
+		Limits:       worker.Limits{Memory: 512 << 20, Pids: 256},
+	})
+	if err == nil {
+		var ln *net.UnixListener
+		if ln, err = wire.Listen(sock); err == nil {
+			err = w.Serve(context.Background(), ln)
+		}
+	}
+	fmt.Fprintln(os.Stderr, "testworker child:", err)
+	os.Exit(1)
+}
+
+// Process is a worker running as a child process of the test, so that a
+// test can kill it with SIGKILL.
+type Process struct {
+	Socket       string
+	ProjectsRoot string
+	state        string
+	cgroup       string
+	cmd          *exec.Cmd
+	exited       chan struct{}
+}
+
+// StartProcess starts a worker child process. It skips the test when not
+// run as root.
+func StartProcess(t testing.TB) *Process {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the privileged worker needs root (CI runs as root)")
+	}
+	p := &Process{
+		Socket:       filepath.Join(t.TempDir(), "worker.sock"),
+		ProjectsRoot: t.TempDir(),
+		state:        t.TempDir(),
+		cgroup:       fmt.Sprintf("corral-testproc-%d-%d", os.Getpid(), time.Now().UnixNano()),
+	}
+	p.Start(t)
+	t.Cleanup(p.Kill)
+	return p
+}
+
+// Start (re)starts the worker on the same socket and waits until it answers.
+func (p *Process) Start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+p.Socket, childEnv+"_ROOT="+p.ProjectsRoot,
+		childEnv+"_STATE="+p.state, childEnv+"_CGROUP="+p.cgroup)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p.cmd, p.exited = cmd, make(chan struct{})
+	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(cmd, p.exited)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := wire.Dial(context.Background(), p.Socket)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker child did not listen: %v", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Workspace makes a new workspace directory under the projects root.
+func (p *Process) Workspace(t testing.TB, name string) string {
+	t.Helper()
+	dir := filepath.Join(p.ProjectsRoot, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// Kill sends SIGKILL to the worker and waits for it to end. It is
+// idempotent.
+func (p *Process) Kill() {
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.exited
+	p.cmd = nil
+	os.Remove(p.Socket)
+}
