@@ -145,6 +145,12 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// ForStore returns the plugin's registration with project kinds read from
+// st (core's factory).
+func ForStore(st *store.Store, log *slog.Logger) plugin.Registration {
+	return Registration(Options{ProjectKind: StoreProjectKind(st), Logger: log})
+}
+
 // Registration returns the plugin's registration: manifest Provides
 // [editor], Consumes [sandbox]. Register fails if opts.ProjectKind is nil.
 func Registration(opts Options) plugin.Registration {
