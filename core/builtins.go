@@ -6,6 +6,7 @@ import (
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
+	"github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/plugins/sandbox"
 	"github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/provider"
@@ -31,6 +32,7 @@ func Builtins() []PluginFactory {
 	return []PluginFactory{
 		SandboxPlugin,
 		SitesPlugin,
+		func(d Deps) plugin.Registration { return editorplugin.ForStore(d.Store, d.Logger) },
 	}
 }
 
