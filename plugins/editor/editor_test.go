@@ -791,3 +791,23 @@ func noSecret(t *testing.T, v any) {
 		t.Errorf("response leaks the password: %s", b)
 	}
 }
+
+// TestBuiltin checks that core loads the editor by default and that it
+// reaches the sandbox through its own consumer.
+func TestBuiltin(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the host provider's tests run as root (as CI does)")
+	}
+	c, err := core.Build(context.Background(), core.Options{StorePath: filepath.Join(t.TempDir(), "corral.db"), Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ed, err := plugin.ResolveCoreAs[*editorplugin.Editor](c.Registry(), plugin.DomainEditor)
+	if err != nil {
+		t.Fatalf("the editor is not a built-in: %v", err)
+	}
+	if _, err := ed.Status(context.Background(), sandbox.Actor{AccountUserID: 1}, 1); !errors.Is(err, sandbox.ErrNotFound) {
+		t.Fatalf("status of a missing project: %v", err)
+	}
+}
