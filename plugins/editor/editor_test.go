@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -61,6 +62,7 @@ func newEnv(t *testing.T, disabled ...string) *env {
 		Migrate:      true,
 		Plugins:      []core.PluginFactory{core.SandboxPlugin, editorFactory},
 		PluginConfig: plugin.Config{Disabled: disabled},
+		Logger:       slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -497,9 +499,10 @@ func TestNotARepository(t *testing.T) {
 	if err != nil || f.IsRepo {
 		t.Errorf("show: %+v, %v", f, err)
 	}
-	b, _ := json.Marshal(st)
-	if string(b) != `{"isRepo":false}` {
-		t.Errorf("status JSON %s", b)
+	for _, v := range []any{st, lg, d, f} {
+		if b, err := json.Marshal(v); err != nil || string(b) != `{"isRepo":false}` {
+			t.Errorf("%T JSON %s, %v", v, b, err)
+		}
 	}
 }
 
@@ -708,8 +711,9 @@ func TestHTTP(t *testing.T) {
 	}
 	code, body = get(t, srv, e.member, p+"status")
 	var st editorplugin.Status
-	if code != 200 || json.Unmarshal([]byte(body), &st) != nil || !st.IsRepo || st.Branch.Head != "main" {
-		t.Fatalf("status: %d %s", code, body)
+	if code != 200 || json.Unmarshal([]byte(body), &st) != nil || !st.IsRepo || st.Branch.Head != "main" ||
+		!strings.Contains(body, `"entries":[]`) {
+		t.Fatalf("status of a clean repository: %d %s", code, body)
 	}
 
 	for _, c := range []struct {
@@ -798,7 +802,9 @@ func TestBuiltin(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the host provider's tests run as root (as CI does)")
 	}
-	c, err := core.Build(context.Background(), core.Options{StorePath: filepath.Join(t.TempDir(), "corral.db"), Migrate: true})
+	c, err := core.Build(context.Background(), core.Options{
+		StorePath: filepath.Join(t.TempDir(), "corral.db"), Migrate: true, Logger: slog.New(slog.DiscardHandler),
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,7 +43,7 @@ type Log struct {
 	IsRepo bool `json:"isRepo"`
 	// Commits lists the page, newest first. Never nil for a repository
 	// (empty for a branch with no commit yet).
-	Commits []Commit `json:"commits,omitempty"`
+	Commits []Commit `json:"commits"`
 	// HasMore reports that commits follow this page (request the next one
 	// with Skip + len(Commits)).
 	HasMore bool `json:"hasMore"`

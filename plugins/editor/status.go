@@ -23,7 +23,7 @@ type Status struct {
 	Branch *Branch `json:"branch,omitempty"`
 	// Entries lists changed, untracked and conflicted paths in git's
 	// order. Never nil for a repository.
-	Entries []Entry `json:"entries,omitempty"`
+	Entries []Entry `json:"entries"`
 	// Truncated reports that git listed more than StatusLimit bytes of
 	// entries: Entries holds the ones that fit.
 	Truncated bool `json:"truncated,omitempty"`
