@@ -1,0 +1,292 @@
+// Package lspplugin is the built-in plugin that owns the "lsp" domain:
+// language servers run inside a managed project's machine, one raw
+// session each, exchanging LSP JSON-RPC messages with their caller.
+//
+// A session is opened with [Control.Open]: the plugin resolves the sandbox
+// control through its registry consumer (at every call, never cached),
+// prepares the configured command line with lease kind "lsp" in
+// /workspace, checks that the target is a managed one, and starts the raw
+// [sandbox.ManagedExecutionSession]. From then on the plugin heartbeats the
+// lease (every 5 s by default) and frames messages both ways: the server's
+// standard output is read as Content-Length framed messages
+// ([Session.ReadMessage]); messages given to [Session.Send] are framed onto
+// its standard input. The server's standard error is logged at debug level,
+// up to a bound, and otherwise dropped.
+//
+// A session ends for one reason, reported as a [*CloseError] by
+// [Session.Err]: the caller closed it, the server exited, the server broke
+// the framing, the caller sent something that is not a JSON-RPC message,
+// the lease heartbeat failed, or the server's input could not be written.
+// Whatever the reason, the session then tears the server down — cancels
+// its whole process tree (unless it exited by itself) and releases the
+// lease — before [Session.Done] is closed.
+//
+// Host projects are refused ([ErrUnsupportedProject]): a language server
+// is a long-lived process, and only a machine bounds what it may touch
+// for as long as it runs.
+package lspplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/corral-sandbox/corral/plugin"
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// Name is the plugin's name.
+const Name = "lsp"
+
+// DefaultHeartbeatInterval is how often a session heartbeats its lease.
+const DefaultHeartbeatInterval = 5 * time.Second
+
+// Workspace is the working directory of every language server: the
+// project's root inside its machine.
+const Workspace = "/workspace"
+
+// DefaultGopls is gopls's default command line. The machine's environment
+// is minimal, so it goes through env(1) to find the Go toolchain where the
+// official distribution installs it (/usr/local/go, visible read-only in
+// machines), to use that toolchain only (GOTOOLCHAIN=local) and never the
+// network (GOPROXY=off; machines have none). Caches go under the
+// machine's home (HOME is set by the provider).
+var DefaultGopls = []string{
+	"env",
+	"PATH=/usr/local/go/bin:/usr/local/bin:/usr/bin:/bin",
+	"GOTOOLCHAIN=local",
+	"GOPROXY=off",
+	"gopls", "serve",
+}
+
+// DefaultServers returns the servers configured when Options.Servers is
+// nil: gopls only, as DefaultGopls.
+func DefaultServers() map[string][]string {
+	return map[string][]string{"gopls": slices.Clone(DefaultGopls)}
+}
+
+// Errors of Open. They are wrapped; test with errors.Is.
+var (
+	// ErrUnknownServer: no server of that name is configured.
+	ErrUnknownServer = errors.New("lsp: unknown language server")
+	// ErrUnsupportedProject: the project is not a managed one (or the
+	// provider did not prepare a managed execution for it).
+	ErrUnsupportedProject = errors.New("lsp: language servers run only in managed projects")
+)
+
+// Options configure the plugin. The zero value means the documented
+// defaults.
+type Options struct {
+	// Servers maps a server's name to its command line (program, then
+	// arguments; the program is looked up in the machine's PATH). Nil means
+	// DefaultServers(); a non-nil map replaces the defaults entirely.
+	// Names are 1 to 64 of [A-Za-z0-9._-]. An invalid entry fails the
+	// plugin's registration.
+	Servers map[string][]string
+	// HeartbeatInterval is how often a session heartbeats its lease. Zero
+	// means DefaultHeartbeatInterval (5 s).
+	HeartbeatInterval time.Duration
+	// MaxMessage bounds one message's content, both ways, in bytes. Zero
+	// means DefaultMaxMessage (16 MiB).
+	MaxMessage int
+	// Drain bounds how long the server's remaining output is still read
+	// after it exited (or closed its output) before the session ends. Zero
+	// means 2 s.
+	Drain time.Duration
+	// CancelWait bounds how long teardown waits for a cancelled server to
+	// end before it releases the lease anyway. Zero means 5 s.
+	CancelWait time.Duration
+	// StderrLimit bounds how many bytes of a server's standard error are
+	// logged (at debug level); the rest is read and dropped. Zero means
+	// 64 KiB; negative logs nothing.
+	StderrLimit int
+	// Logger receives diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Registration returns the plugin's registration: it provides the "lsp"
+// domain (a *Control, requiring the "sandbox" domain, so it resolves as
+// absent without a sandbox) and consumes "sandbox". Registering starts
+// nothing.
+func Registration(opts Options) plugin.Registration {
+	return plugin.Registration{
+		Manifest: plugin.Manifest{
+			Name:     Name,
+			Version:  "1",
+			Provides: []plugin.Domain{plugin.DomainLSP},
+			Consumes: []plugin.Domain{plugin.DomainSandbox},
+		},
+		Register: func(ctx *plugin.Context) error {
+			c, err := newControl(ctx.Consumer(), opts)
+			if err != nil {
+				return err
+			}
+			if ctx.Logger() != nil && opts.Logger == nil {
+				c.log = ctx.Logger()
+			}
+			return ctx.Provide(plugin.DomainLSP, c, plugin.Requires(plugin.DomainSandbox))
+		},
+	}
+}
+
+// Control is the "lsp" domain's control: it opens language-server
+// sessions. It is safe for concurrent use.
+type Control struct {
+	consumer *plugin.Consumer
+	servers  map[string][]string
+	opts     Options
+	log      *slog.Logger
+}
+
+func newControl(consumer *plugin.Consumer, opts Options) (*Control, error) {
+	servers := opts.Servers
+	if servers == nil {
+		servers = DefaultServers()
+	}
+	c := &Control{consumer: consumer, servers: make(map[string][]string, len(servers)), opts: opts, log: opts.Logger}
+	for name, argv := range servers {
+		if !ValidServerName(name) {
+			return nil, fmt.Errorf("lsp: server name %q: must be 1-64 of [A-Za-z0-9._-]", name)
+		}
+		if len(argv) == 0 || argv[0] == "" {
+			return nil, fmt.Errorf("lsp: server %q: empty command line", name)
+		}
+		for _, a := range argv {
+			if strings.IndexByte(a, 0) >= 0 {
+				return nil, fmt.Errorf("lsp: server %q: command line contains a NUL byte", name)
+			}
+		}
+		c.servers[name] = slices.Clone(argv)
+	}
+	if c.opts.HeartbeatInterval <= 0 {
+		c.opts.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.opts.MaxMessage <= 0 {
+		c.opts.MaxMessage = DefaultMaxMessage
+	}
+	if c.opts.Drain <= 0 {
+		c.opts.Drain = 2 * time.Second
+	}
+	if c.opts.CancelWait <= 0 {
+		c.opts.CancelWait = 5 * time.Second
+	}
+	if c.opts.StderrLimit == 0 {
+		c.opts.StderrLimit = 64 << 10
+	}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	return c, nil
+}
+
+// ValidServerName reports whether name can name a server: 1 to 64 ASCII
+// letters, digits, '.', '_' or '-'.
+func ValidServerName(name string) bool {
+	if len(name) == 0 || len(name) > 64 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Servers returns the configured servers' names, sorted.
+func (c *Control) Servers() []string {
+	return slices.Sorted(maps.Keys(c.servers))
+}
+
+// HasServer reports whether a server named name is configured.
+func (c *Control) HasServer(name string) bool {
+	_, ok := c.servers[name]
+	return ok
+}
+
+// MaxMessage returns the bound on one message's content, in bytes.
+func (c *Control) MaxMessage() int { return c.opts.MaxMessage }
+
+// Open starts language server server in project on behalf of actor and
+// returns its session, which the caller must Close.
+//
+// Nothing is prepared when server is not configured (an error wrapping
+// ErrUnknownServer) or project is not managed (ErrUnsupportedProject).
+// Otherwise Open resolves the sandbox control (an error wrapping
+// plugin.ErrAbsent and sandbox.ErrUnavailable when there is none) and
+// prepares the server's command line with lease kind "lsp" in /workspace;
+// a refusal is the control's *sandbox.CommandError of kind "prepare". A
+// target that is not managed is cancelled and its lease released
+// (ErrUnsupportedProject). A server that cannot be started is cancelled and
+// its lease released; the error wraps sandbox.ErrNotStarted or
+// sandbox.ErrTransport as the provider reported it.
+//
+// ctx bounds the preparation and the start only: the session lives until
+// it is closed or ends by itself.
+func (c *Control) Open(ctx context.Context, actor sandbox.Actor, project sandbox.ProjectRef, server string) (*Session, error) {
+	argv, ok := c.servers[server]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q (configured: %s)", ErrUnknownServer, server, strings.Join(c.Servers(), ", "))
+	}
+	if project.Kind != sandbox.ProjectManaged {
+		return nil, fmt.Errorf("%w: project %d is a %s project", ErrUnsupportedProject, project.ProjectID, project.Kind)
+	}
+	ctl, err := plugin.ResolveAs[*sandbox.Control](c.consumer, plugin.DomainSandbox)
+	if err != nil {
+		return nil, fmt.Errorf("lsp: resolve sandbox: %w", err)
+	}
+	in := sandbox.ExecInput{
+		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
+		Cwd:       Workspace,
+		LeaseKind: sandbox.LeaseLSP,
+		Project:   project,
+	}
+	prep, err := ctl.PrepareExecution(ctx, in, &actor)
+	if err != nil {
+		return nil, err
+	}
+	mp, ok := prep.(*sandbox.ManagedPrepared)
+	if !ok {
+		// CheckTarget already refuses a local target for a managed
+		// project; this guards the assertion all the same.
+		cerr := abandon(prep, nil)
+		return nil, errors.Join(fmt.Errorf("%w: provider prepared %T", ErrUnsupportedProject, prep), cerr)
+	}
+	exec, err := mp.Start(ctx)
+	if err != nil {
+		cerr := abandon(prep, mp.Cancel)
+		return nil, errors.Join(fmt.Errorf("lsp: start %s: %w", server, err), cerr)
+	}
+	s := newSession(c, server, mp, exec)
+	c.log.Debug("lsp: session started", "server", server, "project", project.ProjectID, "account", actor.AccountUserID, "lease", s.LeaseID())
+	return s, nil
+}
+
+// abandon cancels (if cancel is non-nil) and releases a prepared execution
+// that will not run, returning what failed.
+func abandon(prep sandbox.Prepared, cancel func(context.Context) error) error {
+	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	var errs []error
+	if cancel != nil {
+		if err := cancel(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("lsp: cancel: %w", err))
+		}
+	} else if lp, ok := prep.(*sandbox.LocalPrepared); ok && lp.Cancel != nil {
+		if err := lp.Cancel(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("lsp: cancel: %w", err))
+		}
+	}
+	if l := prep.Common().Lease; l != nil {
+		if err := l.Release(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("lsp: release lease %s: %w", l.ID(), err))
+		}
+	}
+	return errors.Join(errs...)
+}
