@@ -251,7 +251,7 @@ var hexHead = regexp.MustCompile(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
 // *GitError) for the push. On every failure after the bundle was created
 // its guest file is deleted, or left to the Sweeper if that fails.
 func (x *Exporter) Export(ctx context.Context, req Request) (*Result, error) {
-	remote, err := x.checkRemote(req.Remote)
+	remote, shown, err := x.checkRemote(req.Remote)
 	if err != nil {
 		return nil, err
 	}
@@ -309,8 +309,8 @@ func (x *Exporter) Export(ctx context.Context, req Request) (*Result, error) {
 	if err := h.push(pctx, req.Remote, remote, req.Branch, token); err != nil {
 		return nil, err
 	}
-	x.log.Info("export: pushed", "project", req.Project, "branch", req.Branch, "head", head, "remote", redactURL(remote))
-	return &Result{Pushed: true, Head: head, Remote: redactURL(remote)}, nil
+	x.log.Info("export: pushed", "project", req.Project, "branch", req.Branch, "head", head, "remote", shown)
+	return &Result{Pushed: true, Head: head, Remote: shown}, nil
 }
 
 // projectRef looks the project up: it must exist and be managed.
@@ -347,45 +347,46 @@ func (x *Exporter) token() (string, error) {
 }
 
 // checkRemote parses and admits a remote. It returns the URL as parsed
-// (for a path, a file URL for display only).
-func (x *Exporter) checkRemote(raw string) (*url.URL, error) {
+// (for a path, a file URL) and the remote as shown to callers (without
+// user information).
+func (x *Exporter) checkRemote(raw string) (u *url.URL, shown string, err error) {
 	if raw == "" {
-		return nil, fmt.Errorf("%w: remote is empty", ErrInvalid)
+		return nil, "", fmt.Errorf("%w: remote is empty", ErrInvalid)
 	}
 	for _, r := range raw {
 		if r < 0x20 || r == 0x7f || r == ' ' {
-			return nil, fmt.Errorf("%w: remote contains white space or a control character", ErrInvalid)
+			return nil, "", fmt.Errorf("%w: remote contains white space or a control character", ErrInvalid)
 		}
 	}
 	if strings.HasPrefix(raw, "/") {
 		if !x.opts.AllowInsecure {
-			return nil, fmt.Errorf("%w: remote paths are not allowed", ErrInvalid)
+			return nil, "", fmt.Errorf("%w: remote paths are not allowed", ErrInvalid)
 		}
 		if filepath.Clean(raw) != raw {
-			return nil, fmt.Errorf("%w: remote path %q is not clean", ErrInvalid, raw)
+			return nil, "", fmt.Errorf("%w: remote path %q is not clean", ErrInvalid, raw)
 		}
-		return &url.URL{Scheme: "file", Path: raw}, nil
+		return &url.URL{Scheme: "file", Path: raw}, raw, nil
 	}
-	u, err := url.Parse(raw)
+	u, err = url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: remote is not a URL: %s", ErrInvalid, redactText(err.Error(), raw, ""))
+		return nil, "", fmt.Errorf("%w: remote is not a URL: %s", ErrInvalid, redactText(err.Error(), raw, ""))
 	}
 	switch u.Scheme {
 	case "https":
 	case "http", "file":
 		if !x.opts.AllowInsecure {
-			return nil, fmt.Errorf("%w: %s remotes are not allowed (https only)", ErrInvalid, u.Scheme)
+			return nil, "", fmt.Errorf("%w: %s remotes are not allowed (https only)", ErrInvalid, u.Scheme)
 		}
 	default:
-		return nil, fmt.Errorf("%w: remote scheme %q is not allowed (https only)", ErrInvalid, u.Scheme)
+		return nil, "", fmt.Errorf("%w: remote scheme %q is not allowed (https only)", ErrInvalid, u.Scheme)
 	}
 	if u.Scheme != "file" && u.Host == "" {
-		return nil, fmt.Errorf("%w: remote has no host", ErrInvalid)
+		return nil, "", fmt.Errorf("%w: remote has no host", ErrInvalid)
 	}
 	if u.Opaque != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("%w: remote is not a plain URL", ErrInvalid)
+		return nil, "", fmt.Errorf("%w: remote is not a plain URL", ErrInvalid)
 	}
-	return u, nil
+	return u, redactURL(u), nil
 }
 
 // checkBranch validates a branch name with the host's git
@@ -434,9 +435,6 @@ func newBundlePath() string { return BundlePrefix + uuid.NewString() + ".bundle"
 func redactURL(u *url.URL) string {
 	c := *u
 	c.User = nil
-	if c.Scheme == "file" && c.Host == "" {
-		return c.Path
-	}
 	return c.String()
 }
 
