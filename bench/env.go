@@ -1,0 +1,266 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker"
+)
+
+// children are the modes the bench re-executes itself in.
+var children = map[string]func(args []string) error{
+	"__worker": workerChild,
+	"__flood":  floodChild,
+	"__leases": leasesChild,
+}
+
+// workerProc is the privileged worker, running as a child process.
+type workerProc struct {
+	cmd          *exec.Cmd
+	socket       string
+	projectsRoot string
+}
+
+// startWorker starts `bench __worker` and waits until it listens.
+func startWorker(dir, profile string) (*workerProc, error) {
+	w := &workerProc{
+		socket:       filepath.Join(dir, "w.sock"),
+		projectsRoot: filepath.Join(dir, "projects"),
+	}
+	state := filepath.Join(dir, "worker-state")
+	for _, d := range []string{w.projectsRoot, state} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"__worker", "-socket", w.socket, "-projects-root", w.projectsRoot, "-state", state}
+	if profile != "" {
+		args = append(args, "-cpuprofile", filepath.Join(profile, "worker.pprof"))
+	}
+	w.cmd = exec.Command(self, args...)
+	w.cmd.Stderr = os.Stderr
+	out, err := w.cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := w.cmd.Start(); err != nil {
+		return nil, err
+	}
+	ready := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil && strings.TrimSpace(line) != "ready" {
+			err = fmt.Errorf("worker said %q", line)
+		}
+		ready <- err
+	}()
+	select {
+	case err = <-ready:
+	case <-time.After(30 * time.Second):
+		err = errors.New("worker not ready within 30s")
+	}
+	if err != nil {
+		w.stop()
+		return nil, fmt.Errorf("start worker: %w", err)
+	}
+	return w, nil
+}
+
+// stop ends the worker with SIGTERM (it stops every machine) and waits.
+func (w *workerProc) stop() {
+	if w == nil || w.cmd == nil || w.cmd.Process == nil {
+		return
+	}
+	_ = w.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = w.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(40 * time.Second):
+		_ = w.cmd.Process.Kill()
+		<-done
+	}
+	w.cmd = nil
+}
+
+// workspace makes a new workspace directory under the projects root.
+func (w *workerProc) workspace(name string) (string, error) {
+	dir := filepath.Join(w.projectsRoot, name)
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
+// workerChild serves protocol 2 as `corral worker` does, with the defaults
+// of a production worker, until SIGTERM. It writes "ready" on stdout once
+// it listens.
+func workerChild(args []string) error {
+	fs := flag.NewFlagSet("__worker", flag.ContinueOnError)
+	sock := fs.String("socket", "", "")
+	root := fs.String("projects-root", "", "")
+	state := fs.String("state", "", "")
+	prof := fs.String("cpuprofile", "", "")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	w, err := worker.New(worker.Config{
+		ProjectsRoot: *root,
+		StateDir:     *state,
+		CgroupParent: fmt.Sprintf("corral-bench-%d", os.Getpid()),
+		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Name:         "corral-bench-worker",
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := wire.Listen(*sock)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	fmt.Println("ready")
+	serveErr := w.Serve(ctx, ln)
+	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return errors.Join(serveErr, w.Shutdown(sctx))
+}
+
+// corral is a built core with the projects the bench uses.
+type corral struct {
+	core *core.Core
+	ctl  *sandbox.Control
+	st   *store.Store
+	w    *workerProc
+
+	alice sandbox.Actor // member of every project, not trusted
+	bob   sandbox.Actor // trusted member of the host project
+	host  store.Project
+	// managed is the warm project (its machine stays up).
+	managed store.Project
+	coldN   int
+}
+
+// buildCorral builds a core over a fresh store in dir, talking to w (nil:
+// no managed projects).
+func buildCorral(ctx context.Context, dir string, w *workerProc) (*corral, error) {
+	opts := core.Options{
+		StorePath: filepath.Join(dir, "corral.db"),
+		Migrate:   true,
+		Logger:    slog.Default(),
+	}
+	if w != nil {
+		opts.PrivilegedTransport = machine.SocketTransport{Path: w.socket}
+	}
+	c, err := core.Build(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	cr := &corral{core: c, st: c.Store(), w: w}
+	if cr.ctl, err = c.Sandbox(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	fail := func(err error) (*corral, error) { c.Close(); return nil, err }
+	a, err := cr.st.CreateAccount(ctx, "alice")
+	if err != nil {
+		return fail(err)
+	}
+	b, err := cr.st.CreateAccount(ctx, "bob")
+	if err != nil {
+		return fail(err)
+	}
+	cr.alice, cr.bob = sandbox.Actor{AccountUserID: a.ID}, sandbox.Actor{AccountUserID: b.ID}
+	hostRoot := filepath.Join(dir, "hostproject")
+	if err := os.MkdirAll(hostRoot, 0o755); err != nil {
+		return fail(err)
+	}
+	if cr.host, err = cr.project(ctx, store.ProjectHost, "host", hostRoot); err != nil {
+		return fail(err)
+	}
+	if _, err := cr.st.AddMember(ctx, store.Member{Project: cr.host.ID, Account: b.ID, Role: store.RoleMember, Trusted: true}); err != nil {
+		return fail(err)
+	}
+	if w != nil {
+		ws, err := w.workspace("warm")
+		if err != nil {
+			return fail(err)
+		}
+		if cr.managed, err = cr.project(ctx, store.ProjectManaged, "warm", ws); err != nil {
+			return fail(err)
+		}
+	}
+	return cr, nil
+}
+
+// project creates a project with alice as its owner.
+func (cr *corral) project(ctx context.Context, kind store.ProjectKind, name, root string) (store.Project, error) {
+	p, err := cr.st.CreateProject(ctx, store.NewProject{Kind: kind, Name: name, Root: root})
+	if err != nil {
+		return p, err
+	}
+	_, err = cr.st.AddMember(ctx, store.Member{Project: p.ID, Account: cr.alice.AccountUserID, Role: store.RoleOwner})
+	return p, err
+}
+
+// coldProject creates a new managed project: its first command starts a
+// machine.
+func (cr *corral) coldProject(ctx context.Context) (store.Project, error) {
+	cr.coldN++
+	name := fmt.Sprintf("cold%d", cr.coldN)
+	ws, err := cr.w.workspace(name)
+	if err != nil {
+		return store.Project{}, err
+	}
+	return cr.project(ctx, store.ProjectManaged, name, ws)
+}
+
+func input(p store.Project, argv ...string) sandbox.ExecInput {
+	return sandbox.ExecInput{
+		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
+		LeaseKind: sandbox.LeaseTerminal,
+		Project:   sandbox.ProjectRef{Kind: sandbox.ProjectKind(p.Kind), ProjectID: p.ID},
+	}
+}
+
+// runTrue runs `true` through RunCommand and checks it exited 0.
+func (cr *corral) runTrue(ctx context.Context, p store.Project, actor sandbox.Actor) error {
+	res, err := cr.ctl.RunCommand(ctx, input(p, "true"), &actor, nil)
+	if err != nil {
+		return err
+	}
+	if res.Code == nil || *res.Code != 0 {
+		return fmt.Errorf("true: code %v signal %q", res.Code, res.Signal)
+	}
+	return nil
+}

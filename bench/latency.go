@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// subject is one way of running `true`, measured per call.
+type subject struct {
+	name string
+	run  func() error
+	skip string // why it cannot run here; empty if it can
+}
+
+// latRow is the measured latency of one subject.
+type latRow struct {
+	name     string
+	st       stats
+	failures int
+	skip     string
+	firstErr error
+}
+
+// measureLatency runs every subject n times, interleaved in rounds so that
+// drift of the machine affects all of them alike, after a few warm-up
+// calls each.
+func measureLatency(subjects []subject, n int) []latRow {
+	const rounds = 10
+	rows := make([]latRow, len(subjects))
+	samples := make([][]time.Duration, len(subjects))
+	for i, s := range subjects {
+		rows[i].name, rows[i].skip = s.name, s.skip
+		if s.skip != "" {
+			continue
+		}
+		for range 5 {
+			if err := s.run(); err != nil {
+				rows[i].skip = fmt.Sprintf("warm-up failed: %v", err)
+				break
+			}
+		}
+	}
+	for r := range rounds {
+		per := n / rounds
+		if r < n%rounds {
+			per++
+		}
+		for i, s := range subjects {
+			if rows[i].skip != "" {
+				continue
+			}
+			for range per {
+				t0 := time.Now()
+				err := s.run()
+				d := time.Since(t0)
+				if err != nil {
+					rows[i].failures++
+					if rows[i].firstErr == nil {
+						rows[i].firstErr = err
+					}
+					continue
+				}
+				samples[i] = append(samples[i], d)
+			}
+		}
+	}
+	for i := range rows {
+		rows[i].st = summarize(samples[i])
+	}
+	return rows
+}
+
+// runExec runs argv and waits for it.
+func runExec(argv ...string) func() error {
+	return func() error {
+		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, bytesTrim(out))
+		}
+		return nil
+	}
+}
+
+func bytesTrim(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// bareTrue is the floor every ratio is taken against.
+func bareTrue() error { return exec.Command("true").Run() }
+
+// toolSkip says why a peer tool cannot be measured, or "".
+func toolSkip(name string, needRoot bool) string {
+	if _, err := exec.LookPath(name); err != nil {
+		return name + " not installed (apt-get install " + map[string]string{"bwrap": "bubblewrap"}[name] + ")"
+	}
+	if needRoot && os.Geteuid() != 0 {
+		return "needs root"
+	}
+	return ""
+}
+
+// heldNamespace is a `sleep infinity` in new user, mount, pid, net, ipc
+// and uts namespaces, for nsenter to enter.
+type heldNamespace struct {
+	unshare *exec.Cmd
+	pid     int // the sleep, PID 1 of the new pid namespace
+}
+
+func holdNamespace() (*heldNamespace, error) {
+	cmd := exec.Command("unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--ipc", "--uts",
+		"--fork", "--kill-child", "sleep", "infinity")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	h := &heldNamespace{unshare: cmd}
+	children := fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid)
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		b, _ := os.ReadFile(children)
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			pid, err := strconv.Atoi(f[0])
+			if err == nil {
+				// Wait until the child has exec'd sleep in its namespaces.
+				if comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); strings.TrimSpace(string(comm)) == "sleep" {
+					h.pid = pid
+					return h, nil
+				}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	h.stop()
+	return nil, errors.New("unshare did not start its sleep within 5s")
+}
+
+// stop kills the held namespace's processes (ours) and reaps unshare.
+func (h *heldNamespace) stop() {
+	if h == nil {
+		return
+	}
+	if h.pid > 0 {
+		_ = syscall.Kill(h.pid, syscall.SIGKILL)
+	}
+	_ = h.unshare.Process.Kill()
+	_ = h.unshare.Wait()
+}
+
+// coldSamples measures the first command of n new managed projects: each
+// starts a machine.
+func coldSamples(ctx context.Context, cr *corral, n int) latRow {
+	row := latRow{name: "corral managed, cold (new machine)"}
+	var samples []time.Duration
+	for range n {
+		p, err := cr.coldProject(ctx)
+		if err != nil {
+			row.skip = err.Error()
+			return row
+		}
+		t0 := time.Now()
+		err = cr.runTrue(ctx, p, cr.alice)
+		d := time.Since(t0)
+		if err != nil {
+			row.failures++
+			if row.firstErr == nil {
+				row.firstErr = err
+			}
+			continue
+		}
+		samples = append(samples, d)
+	}
+	row.st = summarize(samples)
+	return row
+}

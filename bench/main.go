@@ -1,0 +1,104 @@
+// Command bench measures corral against its peers and its targets in one
+// run and rewrites docs/benchmarks.md with the table.
+//
+//	go run ./bench [-short] [-n N] [-out docs/benchmarks.md] [-profile DIR]
+//
+// It measures, side by side and interleaved:
+//
+//   - per-command latency of `true` (p50, p99, mean): bare os/exec, bwrap,
+//     unshare, nsenter into a held namespace, corral host (confined and
+//     direct), corral managed (warm and cold) and corral through the
+//     daemon API;
+//   - capture throughput through a managed session against a bare
+//     socketpair copy;
+//   - concurrency scaling (1, 8 and 64 parallel `true`);
+//   - the core's peak RSS under an output flood (in a child process that
+//     runs only a core and the flood);
+//   - the CPU cost of heartbeating 10,000 live leases (in a child process).
+//
+// Rows that need root (the worker, bwrap, unshare, nsenter) are skipped with
+// a note when they cannot run. The privileged worker runs as a child
+// process of the bench, as `corral worker` runs beside the daemon.
+//
+// The binary re-executes itself as machine init, confinement helper,
+// worker, flood and lease child: main calls worker.MaybeRunInit and
+// confine.MaybeRun first.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/corral-sandbox/corral/confine"
+	"github.com/corral-sandbox/corral/worker"
+)
+
+// config is the run's configuration, from the flags.
+type config struct {
+	short   bool
+	n       int    // latency samples per row
+	cold    int    // cold-start samples
+	out     string // markdown file to rewrite; empty writes none
+	profile string // directory for pprof CPU profiles; empty writes none
+
+	captureBytes   int64
+	captureSamples int
+	concDuration   time.Duration
+	leases         int
+	leaseRounds    int
+}
+
+func main() {
+	worker.MaybeRunInit()
+	confine.MaybeRun()
+	if len(os.Args) > 1 {
+		if child, ok := children[os.Args[1]]; ok {
+			if err := child(os.Args[2:]); err != nil {
+				fmt.Fprintf(os.Stderr, "bench %s: %v\n", os.Args[1], err)
+				os.Exit(1)
+			}
+			os.Exit(0)
+		}
+	}
+
+	var cfg config
+	flag.BoolVar(&cfg.short, "short", false, "few samples and smaller sizes (for CI, under a minute)")
+	flag.IntVar(&cfg.n, "n", 0, "latency samples per row (default 1000, 100 with -short)")
+	flag.StringVar(&cfg.out, "out", "docs/benchmarks.md", "markdown file whose generated section is rewritten (empty: none)")
+	flag.StringVar(&cfg.profile, "profile", "", "write pprof CPU profiles of each phase (and of the worker) into this directory")
+	flag.Parse()
+	if cfg.n <= 0 {
+		cfg.n = 1000
+		if cfg.short {
+			cfg.n = 100
+		}
+	}
+	cfg.cold, cfg.captureBytes, cfg.captureSamples = 30, 1<<30, 3
+	cfg.concDuration, cfg.leases, cfg.leaseRounds = 3*time.Second, 10000, 2
+	if cfg.short {
+		cfg.cold, cfg.captureBytes, cfg.captureSamples = 5, 256<<20, 2
+		cfg.concDuration, cfg.leaseRounds = time.Second, 1
+	}
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+
+	start := time.Now()
+	rep, err := run(context.Background(), cfg)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+	rep.elapsed = time.Since(start)
+	rep.print(os.Stdout)
+	if cfg.out != "" {
+		if err := rep.rewrite(cfg.out); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+			os.Exit(1)
+		}
+		fmt.Printf("\nwrote %s (%v, GOMAXPROCS %d)\n", cfg.out, rep.elapsed.Round(time.Second), runtime.GOMAXPROCS(0))
+	}
+}

@@ -1,0 +1,269 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"time"
+
+	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// report is everything one run measured.
+type report struct {
+	cfg     config
+	started time.Time
+	elapsed time.Duration
+	notes   []string
+
+	latency  []latRow
+	cold     latRow
+	capture  []captureRow
+	conc     []concRow
+	flood    []floodRow
+	leases   *leasesResult
+	leaseErr error
+}
+
+// floodRow is one flood configuration's outcome.
+type floodRow struct {
+	name  string
+	limit int64
+	par   int
+	res   floodResult
+	err   error
+}
+
+// Names of the latency subjects, referenced by the targets.
+const (
+	subjBare      = "bare exec.Command(\"true\").Run()"
+	subjBwrap     = "bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true"
+	subjUnshare   = "unshare --user --map-root-user --mount --pid --fork --net true"
+	subjNsenter   = "nsenter -t PID -a true (held namespaces)"
+	subjConfined  = "corral host RunCommand, confined (Landlock helper)"
+	subjDirect    = "corral host RunCommand, direct (trusted member)"
+	subjManaged   = "corral managed RunCommand, warm machine"
+	subjDaemon    = "corral daemon API, client.RunCommand (Unix socket, managed)"
+	subjManagedCc = "corral managed RunCommand"
+	subjBareCc    = "bare exec"
+)
+
+// phase runs fn under a CPU profile named name when profiling.
+func (cfg config) phase(name string, fn func()) {
+	if cfg.profile == "" {
+		fn()
+		return
+	}
+	f, err := os.Create(filepath.Join(cfg.profile, name+".pprof"))
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: profile %s: %v\n", name, err)
+		fn()
+		return
+	}
+	fn()
+	pprof.StopCPUProfile()
+	f.Close()
+}
+
+func run(ctx context.Context, cfg config) (*report, error) {
+	rep := &report{cfg: cfg, started: time.Now()}
+	if cfg.profile != "" {
+		if err := os.MkdirAll(cfg.profile, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := os.MkdirTemp("", "corral-bench")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	// Socket paths must stay short (sun_path).
+	fmt.Fprintf(os.Stderr, "bench: state in %s\n", dir)
+
+	var w *workerProc
+	workerSkip := ""
+	if os.Geteuid() != 0 {
+		workerSkip = "the privileged worker needs root"
+	} else if w, err = startWorker(dir, cfg.profile); err != nil {
+		workerSkip = err.Error()
+	}
+	defer w.stop()
+	if workerSkip != "" {
+		rep.notes = append(rep.notes, "managed rows skipped: "+workerSkip)
+	}
+	cr, err := buildCorral(ctx, dir, w)
+	if err != nil {
+		return nil, fmt.Errorf("build core: %w", err)
+	}
+	defer cr.core.Close()
+
+	// The daemon: the real HTTP app over the same core, on a Unix socket.
+	dmn, err := startDaemon(ctx, dir, cr)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	defer dmn.stop()
+
+	ns, nsErr := (*heldNamespace)(nil), error(nil)
+	nsSkip := toolSkip("nsenter", true)
+	if nsSkip == "" {
+		if ns, nsErr = holdNamespace(); nsErr != nil {
+			nsSkip = nsErr.Error()
+		}
+	}
+	defer ns.stop()
+
+	confinedSkip := ""
+	if res, err := cr.ctl.RunCommand(ctx, input(cr.host, "true"), &cr.alice, nil); err != nil || *res.Code != 0 {
+		confinedSkip = fmt.Sprintf("confined start failed (Landlock?): %v", err)
+	}
+	subjects := []subject{
+		{name: subjBare, run: bareTrue},
+		{name: subjBwrap, run: runExec("bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "true"), skip: toolSkip("bwrap", false)},
+		{name: subjUnshare, run: runExec("unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "--net", "true"), skip: toolSkip("unshare", false)},
+		{name: subjNsenter, skip: nsSkip},
+		{name: subjConfined, run: func() error { return cr.runTrue(ctx, cr.host, cr.alice) }, skip: confinedSkip},
+		{name: subjDirect, run: func() error { return cr.runTrue(ctx, cr.host, cr.bob) }},
+		{name: subjManaged, run: func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }, skip: workerSkip},
+		{name: subjDaemon, run: dmn.runTrue, skip: workerSkip},
+	}
+	if ns != nil {
+		subjects[3].run = runExec("nsenter", "-t", strconv.Itoa(ns.pid), "-a", "true")
+	}
+	step := func(s string) {
+		fmt.Fprintf(os.Stderr, "bench: %s (%v)\n", s, time.Since(rep.started).Round(time.Millisecond))
+	}
+
+	step("latency")
+	cfg.phase("latency", func() { rep.latency = measureLatency(subjects, cfg.n) })
+	if workerSkip == "" {
+		step("cold start")
+		cfg.phase("cold", func() { rep.cold = coldSamples(ctx, cr, cfg.cold) })
+	} else {
+		rep.cold = latRow{name: "corral managed, cold (new machine)", skip: workerSkip}
+	}
+
+	step("capture")
+	cfg.phase("capture", func() {
+		rep.capture = measureCapture(ctx, crOrNil(cr, workerSkip), cfg.captureBytes, cfg.captureSamples)
+	})
+
+	step("concurrency")
+	cfg.phase("concurrency", func() {
+		for _, level := range []int{1, 8, 64} {
+			rep.conc = append(rep.conc, measureConcurrency(subjBareCc, level, cfg.concDuration, bareTrue))
+			if workerSkip != "" {
+				rep.conc = append(rep.conc, concRow{subject: subjManagedCc, level: level, skip: workerSkip})
+				continue
+			}
+			rep.conc = append(rep.conc, measureConcurrency(subjManagedCc, level, cfg.concDuration,
+				func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }))
+		}
+	})
+
+	step("flood")
+	for _, f := range []floodRow{
+		{name: "10 × `cat /dev/zero`, 64 MiB stdout limit each", limit: 64 << 20, par: 10},
+		{name: "10 × `cat /dev/zero`, default 1 MiB limit", limit: sandbox.DefaultStreamLimit, par: 10},
+	} {
+		if workerSkip != "" {
+			f.err = errors.New(workerSkip)
+		} else if ws, err := w.workspace("flood"); err != nil {
+			// Every flood child's core names its project 1: they share
+			// one workspace, so the worker sees one project.
+			f.err = err
+		} else {
+			f.err = runChild(&f.res, "__flood", "-socket", w.socket, "-workspace", ws,
+				"-limit", strconv.FormatInt(f.limit, 10), "-par", strconv.Itoa(f.par))
+		}
+		rep.flood = append(rep.flood, f)
+	}
+
+	step("leases")
+	var lr leasesResult
+	if err := runChild(&lr, "__leases", "-n", strconv.Itoa(cfg.leases), "-rounds", strconv.Itoa(cfg.leaseRounds)); err != nil {
+		rep.leaseErr = err
+	} else {
+		rep.leases = &lr
+	}
+	step("done")
+	return rep, nil
+}
+
+func crOrNil(cr *corral, skip string) *corral {
+	if skip != "" {
+		return nil
+	}
+	return cr
+}
+
+// daemonProc is the daemon's HTTP app serving on a Unix socket, and a
+// client of it as alice.
+type daemonProc struct {
+	app    *daemon.App
+	cancel context.CancelFunc
+	done   chan error
+	cl     *client.Client
+	pid    int64
+}
+
+func startDaemon(ctx context.Context, dir string, cr *corral) (*daemonProc, error) {
+	log := slog.Default()
+	app, err := daemon.BuildApp(cr.core, daemon.AppOptions{StateDir: dir, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, "d.sock")
+	ln, err := daemon.ListenUnix(sock, daemon.SocketMode)
+	if err != nil {
+		app.Close()
+		return nil, err
+	}
+	token, _, err := cr.st.CreateToken(ctx, cr.alice.AccountUserID, "bench")
+	if err != nil {
+		ln.Close()
+		app.Close()
+		return nil, err
+	}
+	cl, err := client.New(sock, token)
+	if err != nil {
+		ln.Close()
+		app.Close()
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d := &daemonProc{app: app, cancel: cancel, done: make(chan error, 1), cl: cl, pid: cr.managed.ID}
+	go func() { d.done <- daemon.Serve(sctx, app, []net.Listener{ln}, log) }()
+	return d, nil
+}
+
+func (d *daemonProc) runTrue() error {
+	res, err := d.cl.RunCommand(context.Background(), d.pid, client.CommandRequest{
+		Command: sandbox.Command{Type: sandbox.CommandTypeArgv, File: "true"},
+	})
+	if err != nil {
+		return err
+	}
+	if res.Code == nil || *res.Code != 0 {
+		return fmt.Errorf("true: code %v signal %q", res.Code, res.Signal)
+	}
+	return nil
+}
+
+func (d *daemonProc) stop() {
+	d.cl.HTTPClient().CloseIdleConnections()
+	d.cancel()
+	<-d.done
+	d.app.Close()
+}
