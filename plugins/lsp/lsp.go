@@ -88,6 +88,9 @@ type Options struct {
 	// Names are 1 to 64 of [A-Za-z0-9._-]. An invalid entry fails the
 	// plugin's registration.
 	Servers map[string][]string
+	// Cwd is the servers' working directory inside the machine. Empty
+	// means Workspace (/workspace).
+	Cwd string
 	// HeartbeatInterval is how often a session heartbeats its lease. Zero
 	// means DefaultHeartbeatInterval (5 s).
 	HeartbeatInterval time.Duration
@@ -163,6 +166,9 @@ func newControl(consumer *plugin.Consumer, opts Options) (*Control, error) {
 		}
 		c.servers[name] = slices.Clone(argv)
 	}
+	if c.opts.Cwd == "" {
+		c.opts.Cwd = Workspace
+	}
 	if c.opts.HeartbeatInterval <= 0 {
 		c.opts.HeartbeatInterval = DefaultHeartbeatInterval
 	}
@@ -220,7 +226,7 @@ func (c *Control) MaxMessage() int { return c.opts.MaxMessage }
 // ErrUnknownServer) or project is not managed (ErrUnsupportedProject).
 // Otherwise Open resolves the sandbox control (an error wrapping
 // plugin.ErrAbsent and sandbox.ErrUnavailable when there is none) and
-// prepares the server's command line with lease kind "lsp" in /workspace;
+// prepares the server's command line with lease kind "lsp" in Options.Cwd;
 // a refusal is the control's *sandbox.CommandError of kind "prepare". A
 // target that is not managed is cancelled and its lease released
 // (ErrUnsupportedProject). A server that cannot be started is cancelled and
@@ -243,7 +249,7 @@ func (c *Control) Open(ctx context.Context, actor sandbox.Actor, project sandbox
 	}
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
-		Cwd:       Workspace,
+		Cwd:       c.opts.Cwd,
 		LeaseKind: sandbox.LeaseLSP,
 		Project:   project,
 	}
