@@ -7,6 +7,7 @@ import (
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/plugins/editor"
+	"github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/plugins/sandbox"
 	"github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/provider"
@@ -33,6 +34,7 @@ func Builtins() []PluginFactory {
 		SandboxPlugin,
 		SitesPlugin,
 		func(d Deps) plugin.Registration { return editorplugin.ForStore(d.Store, d.Logger) },
+		func(d Deps) plugin.Registration { return lspplugin.Registration(lspplugin.Options{Logger: d.Logger}) },
 	}
 }
 
