@@ -151,13 +151,21 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 	timer := time.NewTimer(r.opts.Timeout)
 	defer timer.Stop()
 	r.started = time.Now()
-	proc, err := r.start(ctx)
+	// The start counts against the timeout, and the caller may abort it.
+	startCtx, cancelStart := context.WithTimeout(ctx, r.opts.Timeout)
+	proc, err := r.start(startCtx)
+	startErr := startCtx.Err()
+	cancelStart()
 	if err != nil {
-		kind := KindStart
-		if errors.Is(err, ErrTransport) {
-			kind = KindTransport
+		switch {
+		case ctx.Err() != nil:
+			return nil, r.failUnstarted(ctx, newError(KindAbort, ctx.Err(), "aborted while starting: %v", err))
+		case errors.Is(startErr, context.DeadlineExceeded):
+			return nil, r.failUnstarted(ctx, newError(KindTimeout, context.DeadlineExceeded, "command timed out after %v while starting", r.opts.Timeout))
+		case errors.Is(err, ErrTransport):
+			return nil, r.failUnstarted(ctx, newError(KindTransport, err, "start %s: %v", r.in.Command.File, err))
 		}
-		return nil, r.failUnstarted(ctx, newError(kind, err, "start %s: %v", r.in.Command.File, err))
+		return nil, r.failUnstarted(ctx, newError(KindStart, err, "start %s: %v", r.in.Command.File, err))
 	}
 	r.cap = newCapture(r.opts.OutputLimit)
 	r.cap.start(proc.outputs())

@@ -267,3 +267,39 @@ func TestResultJSON(t *testing.T) {
 		t.Fatalf("json = %s", b)
 	}
 }
+
+// TestSlowStart: a start that outlives the timeout is a timeout, one the
+// caller aborts is an abort — never a start error — and both cancel and
+// release.
+func TestSlowStart(t *testing.T) {
+	blockingStart := func(p sandbox.Prepared) {
+		m := p.(*sandbox.ManagedPrepared)
+		m.Start = func(ctx context.Context) (*sandbox.ManagedExecutionSession, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		kind sandbox.ErrorKind
+	}{{"timeout", sandbox.KindTimeout}, {"abort", sandbox.KindAbort}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &sandboxtest.Provider{Mutate: blockingStart}
+			ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			opts := &sandbox.RunOptions{Timeout: 100 * time.Millisecond}
+			if tc.kind == sandbox.KindAbort {
+				opts.Timeout = time.Minute
+				time.AfterFunc(100*time.Millisecond, cancel)
+			}
+			_, err := ctl.RunCommand(ctx, input(sandbox.ProjectManaged, "true"), &actor, opts)
+			if sandbox.KindOf(err) != tc.kind {
+				t.Fatalf("err = %v, want %s", err, tc.kind)
+			}
+			if p.Cancels() != 1 || p.LastLease().Releases.Load() != 1 {
+				t.Fatalf("cancels %d releases %d", p.Cancels(), p.LastLease().Releases.Load())
+			}
+		})
+	}
+}
