@@ -6,8 +6,9 @@
 // # What a runner receives
 //
 // A runner receives only the machine gateway. Its parent hands it exactly
-// one inherited descriptor, fd 3: its own protocol-2 connection to the
-// privileged worker, which the parent dialled and then closed on its side.
+// one inherited descriptor, fd 3 (announced with --worker-fd 3): its own
+// protocol-2 connection to the privileged worker, which the parent dialled
+// and then closed on its side.
 // The runner wraps it in a [machine.ConnTransport], which cannot reconnect:
 // the runner has no worker socket path and no other way to reach the
 // worker. It builds its core with core.Options.Migrate false, so it never

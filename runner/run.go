@@ -20,8 +20,9 @@ import (
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
-// InheritedFD is the descriptor on which a runner inherits its connection
-// to the worker (the first of exec.Cmd.ExtraFiles).
+// InheritedFD is the descriptor on which Start passes the runner its
+// connection to the worker (the first of exec.Cmd.ExtraFiles), announced
+// with --worker-fd 3.
 const InheritedFD = 3
 
 // Exit statuses of `corral runner` (pinned). Usage errors exit 2, as for
@@ -59,9 +60,13 @@ type Options struct {
 	StorePath string
 	// Transport reaches the worker; a runner's is the inherited connection
 	// (see InheritedTransport). If nil, managed commands fail with
-	// machine.ErrNoPrivilegedTransport; host commands still run. Main
-	// fills it from descriptor InheritedFD when nil.
+	// machine.ErrNoPrivilegedTransport; host commands still run.
 	Transport machine.PrivilegedTransport
+	// WorkerFD, if positive, is the inherited descriptor holding the
+	// worker connection; Main turns it into Transport (InheritedTransport)
+	// when Transport is nil. Zero means none: a descriptor is never
+	// guessed, since the Go runtime itself opens low descriptors.
+	WorkerFD int
 	// LeaseTTL is the TTL of the leases the runner acquires: how long its
 	// commands may outlive it when it dies without releasing them. Zero
 	// means lease.DefaultTTL. Heartbeats are sent every third of it (at
@@ -113,22 +118,17 @@ func NewCore(ctx context.Context, opts Options) (*core.Core, error) {
 }
 
 // InheritedTransport returns the transport over the worker connection
-// inherited on descriptor InheritedFD, taking ownership of that descriptor
-// (it is closed; the transport holds a close-on-exec copy, so commands the
-// runner starts never inherit it). It returns nil and no error when the
-// descriptor is not open: the runner then has no transport. An open
-// descriptor that is not a connected SOCK_SEQPACKET Unix socket is an
-// error.
-func InheritedTransport() (machine.PrivilegedTransport, error) {
-	if _, err := unix.FcntlInt(InheritedFD, unix.F_GETFD, 0); err != nil {
-		if errors.Is(err, unix.EBADF) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("runner: descriptor %d: %w", InheritedFD, err)
+// inherited on descriptor fd, taking ownership of that descriptor (it is
+// closed; the transport holds a close-on-exec copy, so commands the runner
+// starts never inherit it). A descriptor that is not open, or not a
+// connected SOCK_SEQPACKET Unix socket, is an error.
+func InheritedTransport(fd int) (machine.PrivilegedTransport, error) {
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0); err != nil {
+		return nil, fmt.Errorf("runner: worker connection on descriptor %d: %w", fd, err)
 	}
-	t, err := machine.ConnTransportFromFile(os.NewFile(InheritedFD, "worker-connection"))
+	t, err := machine.ConnTransportFromFile(os.NewFile(uintptr(fd), "worker-connection"))
 	if err != nil {
-		return nil, fmt.Errorf("runner: %w", err)
+		return nil, fmt.Errorf("runner: descriptor %d: %w", fd, err)
 	}
 	return t, nil
 }
@@ -216,7 +216,8 @@ func readJob(r io.Reader) (*Job, io.Reader, error) {
 }
 
 // Main is the body of `corral runner`: it runs Run with the inherited
-// worker connection (InheritedTransport, unless opts.Transport is set) and
+// worker connection (InheritedTransport of opts.WorkerFD, unless
+// opts.Transport is set or WorkerFD is zero) and
 // os.Stdin/os.Stdout (unless set), writes a failure's reason to os.Stderr,
 // and returns the exit status (ExitOK, ExitFailure or ExitAbandoned).
 //
@@ -231,8 +232,8 @@ func Main(ctx context.Context, opts Options) int {
 	signal.Notify(pipe, syscall.SIGPIPE)
 	defer signal.Stop(pipe)
 
-	if opts.Transport == nil {
-		t, err := InheritedTransport()
+	if opts.Transport == nil && opts.WorkerFD > 0 {
+		t, err := InheritedTransport(opts.WorkerFD)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "corral runner: %v\n", err)
 			return ExitFailure

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -69,7 +70,8 @@ type Process struct {
 }
 
 // Start starts `corral runner` for opts.Job: it dials the worker (or takes
-// opts.Conn) and passes that connection as the runner's descriptor 3,
+// opts.Conn) and passes that connection as the runner's descriptor 3
+// (--worker-fd 3),
 // starts the runner with SIGTERM as its parent-death signal, and writes the
 // job to its stdin, which it keeps open: closing it (Abandon, or this
 // process exiting) makes the runner cancel its running command and exit.
@@ -128,6 +130,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 		}
 		defer f.Close()
 		cmd.ExtraFiles = []*os.File{f}
+		cmd.Args = append(cmd.Args, "--worker-fd", strconv.Itoa(InheritedFD))
 	}
 	p := &Process{cmd: cmd, commands: len(opts.Job.Commands)}
 	if p.stdin, err = cmd.StdinPipe(); err != nil {

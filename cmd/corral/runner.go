@@ -16,14 +16,15 @@ func newRunnerCmd() *cobra.Command {
 	var (
 		state string
 		ttl   time.Duration
+		fd    int
 	)
 	cmd := &cobra.Command{
-		Use:   "runner --state DIR [--lease-ttl D] 3<>WORKER-CONNECTION <JOB",
+		Use:   "runner --state DIR [--worker-fd 3] [--lease-ttl D] <JOB",
 		Short: "Run a delegated job of bounded commands (started by a parent corral)",
 		Long: `Run one job as a delegated process. A parent corral starts it (see the runner
-package) with exactly one inherited descriptor, 3: its own connection to the
-privileged worker. Without descriptor 3 only host-project commands succeed. The
-runner has no other way to the worker, never migrates STATE/corral.db (another
+package) with exactly one inherited descriptor, 3, named by --worker-fd 3: its
+own connection to the privileged worker. Without --worker-fd only host-project
+commands succeed. The runner has no other way to the worker, never migrates STATE/corral.db (another
 schema version is refused), runs no plugin services and has no Sites control.
 
 The job is one JSON document on stdin:
@@ -52,6 +53,7 @@ nothing more is reported. Leases left behind by a killed runner expire after
 			status := runner.Main(cmd.Context(), runner.Options{
 				StorePath: filepath.Join(dir, "corral.db"),
 				LeaseTTL:  ttl,
+				WorkerFD:  fd,
 				Logger:    cliLogger(),
 			})
 			if status != 0 {
@@ -62,6 +64,7 @@ nothing more is reported. Leases left behind by a killed runner expire after
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&state, "state", "", "state `DIR` holding corral.db (default $XDG_STATE_HOME/corral)")
+	fl.IntVar(&fd, "worker-fd", 0, "inherited descriptor `N` holding the runner's worker connection (runner.Start passes 3)")
 	fl.DurationVar(&ttl, "lease-ttl", 0, "TTL of the runner's leases: how long its commands may outlive it if it is killed (default 15s)")
 	return cmd
 }
