@@ -1,0 +1,104 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// Kinds of APIError specific to POST /v1/projects/{id}/export.
+const (
+	KindHeadMoved     = "headMoved"     // 409: the branch is not at expectedHead
+	KindRejected      = "rejected"      // 409: the remote refused the push
+	KindNotRepository = "notRepository" // 409: the workspace is not a Git repository
+	KindTooLarge      = "tooLarge"      // 413: the bundle is over the cap
+)
+
+// ExportRequest is the body of POST /v1/projects/{id}/export.
+//
+// Remote is the URL pushed to (https; with AppOptions.Export.AllowInsecure
+// also http, file and absolute host paths); Branch a branch name (without
+// refs/heads/); ExpectedHead the full object name the branch must point at.
+type ExportRequest struct {
+	Remote       string `json:"remote"`
+	Branch       string `json:"branch"`
+	ExpectedHead string `json:"expectedHead"`
+}
+
+// startExport builds the app's exporter and starts its sweeper, which runs
+// until Close.
+func (a *App) startExport() error {
+	xopts := a.opts.Export
+	if xopts.Logger == nil {
+		xopts.Logger = a.log
+	}
+	x, err := export.New(a.core, xopts)
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	a.exporter = x
+	sw := x.Sweeper(a.opts.ExportSweep)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		_ = sw.Run(a.ctx)
+	}()
+	return nil
+}
+
+// exportBranch serves POST /v1/projects/{id}/export: the caller must be a
+// member (401/403/404 are decided from the database before anything runs
+// in the machine). It answers 200 with {"pushed":true,"head":H,"remote":R}
+// (R without user information).
+func (a *App) exportBranch(w http.ResponseWriter, r *http.Request) error {
+	acct, proj, _, err := a.projectMember(r)
+	if err != nil {
+		return err
+	}
+	var req ExportRequest
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	res, err := a.exporter.Export(r.Context(), export.Request{
+		Actor:        sandbox.Actor{AccountUserID: acct.ID},
+		Project:      proj.ID,
+		Remote:       req.Remote,
+		Branch:       req.Branch,
+		ExpectedHead: req.ExpectedHead,
+	})
+	if err != nil {
+		return exportError(err)
+	}
+	writeJSON(w, http.StatusOK, res)
+	return nil
+}
+
+// exportError translates the export's own errors; the sandbox's pass on
+// to toAPIError.
+func exportError(err error) error {
+	var hm *export.HeadMovedError
+	var ge *export.GitError
+	switch {
+	case errors.As(err, &hm):
+		return &APIError{Status: http.StatusConflict, Kind: KindHeadMoved, Message: fmt.Sprintf("branch %s is at %s, not at %s", hm.Branch, hm.Actual, hm.Expected), Cause: err}
+	case errors.Is(err, export.ErrInvalid):
+		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: err.Error(), Cause: err}
+	case errors.Is(err, export.ErrNoBranch):
+		return &APIError{Status: http.StatusNotFound, Kind: KindNotFound, Message: err.Error(), Cause: err}
+	case errors.Is(err, export.ErrNotRepository):
+		return &APIError{Status: http.StatusConflict, Kind: KindNotRepository, Message: "the project's workspace is not a git repository", Cause: err}
+	case errors.Is(err, export.ErrTooLarge):
+		return &APIError{Status: http.StatusRequestEntityTooLarge, Kind: KindTooLarge, Message: err.Error(), Cause: err}
+	case errors.Is(err, export.ErrRejected):
+		return &APIError{Status: http.StatusConflict, Kind: KindRejected, Message: err.Error(), Cause: err}
+	case errors.Is(err, export.ErrPush):
+		return &APIError{Status: http.StatusBadGateway, Kind: KindBadGateway, Message: err.Error(), Cause: err}
+	case errors.As(err, &ge):
+		// Redacted git output: worth showing.
+		return &APIError{Status: http.StatusInternalServerError, Kind: KindInternal, Message: err.Error(), Cause: err}
+	}
+	return err
+}
