@@ -30,6 +30,7 @@ import (
 
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/docs"
+	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -78,6 +79,13 @@ type AppOptions struct {
 	// SessionDrain bounds how long a session's output is still forwarded
 	// after its process exited. Zero means 2 s.
 	SessionDrain time.Duration
+	// Export configures POST /v1/projects/{id}/export: the host's push
+	// credential and which remotes are allowed. The zero value allows
+	// https remotes only and pushes without a credential.
+	Export export.Options
+	// ExportSweep tunes the sweeper that deletes export bundles left in
+	// machines; it runs until Close. The zero value means its defaults.
+	ExportSweep export.SweepOptions
 }
 
 // App is the daemon's HTTP application over one core. It is an
@@ -93,6 +101,9 @@ type App struct {
 	admins  map[string]bool
 	proj    *Projects
 	sites   *sitesGateway
+
+	exporter *export.Exporter
+	editor   editorHandlers
 
 	ctx     context.Context // ended by Close: cancels sessions
 	cancel  context.CancelFunc
@@ -160,6 +171,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		return nil, err
 	}
 	a.sites = newSitesGateway(a)
+	if err := a.startExport(); err != nil {
+		return nil, err
+	}
 	a.routes = []Route{
 		{"GET", "/healthz", false, a.healthz},
 		{"GET", "/metrics", false, a.serveMetrics},
@@ -179,6 +193,11 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"PUT", "/v1/projects/{id}/sites/{name}", true, a.publishSite},
 		{"DELETE", "/v1/projects/{id}/sites/{name}", true, a.unpublishSite},
 		{"GET", "/v1/projects/{id}/lsp/{server}", true, a.lspSession},
+		{"POST", "/v1/projects/{id}/export", true, a.exportBranch},
+		{"GET", "/v1/projects/{id}/git/status", true, a.editorGit},
+		{"GET", "/v1/projects/{id}/git/log", true, a.editorGit},
+		{"GET", "/v1/projects/{id}/git/diff", true, a.editorGit},
+		{"GET", "/v1/projects/{id}/git/show", true, a.editorGit},
 		{"", "/sites/{name}/{path...}", true, a.sites.serve},
 	}
 	for _, rt := range a.routes {
