@@ -572,3 +572,33 @@ func TestRunnerKilled(t *testing.T) {
 		return len(rows) == 1 && rows[0].End.Outcome == store.OutcomeInterrupted
 	})
 }
+
+// TestAbandon: closing the runner's stdin (the parent's pipe) alone, with
+// no signal, makes the runner cancel its command, release the lease and
+// exit ExitAbandoned. No worker: a runner without --worker-fd runs host
+// commands.
+func TestAbandon(t *testing.T) {
+	e := setup(t, nil)
+	tok := token(t)
+	cmd := longCommand(tok)
+	cmd.Cwd = e.host.Root
+	p, err := runner.Start(context.Background(), runner.StartOptions{
+		StateDir: e.state, Env: runnerEnv(),
+		Job: runner.Job{Actor: e.actor, Project: ref(e.host), Commands: []runner.JobCommand{cmd}},
+	})
+	must(t, err)
+	waitFor(t, 10*time.Second, "the command to run", func() bool { return len(processesWith(tok)) == 2 })
+	p.Abandon()
+	results, err := p.Wait()
+	var ee *runner.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != runner.ExitAbandoned || len(results) != 0 {
+		t.Fatalf("Wait = %v, %v; want exit status %d", results, err, runner.ExitAbandoned)
+	}
+	if !strings.Contains(ee.Stderr, "stdin closed") {
+		t.Errorf("stderr %q", ee.Stderr)
+	}
+	sandboxtest.AssertNoProcesses(t, tok)
+	if ls := e.leases(t, store.LeaseFilter{Project: e.host.ID}); len(ls) != 1 || ls[0].State != store.LeaseReleased || ls[0].Kind != "runner" {
+		t.Errorf("leases %+v, want one released runner lease", ls)
+	}
+}
