@@ -37,10 +37,6 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	if err != nil {
 		return nil, fmt.Errorf("provider: project %d: %w", proj.ID, err)
 	}
-	l, err := p.mintLease(ctx, in, actor)
-	if err != nil {
-		return nil, err
-	}
 	env := map[string]string{
 		"PATH": DefaultPath,
 		"HOME": GuestHome,
@@ -51,6 +47,19 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	for _, kv := range p.env {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
+	}
+	// The request must fit in one protocol frame; refuse it here, before a
+	// lease exists, rather than fail at start.
+	if b, err := wire.Encode(&wire.ExecStart{ID: "00000000-0000-0000-0000-000000000000", Project: wire.Project{ID: proj.ID, Workspace: proj.Root},
+		Account: actor.AccountUserID, Lease: "00000000-0000-0000-0000-000000000000", Argv: in.Command.Argv(), Cwd: cwd, Env: env}); err != nil {
+		return nil, fmt.Errorf("provider: project %d: command line too large for a machine (%d bytes of argv; the limit is about %d KiB): %w",
+			proj.ID, argvBytes(in.Command.Argv()), wire.MaxFrame>>10, err)
+	} else if len(b) > wire.MaxFrame {
+		return nil, fmt.Errorf("provider: project %d: command line too large for a machine", proj.ID)
+	}
+	l, err := p.mintLease(ctx, in, actor)
+	if err != nil {
+		return nil, err
 	}
 	m := &managedExec{
 		gw: p.gateway,
@@ -80,6 +89,14 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Start:  m.start,
 		Cancel: m.cancel,
 	}, nil
+}
+
+func argvBytes(argv []string) int {
+	n := 0
+	for _, a := range argv {
+		n += len(a) + 1
+	}
+	return n
 }
 
 // guestCwd resolves a requested working directory inside the machine.
