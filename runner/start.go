@@ -53,8 +53,8 @@ type StartOptions struct {
 	Stderr io.Writer
 }
 
-// Process is a started runner. Its methods are not safe for concurrent
-// use, except Pid and Abandon.
+// Process is a started runner. Call Wait (after Next, or alone) to reap
+// it. Its methods are not safe for concurrent use, except Pid and Abandon.
 type Process struct {
 	cmd      *exec.Cmd
 	stdin    io.WriteCloser

@@ -19,13 +19,14 @@ func newRunnerCmd() *cobra.Command {
 		fd    int
 	)
 	cmd := &cobra.Command{
-		Use:   "runner --state DIR [--worker-fd 3] [--lease-ttl D] <JOB",
+		Use:   "runner --state DIR [--worker-fd 3] [--lease-ttl D]",
 		Short: "Run a delegated job of bounded commands (started by a parent corral)",
 		Long: `Run one job as a delegated process. A parent corral starts it (see the runner
 package) with exactly one inherited descriptor, 3, named by --worker-fd 3: its
 own connection to the privileged worker. Without --worker-fd only host-project
-commands succeed. The runner has no other way to the worker, never migrates STATE/corral.db (another
-schema version is refused), runs no plugin services and has no Sites control.
+commands succeed. The runner has no other way to the worker, never migrates
+STATE/corral.db (another schema version is refused), runs no plugin services
+and has no Sites control.
 
 The job is one JSON document on stdin:
 {"actor":{"accountUserId":N,"roots":[...]},"project":{"kind":K,"projectId":N},
