@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -83,6 +84,7 @@ func floodChild(args []string) error {
 	ws := fs.String("workspace", "", "workspace under the worker's projects root")
 	limit := fs.Int64("limit", 64<<20, "stdout limit of each command")
 	par := fs.Int("par", 10, "parallel commands")
+	prof := fs.String("memprofile", "", "write a heap profile (allocations) here after the flood")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -153,6 +155,17 @@ func floodChild(args []string) error {
 	}
 	wg.Wait()
 	res.ElapsedMs = time.Since(t0).Milliseconds()
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			return err
+		}
+		err = pprof.Lookup("allocs").WriteTo(f, 0)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
 	if res.PeakRSS, err = vmHWM(); err != nil {
 		return err
 	}
@@ -179,12 +192,14 @@ func cpuTime() time.Duration {
 
 // leasesChild holds -n live leases on a fresh store with the lease
 // package's defaults (15 s TTL, 3 s sweeps, 250 ms heartbeat window) and
-// heartbeats each every 5 s, as RunCommand does, at random phases, for
-// -rounds rounds, measuring the process's CPU time over that window.
+// heartbeats each every 5 s, as RunCommand does, at random phases. After
+// one round that starts every holder, it measures the process's CPU time
+// over -rounds rounds.
 func leasesChild(args []string) error {
 	fs := flag.NewFlagSet("__leases", flag.ContinueOnError)
 	n := fs.Int("n", 10000, "live leases")
 	rounds := fs.Int("rounds", 2, "5 s heartbeat rounds")
+	prof := fs.String("cpuprofile", "", "write a CPU profile of the heartbeat window here")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -222,12 +237,14 @@ func leasesChild(args []string) error {
 	rctx, stopRun := context.WithCancel(ctx)
 	runDone := make(chan struct{})
 	go func() { defer close(runDone); _ = m.Run(rctx) }()
-	window := time.Duration(*rounds) * interval
-	hctx, stop := context.WithTimeout(ctx, window)
+	defer func() { stopRun(); <-runDone }()
+	// One round to start every holder at its phase, then the measured
+	// rounds: the steady state.
+	hctx, stop := context.WithTimeout(ctx, time.Duration(*rounds+1)*interval+interval/2)
 	defer stop()
 	var beats, errs atomic.Int64
 	var wg sync.WaitGroup
-	cpu0, start := cpuTime(), time.Now()
+	var counting atomic.Bool
 	for _, l := range leases {
 		wg.Add(1)
 		go func() {
@@ -244,7 +261,7 @@ func leasesChild(args []string) error {
 					if hctx.Err() == nil {
 						errs.Add(1)
 					}
-				} else {
+				} else if counting.Load() {
 					beats.Add(1)
 				}
 				select {
@@ -255,10 +272,27 @@ func leasesChild(args []string) error {
 			}
 		}()
 	}
-	wg.Wait()
+	time.Sleep(interval)
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
+	counting.Store(true)
+	cpu0, start := cpuTime(), time.Now()
+	time.Sleep(time.Duration(*rounds) * interval)
+	counting.Store(false)
 	cpu, wall := cpuTime()-cpu0, time.Since(start)
-	stopRun()
-	<-runDone
+	if *prof != "" {
+		pprof.StopCPUProfile()
+	}
+	stop()
+	wg.Wait()
 	res.WindowMs, res.CPUMs = wall.Milliseconds(), cpu.Milliseconds()
 	res.Beats, res.Errors = beats.Load(), errs.Load()
 	res.PercentCPU = 100 * cpu.Seconds() / wall.Seconds()

@@ -10,6 +10,11 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+	"github.com/corral-sandbox/corral/wire"
 )
 
 // subject is one way of running `true`, measured per call.
@@ -181,4 +186,61 @@ func coldSamples(ctx context.Context, cr *corral, n int) latRow {
 	}
 	row.st = summarize(samples)
 	return row
+}
+
+// Components of a managed RunCommand, measured alone so that the table
+// shows where its time goes.
+const (
+	compGateway = "component: machine gateway Exec + Wait (worker round trip, no store)"
+	compPrepare = "component: PrepareExecution + lease Release (store: tenancy, lease insert and update)"
+	compJournal = "component: journal start + finish (store: insert and update)"
+)
+
+// gatewayTrue runs `true` in the warm machine through the gateway alone.
+func (cr *corral) gatewayTrue(ctx context.Context) error {
+	s, err := cr.core.Gateway().Exec(ctx, machine.ExecRequest{
+		Project: wire.Project{ID: cr.managed.ID, Workspace: cr.managed.Root},
+		Account: cr.alice.AccountUserID,
+		Argv:    []string{"true"},
+		Cwd:     "/workspace",
+		Env:     map[string]string{"PATH": "/usr/bin:/bin"},
+	})
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	exit, err := s.Wait()
+	if err != nil {
+		return err
+	}
+	if exit.Code == nil || *exit.Code != 0 {
+		return fmt.Errorf("true: code %v signal %q", exit.Code, exit.Signal)
+	}
+	return nil
+}
+
+// prepareRelease prepares a managed `true` (tenancy checks, lease minted)
+// and releases the lease without running anything.
+func (cr *corral) prepareRelease(ctx context.Context) error {
+	a := cr.alice
+	prep, err := cr.ctl.PrepareExecution(ctx, input(cr.managed, "true"), &a)
+	if err != nil {
+		return err
+	}
+	return prep.Common().Lease.Release(ctx)
+}
+
+// journalTrue writes one journal entry and finishes it, as core's journal
+// hook does around every command.
+func (cr *corral) journalTrue(ctx context.Context) error {
+	id, err := cr.st.JournalStart(ctx, store.JournalCommand{
+		Account: cr.alice.AccountUserID, Project: cr.managed.ID, Domain: "sandbox",
+		Lease: "bench", LeaseKind: string(sandbox.LeaseTerminal), Argv: []string{"true"},
+		Limits: store.Limits{TimeoutMS: 10000, Stdout: 1 << 20, Stderr: 1 << 20},
+	})
+	if err != nil {
+		return err
+	}
+	code := 0
+	return cr.st.JournalFinish(ctx, id, store.JournalEnd{Outcome: store.OutcomeExit, Code: &code})
 }

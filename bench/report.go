@@ -178,21 +178,22 @@ func (r *report) markdown(w io.Writer) {
 	}
 
 	p("\n### Concurrency scaling (`true`, %v per level)\n\n", r.cfg.concDuration)
-	p("| Parallel | bare exec cmd/s | managed cmd/s | managed ×bare | managed p99 | failures (bare / managed) |\n|---:|---:|---:|---:|---:|---|\n")
+	p("Host CPU/cmd is the whole host's busy time (/proc/stat) per completed command: core, worker, machine and the command itself.\n\n")
+	p("| Parallel | bare exec cmd/s | managed cmd/s | managed ×bare | managed p99 | host CPU/cmd (bare / managed) | failures (bare / managed) |\n|---:|---:|---:|---:|---:|---|---|\n")
 	for _, level := range []int{1, 8, 64} {
 		b, m := r.concAt(subjBareCc, level), r.concAt(subjManagedCc, level)
 		if b == nil || m == nil {
 			continue
 		}
 		if m.skip != "" {
-			p("| %d | %.0f | – | – | – | %d / – (managed skipped: %s) |\n", level, b.perSec, b.failures, m.skip)
+			p("| %d | %.0f | – | – | – | %s / – | %d / – (managed skipped: %s) |\n", level, b.perSec, ms(b.cpuPerCmd), b.failures, m.skip)
 			continue
 		}
 		fails := fmt.Sprintf("%d / %d", b.failures, m.failures)
 		if m.firstErr != nil {
 			fails += " — " + oneLine(m.firstErr.Error())
 		}
-		p("| %d | %.0f | %.0f | %.2f× | %s | %s |\n", level, b.perSec, m.perSec, m.perSec/b.perSec, ms(m.p99), fails)
+		p("| %d | %.0f | %.0f | %.2f× | %s | %s / %s | %s |\n", level, b.perSec, m.perSec, m.perSec/b.perSec, ms(m.p99), ms(b.cpuPerCmd), ms(m.cpuPerCmd), fails)
 	}
 
 	p("\n### Core memory under an output flood\n\nA child process runs only a core (its own store, the worker's socket) and the flood, all in one managed project; peak is its VmHWM.\n\n")
@@ -205,7 +206,7 @@ func (r *report) markdown(w io.Writer) {
 		p("| %s | %s | %s | %s | %s | %d ms |\n", f.name, mib(f.res.BaseRSS), mib(f.res.PeakRSS), kinds(f.res.Kinds), mib(f.res.Captured), f.res.ElapsedMs)
 	}
 
-	p("\n### Lease heartbeats\n\nA child process holds the leases (lease package defaults: 15 s TTL, 3 s sweeps, 250 ms batching window), heartbeats each every 5 s at a random phase, with the reconciler running; CPU is getrusage over the whole window.\n\n")
+	p("\n### Lease heartbeats\n\nA child process holds the leases (lease package defaults: 15 s TTL, 3 s sweeps, 250 ms batching window), heartbeats each every 5 s at a random phase, with the reconciler running; after one round that starts every holder, CPU is getrusage over the measured rounds.\n\n")
 	if r.leases == nil {
 		p("Not measured: %v\n", r.leaseErr)
 	} else {

@@ -137,6 +137,9 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		{name: subjDirect, run: func() error { return cr.runTrue(ctx, cr.host, cr.bob) }},
 		{name: subjManaged, run: func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }, skip: workerSkip},
 		{name: subjDaemon, run: dmn.runTrue, skip: workerSkip},
+		{name: compGateway, run: func() error { return cr.gatewayTrue(ctx) }, skip: workerSkip},
+		{name: compPrepare, run: func() error { return cr.prepareRelease(ctx) }, skip: workerSkip},
+		{name: compJournal, run: func() error { return cr.journalTrue(ctx) }, skip: workerSkip},
 	}
 	if ns != nil {
 		subjects[3].run = runExec("nsenter", "-t", strconv.Itoa(ns.pid), "-a", "true")
@@ -184,15 +187,23 @@ func run(ctx context.Context, cfg config) (*report, error) {
 			// one workspace, so the worker sees one project.
 			f.err = err
 		} else {
-			f.err = runChild(&f.res, "__flood", "-socket", w.socket, "-workspace", ws,
-				"-limit", strconv.FormatInt(f.limit, 10), "-par", strconv.Itoa(f.par))
+			args := []string{"-socket", w.socket, "-workspace", ws,
+				"-limit", strconv.FormatInt(f.limit, 10), "-par", strconv.Itoa(f.par)}
+			if cfg.profile != "" {
+				args = append(args, "-memprofile", filepath.Join(cfg.profile, fmt.Sprintf("flood%d.allocs.pprof", f.limit)))
+			}
+			f.err = runChild(&f.res, "__flood", args...)
 		}
 		rep.flood = append(rep.flood, f)
 	}
 
 	step("leases")
 	var lr leasesResult
-	if err := runChild(&lr, "__leases", "-n", strconv.Itoa(cfg.leases), "-rounds", strconv.Itoa(cfg.leaseRounds)); err != nil {
+	largs := []string{"-n", strconv.Itoa(cfg.leases), "-rounds", strconv.Itoa(cfg.leaseRounds)}
+	if cfg.profile != "" {
+		largs = append(largs, "-cpuprofile", filepath.Join(cfg.profile, "leases.pprof"))
+	}
+	if err := runChild(&lr, "__leases", largs...); err != nil {
 		rep.leaseErr = err
 	} else {
 		rep.leases = &lr
