@@ -19,6 +19,7 @@ func reexec() {
 func addCommands(root *cobra.Command) {
 	root.AddCommand(newWorkerCmd())
 	root.AddCommand(daemonCommands()...)
+	root.AddCommand(newRunnerCmd())
 }
 
 // envTransport is the transport for a run that was given --worker-socket.
