@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,8 +42,10 @@ func TestLoadMixedOutcomes(t *testing.T) {
 	warm.Wait()
 	s.client.HTTPClient().CloseIdleConnections()
 	time.Sleep(100 * time.Millisecond)
+	// The store's pool of read connections grows on demand up to its bound;
+	// its files are not counted as leaks.
 	fdsBefore := fdTargets()
-	goroutines, fds := runtime.NumGoroutine(), len(fdsBefore)
+	goroutines, fds := runtime.NumGoroutine(), countNonStoreFDs(fdsBefore)
 
 	kinds := []string{"success", "nonzero", "timeout", "overflow", "cancel"}
 	want := map[string]int{}
@@ -117,7 +120,7 @@ func TestLoadMixedOutcomes(t *testing.T) {
 		return runtime.NumGoroutine() <= goroutines+2
 	})
 	waitFor(t, 10*time.Second, fmt.Sprintf("descriptors back to the baseline %d", fds), func() bool {
-		return countFDs() <= fds+2
+		return countNonStoreFDs(fdTargets()) <= fds+2
 	})
 	if t.Failed() {
 		t.Logf("goroutines %d, descriptors %d\nbefore: %v\nafter:  %v", runtime.NumGoroutine(), countFDs(), fdsBefore, fdTargets())
@@ -182,4 +185,14 @@ func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func countNonStoreFDs(targets []string) int {
+	n := 0
+	for _, t := range targets {
+		if !strings.Contains(t, "corral.db") {
+			n++
+		}
+	}
+	return n
 }
