@@ -110,8 +110,8 @@ func lspAPIError(err error) error {
 	return err
 }
 
-// lspErrBinary marks a binary message from the client.
-var lspErrBinary = errors.New("binary messages are not LSP messages; send JSON-RPC as text")
+// errLSPBinary marks a binary message from the client.
+var errLSPBinary = errors.New("binary messages are not LSP messages; send JSON-RPC as text")
 
 // bridgeLSP carries messages between conn and sess until either ends, and
 // leaves the server torn down and conn closed.
@@ -132,7 +132,7 @@ func (a *App) bridgeLSP(conn *websocket.Conn, sess *lspplugin.Session, maxMessag
 				return
 			}
 			if typ != websocket.MessageText {
-				fromClient <- lspErrBinary
+				fromClient <- errLSPBinary
 				return
 			}
 			if err := sess.Send(data); err != nil {
@@ -165,7 +165,7 @@ func (a *App) bridgeLSP(conn *websocket.Conn, sess *lspplugin.Session, maxMessag
 	case err := <-fromClient:
 		fromClient <- err // for the wait below
 		switch {
-		case errors.Is(err, lspErrBinary):
+		case errors.Is(err, errLSPBinary):
 			_ = sess.Close()
 			_ = conn.Close(websocket.StatusUnsupportedData, clipReason(err.Error()))
 		case errors.Is(err, lspplugin.ErrClosed):

@@ -18,7 +18,9 @@ import (
 	"github.com/corral-sandbox/corral/store"
 )
 
-func lspPath(id int64, server string) string { return fmt.Sprintf("/v1/projects/%d/lsp/%s", id, server) }
+func lspPath(id int64, server string) string {
+	return fmt.Sprintf("/v1/projects/%d/lsp/%s", id, server)
+}
 
 // upgradeStatus sends a WebSocket upgrade request (or a plain GET when
 // upgrade is false) and returns the status and body of a refusal.
