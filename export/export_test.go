@@ -361,6 +361,31 @@ func TestFailedReadDeletesBundle(t *testing.T) {
 	}
 }
 
+// TestFailedBundleCommand: git bundle create started (its ownership was
+// recorded) and failed; the export deletes whatever it left and marks it.
+func TestFailedBundleCommand(t *testing.T) {
+	e := newEnv(t)
+	x := e.exporter(Options{})
+	arts, err := e.core.Artifacts()
+	must(t, err)
+	g := &guest{x: x, actor: e.alice, project: sandbox.ProjectRef{Kind: sandbox.ProjectManaged, ProjectID: e.p.ID}}
+	_, err = g.bundle(context.Background(), "no-such-branch", arts)
+	var ge *GitError
+	if !errors.As(err, &ge) || ge.Where != "machine" || ge.Command != "bundle" || ge.Code == nil || *ge.Code == 0 {
+		t.Fatalf("error %v", err)
+	}
+	all := e.artifacts(true)
+	if len(all) != 1 || all[0].Deleted.IsZero() || !strings.HasPrefix(all[0].Path, BundlePrefix) {
+		t.Errorf("artifacts %+v", all)
+	}
+	if b := e.guestBundles(); len(b) != 0 {
+		t.Errorf("bundles left: %v", b)
+	}
+	if x.running(all[0].ID) {
+		t.Error("still tracked as running")
+	}
+}
+
 // TestSweeper: a bundle an interrupted export left (recorded, bytes in the
 // machine) is deleted by the sweeper once older than the grace; a young
 // one, one of a running export and files the exporter does not own are
