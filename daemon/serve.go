@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 )
@@ -118,6 +119,8 @@ type Config struct {
 	// Admins and AllowHostPaths are passed to AppOptions.
 	Admins         []string
 	AllowHostPaths bool
+	// Export configures GitHub export (the host-side push credential).
+	Export export.Options
 	// Logger receives the daemon's logs (JSON in production); nil means
 	// slog.Default(). WorkerLog receives the supervised worker's stderr;
 	// nil means os.Stderr.
@@ -194,7 +197,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export})
 	if err != nil {
 		return err
 	}

@@ -63,6 +63,9 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.StringVar(&cfg.WorkerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one")
 	fl.StringSliceVar(&cfg.Admins, "admin", nil, "account `NAME` allowed to create accounts and tokens over HTTP (repeatable)")
 	fl.BoolVar(&cfg.AllowHostPaths, "allow-host-paths", false, "accept host paths over HTTP (host projects, --from copies, file:// git URLs, trusted members)")
+	fl.StringVar(&cfg.Export.TokenFile, "export-token-file", "", "`FILE` holding the token GitHub export pushes with (used only by host git, never inside a machine)")
+	fl.StringVar(&cfg.Export.Username, "export-username", "", "user name sent with the export token (default x-access-token)")
+	fl.BoolVar(&cfg.Export.AllowInsecure, "export-allow-insecure", false, "let export push to http, file:// and local-path remotes")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	return cmd
 }
