@@ -31,8 +31,9 @@ type Worker struct {
 
 // Options tune Start; the zero value is fine.
 type Options struct {
-	IdleGrace time.Duration
-	Limits    worker.Limits
+	IdleGrace   time.Duration
+	Limits      worker.Limits
+	MaxSessions int
 }
 
 // Start serves a new worker until the test ends. It skips the test when not
@@ -55,6 +56,7 @@ func Start(t testing.TB, opts Options) *Worker {
 		StateDir:     t.TempDir(),
 		IdleGrace:    opts.IdleGrace,
 		Limits:       opts.Limits,
+		MaxSessions:  opts.MaxSessions,
 		CgroupParent: parent,
 		Logger:       slog.New(slog.DiscardHandler),
 	})
