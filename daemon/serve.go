@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 )
@@ -121,6 +122,9 @@ type Config struct {
 	AllowHostPaths bool
 	// Export configures GitHub export (the host-side push credential).
 	Export export.Options
+	// Lease tunes the lease manager (TTL, sweep interval); the zero value
+	// means the defaults (15 s, 3 s).
+	Lease lease.Options
 	// Logger receives the daemon's logs (JSON in production); nil means
 	// slog.Default(). WorkerLog receives the supervised worker's stderr;
 	// nil means os.Stderr.
@@ -192,6 +196,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		PrivilegedTransport: transport,
 		Logger:              log,
 		Control:             sandbox.ControlOptions{Observe: metrics.Observe},
+		Lease:               cfg.Lease,
 	})
 	if err != nil {
 		return err
