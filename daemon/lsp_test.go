@@ -11,9 +11,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/plugins/lsp"
+	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -405,5 +408,38 @@ func TestLSPClientProtocol(t *testing.T) {
 			waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 			waitFor(t, "gopls to end", func() bool { return len(machineProcesses("gopls")) == 0 })
 		})
+	}
+}
+
+// TestLSPCloseStatus: how each end of a session maps onto a close frame
+// (the reasons that need a misbehaving server are driven for real in
+// plugins/lsp's tests).
+func TestLSPCloseStatus(t *testing.T) {
+	zero, three := 0, 3
+	long := strings.Repeat("é", 100)
+	for _, tt := range []struct {
+		err    error
+		code   websocket.StatusCode
+		reason string
+	}{
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonExited, Message: "the server exited with code 0", Exit: &sandbox.Exit{Code: &zero}}, 1000, "exited: the server exited with code 0"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonExited, Message: "the server exited with code 3", Exit: &sandbox.Exit{Code: &three}}, 1011, "exited: the server exited with code 3"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonExited, Message: "the server closed its output without exiting"}, 1011, "exited: the server closed its output without exiting"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonServerProtocol, Message: "lsp: bad message framing: missing Content-Length", Err: lspplugin.ErrFraming}, 1011, "serverProtocol: lsp: bad message framing: missing Content-Length"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonClientProtocol, Message: "m", Err: lspplugin.ErrNotJSON}, 1007, "clientProtocol: m"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonClientProtocol, Message: "m", Err: lspplugin.ErrTooLarge}, 1009, "clientProtocol: m"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonHeartbeat, Message: "lease heartbeat failed: x"}, 1011, "heartbeat: lease heartbeat failed: x"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonTransport, Message: "t"}, 1011, "transport: t"},
+		{&lspplugin.CloseError{Reason: lspplugin.ReasonClosed, Message: "closed by the client"}, 1000, "closed: closed by the client"},
+		{errors.New("other"), 1011, "session ended"},
+	} {
+		code, reason := lspCloseStatus(tt.err)
+		if code != tt.code || reason != tt.reason {
+			t.Errorf("%v: %d %q, want %d %q", tt.err, code, reason, tt.code, tt.reason)
+		}
+	}
+	_, reason := lspCloseStatus(&lspplugin.CloseError{Reason: lspplugin.ReasonTransport, Message: long})
+	if len(reason) > 123 || !utf8.ValidString(reason) || !strings.HasPrefix(reason, "transport: éé") {
+		t.Errorf("long reason: %d bytes %q", len(reason), reason)
 	}
 }

@@ -38,7 +38,7 @@ const maxHeader = 4096
 // is not a JSON object also wraps ErrNotJSON. CheckMessage's errors wrap
 // ErrTooLarge or ErrNotJSON.
 var (
-	ErrFraming  = errors.New("lsp: malformed message framing")
+	ErrFraming  = errors.New("lsp: bad message framing")
 	ErrTooLarge = errors.New("lsp: message too large")
 	ErrNotJSON  = errors.New("lsp: message is not a JSON object")
 )

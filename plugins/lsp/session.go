@@ -212,7 +212,9 @@ func (s *Session) read() {
 		m, err := r.ReadMessage()
 		if err != nil {
 			if errors.Is(err, ErrFraming) {
-				s.fail(&CloseError{Reason: ReasonServerProtocol, Message: "the server broke the message framing: " + err.Error(), Err: err})
+				// The message is the framing error itself ("lsp: bad message
+				// framing: …"), short enough for a WebSocket close reason.
+				s.fail(&CloseError{Reason: ReasonServerProtocol, Message: err.Error(), Err: err})
 			}
 			s.readerDone <- err
 			return
