@@ -123,7 +123,8 @@ type Config struct {
 	// Export configures GitHub export (the host-side push credential).
 	Export export.Options
 	// Lease tunes the lease manager (TTL, sweep interval); the zero value
-	// means the defaults (15 s, 3 s).
+	// means the defaults (15 s, 3 s). A shorter TTL shortens the heartbeat
+	// interval of commands and sessions to a third of it.
 	Lease lease.Options
 	// Logger receives the daemon's logs (JSON in production); nil means
 	// slog.Default(). WorkerLog receives the supervised worker's stderr;
@@ -190,19 +191,23 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		log.Warn("no privileged transport in this process: managed projects answer 503 (run as root, or pass --worker-socket)")
 	}
 
+	var beat time.Duration
+	if cfg.Lease.TTL > 0 && cfg.Lease.TTL/3 < sandbox.DefaultHeartbeatInterval {
+		beat = cfg.Lease.TTL / 3
+	}
 	c, err := core.Build(ctx, core.Options{
 		StorePath:           filepath.Join(state, "corral.db"),
 		Migrate:             true,
 		PrivilegedTransport: transport,
 		Logger:              log,
-		Control:             sandbox.ControlOptions{Observe: metrics.Observe},
+		Control:             sandbox.ControlOptions{Observe: metrics.Observe, HeartbeatInterval: beat},
 		Lease:               cfg.Lease,
 	})
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, SessionHeartbeat: beat})
 	if err != nil {
 		return err
 	}
