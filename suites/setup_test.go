@@ -30,6 +30,7 @@ func TestMain(m *testing.M) {
 	confine.MaybeRun()
 	worker.MaybeRunInit()
 	testworker.MaybeRunChild()
+	maybeRunDaemonChild()
 	goleak.VerifyTestMain(m)
 }
 

@@ -1,0 +1,218 @@
+package suites
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/internal/testworker"
+	"github.com/corral-sandbox/corral/lease"
+	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
+	"github.com/corral-sandbox/corral/store"
+)
+
+const daemonChildEnv = "CORRAL_SUITES_DAEMON"
+
+// maybeRunDaemonChild serves a daemon in a child process of the test (so a
+// test can kill it with SIGKILL): state dir and worker socket come from the
+// environment, the lease TTL is one second.
+func maybeRunDaemonChild() {
+	state := os.Getenv(daemonChildEnv)
+	if state == "" {
+		return
+	}
+	err := daemon.Run(context.Background(), daemon.Config{
+		StateDir:     state,
+		WorkerSocket: os.Getenv(daemonChildEnv + "_WORKER"),
+		Logger:       slog.New(slog.DiscardHandler),
+		Lease:        lease.Options{TTL: time.Second, SweepInterval: 200 * time.Millisecond},
+	})
+	fmt.Fprintln(os.Stderr, "daemon child:", err)
+	os.Exit(1)
+}
+
+type daemonProc struct {
+	state, worker string
+	cmd           *exec.Cmd
+	done          chan struct{}
+}
+
+func (d *daemonProc) start(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), daemonChildEnv+"="+d.state, daemonChildEnv+"_WORKER="+d.worker)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	must(t, cmd.Start())
+	d.cmd, d.done = cmd, make(chan struct{})
+	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(cmd, d.done)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("unix", filepath.Join(d.state, "corral.sock"))
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon child did not listen: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (d *daemonProc) kill() {
+	if d.cmd == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGKILL)
+	<-d.done
+	d.cmd = nil
+}
+
+// TestDaemonKilled kills -9 the daemon at random points of a command's life
+// — before the worker accepted it, right after it started, in the middle of
+// its output, and while it is being cancelled — and checks that the caller
+// gets an error (never a result), that no process of the command survives
+// on the host, that a restarted daemon expires the dead one's lease and the
+// journal says the command was interrupted, and that the next command works.
+func TestDaemonKilled(t *testing.T) {
+	ctx := context.Background()
+	w := testworker.Start(t, testworker.Options{})
+	state := t.TempDir()
+	st, err := store.Open(ctx, filepath.Join(state, "corral.db"), store.Options{Migrate: true})
+	must(t, err)
+	acct, err := st.CreateAccount(ctx, "alice")
+	must(t, err)
+	token, _, err := st.CreateToken(ctx, acct.ID, "t")
+	must(t, err)
+	proj, err := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: w.Workspace(t, "p")})
+	must(t, err)
+	_, err = st.AddMember(ctx, store.Member{Project: proj.ID, Account: acct.ID, Role: store.RoleOwner})
+	must(t, err)
+
+	d := &daemonProc{state: state, worker: w.Socket}
+	d.start(t)
+	t.Cleanup(d.kill)
+	cl, err := client.New(filepath.Join(state, "corral.sock"), token)
+	must(t, err)
+
+	points := []string{"beforeAccept", "afterStart", "midOutput", "duringCancel"}
+	rounds := 1
+	if *full {
+		rounds = 5
+	}
+	for r := 0; r < rounds; r++ {
+		for _, point := range points {
+			t.Run(fmt.Sprintf("%s/%d", point, r), func(t *testing.T) {
+				tok := fmt.Sprintf("300.%d", rand.Uint32())
+				rctx, cancel := context.WithCancel(ctx)
+				defer cancel()
+				errc := make(chan error, 1)
+				go func() {
+					res, err := cl.RunCommand(rctx, proj.ID, client.CommandRequest{
+						Command:   argv("sh", "-c", "i=0; while [ $i -lt 100000 ]; do echo line $i; i=$((i+1)); done; sleep "+tok),
+						TimeoutMs: 60000,
+					})
+					if err == nil {
+						err = fmt.Errorf("got a result %+v from a killed daemon", res)
+						if res == nil {
+							err = nil
+						}
+					}
+					errc <- err
+				}()
+				switch point {
+				case "beforeAccept":
+					time.Sleep(time.Duration(rand.IntN(3000)) * time.Microsecond)
+				case "afterStart":
+					waitProc(t, "sh -c i=0")
+				case "midOutput":
+					waitProc(t, "sh -c i=0")
+					time.Sleep(time.Duration(50+rand.IntN(200)) * time.Millisecond)
+				case "duringCancel":
+					waitProc(t, "sh -c i=0")
+					cancel()
+					time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+				}
+				d.kill()
+				if err := <-errc; err == nil {
+					t.Fatal("the caller of a killed daemon got no error")
+				} else if strings.Contains(err.Error(), "got a result") {
+					t.Fatal(err)
+				}
+				sandboxtest.AssertNoProcesses(t, "sh -c i=0")
+				sandboxtest.AssertNoProcesses(t, tok)
+
+				// A new daemon expires the dead one's lease; the journal says
+				// what happened.
+				d.start(t)
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					n, err := st.LiveLeaseCount(ctx)
+					must(t, err)
+					rows, err := st.ListJournal(ctx, store.JournalFilter{Project: proj.ID, Limit: 1000})
+					must(t, err)
+					running := 0
+					for _, row := range rows {
+						if row.End.Outcome == "" {
+							running++
+						}
+					}
+					if n == 0 && running == 0 {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("%d live leases, %d journal rows still running, 10 s after the restart", n, running)
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				res, err := cl.RunCommand(ctx, proj.ID, client.CommandRequest{Command: argv("echo", "next")})
+				if err != nil || res.Stdout != "next\n" {
+					t.Fatalf("next command: %+v %v", res, err)
+				}
+			})
+		}
+	}
+	rows, err := st.ListJournal(ctx, store.JournalFilter{Project: proj.ID, Limit: 1000})
+	must(t, err)
+	interrupted := 0
+	for _, row := range rows {
+		if row.End.Outcome == store.OutcomeInterrupted {
+			interrupted++
+		}
+	}
+	if interrupted == 0 {
+		t.Errorf("no journal row says interrupted: %d rows", len(rows))
+	}
+	st.Close()
+}
+
+// waitProc waits until a host process whose command line contains s runs.
+func waitProc(t *testing.T, s string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+			if strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), s) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no process %q started", s)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
