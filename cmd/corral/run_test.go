@@ -141,9 +141,9 @@ func TestRunHostConfined(t *testing.T) {
 // is aborted and its process group is killed.
 func TestRunInterruptAborts(t *testing.T) {
 	state, dir := t.TempDir(), t.TempDir()
-	tok := "corral-sigint-" + filepath.Base(dir)
+	tok := sandboxtest.SleepToken()
 	cmd := exec.Command(os.Args[0], "run", "--state", state, "--json", "--host", dir, "--",
-		"sh", "-c", "echo ready; sleep 100 & sleep 101 # "+tok)
+		"sh", "-c", "echo ready; sleep "+tok+" & sleep "+tok)
 	cmd.Env = append(os.Environ(), "CORRAL_TEST_AS_MAIN=1")
 	var out bytes.Buffer
 	cmd.Stdout = &out
@@ -168,8 +168,7 @@ func TestRunInterruptAborts(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &body); err != nil || body.Error.Kind != "abort" || body.Error.Stdout != "ready\n" {
 		t.Fatalf("output %q (%v)", out.String(), err)
 	}
-	sandboxtest.AssertNoProcesses(t, tok)
-	sandboxtest.AssertNoProcesses(t, "sleep 100")
+	sandboxtest.AssertNoProcesses(t, "sleep "+tok)
 }
 
 func readCmdlines() string {

@@ -63,6 +63,13 @@ func marker(t *testing.T) string {
 	return fmt.Sprintf("corral-conf-%d-%d", os.Getpid(), time.Now().UnixNano())
 }
 
+// SleepToken returns a sleep duration unique to this call ("100.NNN"), so
+// that `sleep TOKEN` shows in the command line of its process and can be
+// told apart from every other test's sleeps.
+func SleepToken() string {
+	return fmt.Sprintf("100.%d", time.Now().UnixNano()%1e9)
+}
+
 // processesWith lists host processes whose command line contains token.
 func processesWith(token string) []string {
 	var found []string
@@ -160,14 +167,14 @@ func Run(t *testing.T, tg Target) {
 	})
 
 	t.Run("Timeout", func(t *testing.T) {
-		tok := marker(t)
+		tok := SleepToken()
 		_, err := tg.run(ctx, &sandbox.RunOptions{Timeout: 500 * time.Millisecond},
-			"sh", "-c", "echo before; sleep 100 & sleep 100; echo "+tok)
+			"sh", "-c", "echo before; sleep "+tok+" & sleep "+tok+"; echo done")
 		ce := wantKind(t, err, sandbox.KindTimeout)
 		if ce.Stdout != "before\n" {
 			t.Errorf("partial stdout = %q, want %q", ce.Stdout, "before\n")
 		}
-		AssertNoProcesses(t, "sleep 100")
+		AssertNoProcesses(t, "sleep "+tok)
 		tg.noLiveLeases(t)
 	})
 
