@@ -23,6 +23,9 @@ type Deps struct {
 	Gateway *machine.Gateway
 	Logger  *slog.Logger
 	SelfExe string
+	// LSPServers maps language-server names to their command lines
+	// (Options.LSPServers); nil means the lsp plugin's defaults.
+	LSPServers map[string][]string
 }
 
 // PluginFactory makes a plugin's registration from core's services.
@@ -34,7 +37,7 @@ func Builtins() []PluginFactory {
 		SandboxPlugin,
 		SitesPlugin,
 		func(d Deps) plugin.Registration { return editorplugin.ForStore(d.Store, d.Logger) },
-		func(d Deps) plugin.Registration { return lspplugin.Registration(lspplugin.Options{Logger: d.Logger}) },
+		func(d Deps) plugin.Registration { return lspplugin.Registration(lspplugin.Options{Servers: d.LSPServers, Logger: d.Logger}) },
 	}
 }
 

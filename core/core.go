@@ -49,6 +49,10 @@ type Options struct {
 	Plugins []PluginFactory
 	// PluginConfig enables and disables plugins by name.
 	PluginConfig plugin.Config
+	// LSPServers configures the language servers the lsp plugin may start,
+	// by name (a command line each, run inside the project's machine). Nil
+	// means the plugin's defaults (gopls).
+	LSPServers map[string][]string
 }
 
 // Core is a built corral core. Close it when done.
@@ -150,7 +154,7 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 	if factories == nil {
 		factories = Builtins()
 	}
-	deps := Deps{Store: c.store, Leases: c.leases, Gateway: c.gateway, Logger: log, SelfExe: opts.SelfExe}
+	deps := Deps{Store: c.store, Leases: c.leases, Gateway: c.gateway, Logger: log, SelfExe: opts.SelfExe, LSPServers: opts.LSPServers}
 	regs := make([]plugin.Registration, 0, len(factories))
 	for _, f := range factories {
 		regs = append(regs, f(deps))

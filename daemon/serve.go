@@ -122,6 +122,8 @@ type Config struct {
 	AllowHostPaths bool
 	// Export configures GitHub export (the host-side push credential).
 	Export export.Options
+	// LSPServers configures language servers by name (core.Options).
+	LSPServers map[string][]string
 	// Lease tunes the lease manager (TTL, sweep interval); the zero value
 	// means the defaults (15 s, 3 s). A shorter TTL shortens the heartbeat
 	// interval of commands and sessions to a third of it.
@@ -202,6 +204,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Logger:              log,
 		Control:             sandbox.ControlOptions{Observe: metrics.Observe, HeartbeatInterval: beat},
 		Lease:               cfg.Lease,
+		LSPServers:          cfg.LSPServers,
 	})
 	if err != nil {
 		return err

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -19,9 +21,10 @@ func daemonCommands() []*cobra.Command {
 
 func newDaemonCmd() *cobra.Command {
 	var (
-		cfg   daemon.Config
-		state string
-		debug bool
+		cfg        daemon.Config
+		state      string
+		debug      bool
+		lspServers []string
 	)
 	cmd := &cobra.Command{
 		Use:   "daemon --state DIR [--listen ADDR] [--worker-socket PATH]",
@@ -45,6 +48,9 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 				return err
 			}
 			cfg.StateDir = dir
+			if cfg.LSPServers, err = parseLSPServers(lspServers); err != nil {
+				return err
+			}
 			level := slog.LevelInfo
 			if debug {
 				level = slog.LevelDebug
@@ -66,6 +72,25 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.StringVar(&cfg.Export.TokenFile, "export-token-file", "", "`FILE` holding the token GitHub export pushes with (used only by host git, never inside a machine)")
 	fl.StringVar(&cfg.Export.Username, "export-username", "", "user name sent with the export token (default x-access-token)")
 	fl.BoolVar(&cfg.Export.AllowInsecure, "export-allow-insecure", false, "let export push to http, file:// and local-path remotes")
+	fl.StringArrayVar(&lspServers, "lsp-server", nil, "language server `NAME=COMMAND LINE` run inside machines (repeatable; default gopls)")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	return cmd
+}
+
+// parseLSPServers parses --lsp-server NAME=COMMAND LINE values (the command
+// line is split on white space; no shell is involved).
+func parseLSPServers(vals []string) (map[string][]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	out := make(map[string][]string, len(vals))
+	for _, v := range vals {
+		name, cmdline, ok := strings.Cut(v, "=")
+		argv := strings.Fields(cmdline)
+		if !ok || strings.TrimSpace(name) == "" || len(argv) == 0 {
+			return nil, fmt.Errorf("--lsp-server %q: want NAME=COMMAND LINE", v)
+		}
+		out[strings.TrimSpace(name)] = argv
+	}
+	return out, nil
 }
