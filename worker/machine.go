@@ -182,8 +182,9 @@ func (m *machine) boot() (err error) {
 		Mask: w.masks,
 	}
 	if w.pidLimit > 0 {
-		// Leave the init room for its own threads under the pids limit.
-		cfg.NProc = int(max(w.pidLimit-16, w.pidLimit/2, 1))
+		// Leave room under the pids limit for the init's own threads and
+		// for its ready pid namespace holders (a few threads each).
+		cfg.NProc = int(max(w.pidLimit-32, w.pidLimit/2, 1))
 	}
 	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
 	if err != nil {

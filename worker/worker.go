@@ -120,6 +120,8 @@ func MaybeRunInit() {
 	switch os.Args[1] {
 	case initArg:
 		guest.Main()
+	case guest.HolderArg:
+		guest.Holder()
 	case holdArg:
 		// Holds a user namespace open for the worker until stdin closes.
 		_, _ = io.Copy(io.Discard, os.Stdin)

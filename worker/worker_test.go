@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/guest"
 )
 
 // machineOf returns the running machine of project id.
@@ -36,8 +37,32 @@ func (h *harness) machineOf(t testing.TB, id int64) MachineInfo {
 }
 
 // sessionPids lists the host pids in the machine's cgroup other than the
-// init.
+// init and the pid namespace holders.
 func sessionPids(t testing.TB, m MachineInfo) []int {
+	t.Helper()
+	var pids []int
+	for _, pid := range machinePids(t, m) {
+		if pid != m.InitPID && !isHolder(pid) && !hasArg(pid, initArg) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// holderPids lists the host pids of the machine's pid namespace holders.
+func holderPids(t testing.TB, m MachineInfo) []int {
+	t.Helper()
+	var pids []int
+	for _, pid := range machinePids(t, m) {
+		if isHolder(pid) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// machinePids lists the host pids in the machine's cgroup.
+func machinePids(t testing.TB, m MachineInfo) []int {
 	t.Helper()
 	var pids []int
 	for _, dir := range m.Cgroups {
@@ -47,12 +72,23 @@ func sessionPids(t testing.TB, m MachineInfo) []int {
 		}
 		for _, f := range strings.Fields(string(b)) {
 			pid, _ := strconv.Atoi(f)
-			if pid != m.InitPID && !slices.Contains(pids, pid) {
+			if !slices.Contains(pids, pid) {
 				pids = append(pids, pid)
 			}
 		}
 	}
 	return pids
+}
+
+// isHolder reports whether pid is a pid namespace holder (a process that
+// has exited is not).
+func isHolder(pid int) bool { return hasArg(pid, guest.HolderArg) }
+
+// hasArg reports whether arg is one of pid's arguments. (A holder being
+// spawned, between its fork and its exec, has those of the init.)
+func hasArg(pid int, arg string) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return err == nil && slices.Contains(strings.Split(string(b), "\x00"), arg)
 }
 
 func alive(pid int) bool {
@@ -986,10 +1022,16 @@ func TestWorkerDeathStopsMachines(t *testing.T) {
 	}
 	parentDir := filepath.Join("/sys/fs/cgroup/pids", own, parent)
 	var procs []string
-	eventually(t, "init, sh and two sleeps", func() bool {
+	eventually(t, "init, sh, two sleeps and the holders", func() bool {
 		b, _ := os.ReadFile(filepath.Join(parentDir, "machine-1.1", "cgroup.procs"))
 		procs = strings.Fields(string(b))
-		return len(procs) == 4
+		holders := 0
+		for _, p := range procs {
+			if n, _ := strconv.Atoi(p); isHolder(n) {
+				holders++
+			}
+		}
+		return len(procs)-holders == 4 && holders >= 2
 	})
 	if err := cmd.Process.Kill(); err != nil {
 		t.Fatal(err)

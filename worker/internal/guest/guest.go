@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -44,7 +45,11 @@ func Main() {
 		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 		os.Exit(1)
 	}
-	in := &pid1{c: c, cfg: m.Config, byPID: make(map[int]*child), bySID: make(map[uint64]*child)}
+	in := &pid1{c: c, cfg: m.Config, byPID: make(map[int]*session), bySID: make(map[uint64]*session)}
+	if err := in.preparePidNS(); err != nil {
+		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
+		os.Exit(1)
+	}
 	if err := c.Send(&ctl.Msg{Op: ctl.OpReady}); err != nil {
 		os.Exit(1)
 	}
@@ -85,7 +90,10 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 			return fmt.Errorf("setrlimit nproc: %w", err)
 		}
 	}
-	signal.Ignore(syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE)
+	// Swallowed rather than ignored: an ignored disposition survives fork
+	// and exec, and sessions must start with every signal at its default
+	// (Go resets the signals it handles in the child).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE)
 	// Last: the filter binds this thread, from which every session forks.
 	return installSetIDFilter()
 }
@@ -93,19 +101,66 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 // pid1 is the init's state. Everything runs on the init's one locked
 // thread, in loop: a single goroutine blocked in a single system call
 // (ppoll) keeps Go's scheduler out of the exec path, and the order of the
-// reports (started before exit) follows from program order.
+// reports (started before exit) follows from program order. The lock also
+// matters for correctness: start points this thread's pid_ns_for_children
+// at a holder's namespace for the duration of one fork, and the runtime
+// creates no thread from a locked one (it would inherit that namespace,
+// which the kernel refuses for threads).
+//
+// The only other goroutine is the holder pool's refiller, which shares
+// nothing with the loop but the pool's channels.
 type pid1 struct {
 	c     *ctl.Endpoint
 	cfg   *ctl.Config
-	byPID map[int]*child // running sessions by pid (in the machine)
-	bySID map[uint64]*child
+	ownNS int // the init's pid namespace, to return to after a fork
+	pool  *holderPool
+	byPID map[int]*session // running sessions by pid of main process and of holder
+	bySID map[uint64]*session
 	poll  []unix.PollFd
+	// spawned are the holders this thread spawned (when the pool was
+	// empty), until reaped: they are, with the sessions' main processes,
+	// the children this thread knows of.
+	spawned map[int]bool
+	// strays are children of this thread that it did not fork: processes
+	// a session made with clone(CLONE_PARENT), by pidfd. They are polled
+	// (so that a holder tearing down their namespace, which waits until
+	// they are reaped, is not kept waiting) from when they are noticed
+	// until reaped.
+	strays   map[int]int
+	children string // this thread's /proc children file
+	buf      []byte
 }
 
-type child struct {
-	sid   uint64
-	pid   int
-	pidfd int
+// session is one running session: its main process, a child of the init,
+// and the holder of its pid namespace. Its exit is reported once both are
+// reaped, that is once every process of the session is gone.
+type session struct {
+	sid    uint64
+	pid    int // main process; 0 once reaped
+	pidfd  int
+	holder *holder // nil once reaped
+	exit   *ctl.Msg
+}
+
+// preparePidNS opens what start needs: the init's own pid namespace and
+// the holder pool. Called once, after setup (the pool's /dev/null is the
+// machine's).
+func (in *pid1) preparePidNS() error {
+	fd, err := unix.Open("/proc/self/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open own pid namespace: %w", err)
+	}
+	in.ownNS = fd
+	in.children = childrenFile(os.Getpid(), unix.Gettid())
+	in.spawned = make(map[int]bool)
+	in.strays = make(map[int]int)
+	in.buf = make([]byte, 64<<10)
+	null, err := openNull()
+	if err != nil {
+		return err
+	}
+	in.pool = newHolderPool(null)
+	return nil
 }
 
 // loop serves the worker's requests and reports exits until the control
@@ -113,8 +168,15 @@ type child struct {
 func (in *pid1) loop() {
 	for {
 		in.poll = append(in.poll[:0], unix.PollFd{Fd: int32(in.c.FD()), Events: unix.POLLIN})
-		for _, ch := range in.byPID {
-			in.poll = append(in.poll, unix.PollFd{Fd: int32(ch.pidfd), Events: unix.POLLIN})
+		for pid, s := range in.byPID {
+			fd := s.pidfd
+			if pid != s.pid {
+				fd = s.holder.pidfd
+			}
+			in.poll = append(in.poll, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+		}
+		for _, fd := range in.strays {
+			in.poll = append(in.poll, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
 		if _, err := unix.Ppoll(in.poll, nil, nil); err != nil && err != unix.EINTR {
 			_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: "ppoll: " + err.Error()})
@@ -144,12 +206,11 @@ func (in *pid1) serve() bool {
 		case ctl.OpStart:
 			in.start(m, files)
 		case ctl.OpKill:
-			if ch, ok := in.bySID[m.SID]; ok {
-				// The session's main process is PID 1 of its own pid
-				// namespace: killing it makes the kernel kill every
-				// process of the session, wherever it forked to. The
-				// pidfd makes this immune to pid reuse.
-				_ = unix.PidfdSendSignal(ch.pidfd, unix.SIGKILL, nil, 0)
+			if s, ok := in.bySID[m.SID]; ok && s.holder != nil {
+				// The kernel kills every process of the holder's
+				// namespace, the main process included, wherever
+				// they forked to.
+				s.holder.kill()
 			}
 		default:
 			closeFiles(files)
@@ -179,23 +240,49 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 	for _, f := range stdio {
 		_ = unix.SetNonblock(int(f.Fd()), false)
 	}
+	h, spawned, err := in.pool.get()
+	if err != nil {
+		notStarted(err.Error())
+		return
+	}
+	if spawned {
+		in.spawned[h.pid] = true
+	}
 	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   m.Cwd,
 		Env:   m.Env,
 		Files: []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()},
 		Sys: &syscall.SysProcAttr{
-			Setsid: true,
-			// A pid namespace per session: its main process is PID 1 there,
-			// so its death (exit or kill) takes down every descendant and
-			// no double fork escapes a cancel.
-			Cloneflags: syscall.CLONE_NEWPID,
+			Setsid:     true,
 			Credential: &syscall.Credential{Uid: uint32(in.cfg.UID), Gid: uint32(in.cfg.GID), Groups: []uint32{}},
 			PidFD:      &pidfd,
 		},
 	}
-	pid, err := syscall.ForkExec(path, m.Argv, attr)
+	pid, err := in.forkIn(h, path, m.Argv, attr)
+	if errors.Is(err, unix.ENOMEM) && !h.alive() {
+		// The holder died (the OOM killer?) after it was checked: its
+		// namespace accepts no process. Once more with another.
+		h.discard()
+		in.pool.replenish()
+		if h, spawned, err = in.pool.get(); err != nil {
+			notStarted(err.Error())
+			return
+		}
+		if spawned {
+			in.spawned[h.pid] = true
+		}
+		pid, err = in.forkIn(h, path, m.Argv, attr)
+	}
 	if err != nil {
+		// The child that failed to exec ran nothing of the session's
+		// and has been reaped: the namespace is as it was.
+		if h.alive() {
+			in.pool.put(h)
+		} else {
+			h.discard()
+			in.pool.replenish()
+		}
 		if _, serr := os.Stat(m.Cwd); serr != nil {
 			notStarted(fmt.Sprintf("chdir %s: %v", m.Cwd, unwrapPathErr(serr)))
 			return
@@ -203,10 +290,29 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 		notStarted(fmt.Sprintf("exec %s: %v", path, err))
 		return
 	}
-	ch := &child{sid: m.SID, pid: pid, pidfd: pidfd}
-	in.byPID[pid] = ch
-	in.bySID[m.SID] = ch
+	s := &session{sid: m.SID, pid: pid, pidfd: pidfd, holder: h}
+	in.byPID[pid] = s
+	in.byPID[h.pid] = s
+	in.bySID[m.SID] = s
 	_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID})
+}
+
+// forkIn forks and execs a child of the init inside h's pid namespace:
+// setns(CLONE_NEWPID) sets where this thread's next child goes, not the
+// thread's own namespace, so the child is an ordinary process there (not
+// its PID 1) whose parent is the init. The thread then returns to the
+// init's namespace; if it cannot, the init cannot go on safely and exits
+// (the machine fails).
+func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
+	if err := unix.Setns(h.pidfd, unix.CLONE_NEWPID); err != nil {
+		return 0, fmt.Errorf("enter the session's pid namespace: %w", err)
+	}
+	pid, err := syscall.ForkExec(path, argv, attr)
+	if serr := unix.Setns(in.ownNS, unix.CLONE_NEWPID); serr != nil {
+		_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: "return to the init's pid namespace: " + serr.Error()})
+		os.Exit(1)
+	}
+	return pid, err
 }
 
 func unwrapPathErr(err error) error {
@@ -217,9 +323,16 @@ func unwrapPathErr(err error) error {
 	return err
 }
 
-// reap collects every child that has ended, reporting the exits of
-// sessions. Children that are not sessions (a failed exec's child,
-// should ForkExec not have reaped it) are just reaped.
+// reap collects every child that has ended. A session's main process is
+// reaped first (its holder, were it tearing its namespace down, would wait
+// for that). Its exit is kept; if nothing else is left in the session's
+// namespace, the exit is reported at once and the holder goes back to the
+// pool; otherwise the holder is killed, which kills whatever the session
+// left behind, and the exit is reported once the holder is reaped too,
+// when no process of the session remains. Other children (a discarded
+// holder, a process a session made a child of the init with CLONE_PARENT,
+// a failed exec's child should ForkExec not have reaped it) are just
+// reaped.
 func (in *pid1) reap() {
 	for {
 		var ws unix.WaitStatus
@@ -230,25 +343,98 @@ func (in *pid1) reap() {
 		if err != nil || pid <= 0 {
 			return
 		}
-		ch, ok := in.byPID[pid]
+		delete(in.spawned, pid)
+		if fd, ok := in.strays[pid]; ok {
+			unix.Close(fd)
+			delete(in.strays, pid)
+		}
+		s, ok := in.byPID[pid]
 		if !ok || (!ws.Exited() && !ws.Signaled()) {
 			continue
 		}
 		delete(in.byPID, pid)
-		delete(in.bySID, ch.sid)
-		unix.Close(ch.pidfd)
-		msg := &ctl.Msg{Op: ctl.OpExit, SID: ch.sid}
-		if ws.Exited() {
-			code := ws.ExitStatus()
-			msg.Code = &code
+		if pid == s.pid {
+			unix.Close(s.pidfd)
+			s.pid, s.pidfd = 0, -1
+			s.exit = exitMsg(s.sid, ws)
+			if s.holder != nil {
+				// Also when cancelled (the holder already killed): this
+				// notices strays, whose reaping the holder waits for.
+				if in.nsEmpty(s.holder) && !s.holder.killed {
+					delete(in.byPID, s.holder.pid)
+					in.pool.put(s.holder)
+					s.holder = nil
+				} else {
+					s.holder.kill()
+				}
+			}
 		} else {
-			msg.Signal = unix.SignalName(ws.Signal())
-			if msg.Signal == "" {
-				msg.Signal = fmt.Sprintf("SIG%d", int(ws.Signal()))
+			unix.Close(s.holder.pidfd)
+			s.holder = nil
+			in.pool.replenish()
+		}
+		if s.pid == 0 && s.holder == nil {
+			delete(in.bySID, s.sid)
+			_ = in.c.Send(s.exit)
+		}
+	}
+}
+
+// nsEmpty reports whether h's namespace holds no process but h, once the
+// main process of its session has been reaped. Every other process of the
+// namespace is then in h's subtree — the main process's children were
+// reparented to h before it became reapable, and orphans go to h — or,
+// made by clone(CLONE_PARENT) from the main process or from such a
+// process, a child of this thread: a stray. So the namespace is empty if
+// this thread has no stray (none can appear once there is none) and then
+// h has no child. Nothing can enter an empty namespace but a fork by the
+// init. Any doubt (a /proc file unreadable) answers false, and the holder
+// is killed.
+//
+// Strays found are registered for polling, whichever session they belong
+// to: while one lives, every session ending kills its holder.
+func (in *pid1) nsEmpty(h *holder) bool {
+	b, err := readFile(in.children, in.buf)
+	if err != nil {
+		return false
+	}
+	empty := true
+	for f := range strings.FieldsSeq(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil {
+			return false
+		}
+		if _, ok := in.byPID[pid]; ok || in.spawned[pid] {
+			continue
+		}
+		empty = false
+		if _, ok := in.strays[pid]; !ok {
+			// An unreaped child: its pid cannot have been reused.
+			if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+				in.strays[pid] = fd
 			}
 		}
-		_ = in.c.Send(msg)
 	}
+	if !empty {
+		return false
+	}
+	b, err = readFile(h.children, in.buf)
+	return err == nil && len(b) == 0
+}
+
+// exitMsg reports the observed end of a session's main process.
+func exitMsg(sid uint64, ws unix.WaitStatus) *ctl.Msg {
+	msg := &ctl.Msg{Op: ctl.OpExit, SID: sid}
+	if ws.Exited() {
+		code := ws.ExitStatus()
+		msg.Code = &code
+		return msg
+	}
+	msg.Signal = unix.SignalName(ws.Signal())
+	if msg.Signal == "" {
+		msg.Signal = fmt.Sprintf("SIG%d", int(ws.Signal()))
+	}
+	return msg
 }
 
 func envPath(env []string) string {

@@ -1,0 +1,269 @@
+package guest
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Every session runs in a pid namespace of its own, whose PID 1 is a
+// holder: this binary re-executed (see Holder) as guest root, with its
+// stdio on /dev/null and nothing else open. The session's main process is
+// an ordinary process of that namespace, forked by the init after it
+// pointed its thread's pid_ns_for_children at the holder's namespace, so
+// that it keeps the init as its parent (which reaps it and reports its
+// real exit) and ordinary signal semantics. Killing the holder makes the
+// kernel kill every process of the namespace: the tree kill.
+//
+// A pid namespace whose PID 1 has exited accepts no new process, so a
+// holder serves one session. The init keeps poolSize of them ready,
+// spawned by a goroutine of their own off the exec path.
+
+// HolderArg is the argument with which the init re-executes its binary as
+// a holder; the binary's main must then call Holder (see worker's
+// MaybeRunInit).
+const HolderArg = "__corral-ns-holder"
+
+// poolSize is how many ready holders a machine keeps.
+const poolSize = 2
+
+// holderEnv keeps a holder's Go runtime small and silent: one P (fewer
+// threads, each of which counts against the machine's pids limit) and no
+// periodic garbage collection (it allocates nothing after startup).
+var holderEnv = []string{"GOMAXPROCS=1", "GOGC=off"}
+
+// Holder is the main of a holder. It never returns.
+//
+// Ignoring SIGCHLD makes the kernel release every child reparented to it
+// (every orphan of the session) as soon as it exits: no zombie is ever
+// left, without the holder waking up. Zombies from before the disposition
+// was set (the runtime starts with a handler) are reaped once. The holder
+// then blocks until it is killed. Signals from the session cannot reach
+// it: it runs as guest root and the session as the guest user.
+func Holder() {
+	signal.Ignore(syscall.SIGCHLD)
+	for {
+		pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || pid <= 0 {
+			break
+		}
+	}
+	for {
+		_, _ = unix.Ppoll(nil, nil, nil)
+	}
+}
+
+// holder is the PID 1 of a session's pid namespace, as the init sees it.
+type holder struct {
+	pid      int
+	pidfd    int
+	children string // its /proc children file
+	killed   bool
+}
+
+// spawnHolder starts a holder in a new pid namespace. null is /dev/null,
+// given to it as stdio; every other descriptor of the init is
+// close-on-exec.
+func spawnHolder(null int) (*holder, error) {
+	pidfd := -1
+	attr := &syscall.ProcAttr{
+		Dir:   "/",
+		Env:   holderEnv,
+		Files: []uintptr{uintptr(null), uintptr(null), uintptr(null)},
+		Sys: &syscall.SysProcAttr{
+			Cloneflags: syscall.CLONE_NEWPID,
+			PidFD:      &pidfd,
+		},
+	}
+	// The init's own binary, through the magic link: its host path is not
+	// visible in the machine.
+	pid, err := syscall.ForkExec("/proc/self/exe", []string{"corral-ns-holder", HolderArg}, attr)
+	if err != nil {
+		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
+	}
+	return &holder{pid: pid, pidfd: pidfd, children: childrenFile(pid, pid)}, nil
+}
+
+// alive reports whether h has not exited (a holder of the pool may have
+// been killed, by the OOM killer for instance; its namespace is then
+// dead).
+func (h *holder) alive() bool {
+	fds := []unix.PollFd{{Fd: int32(h.pidfd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err == unix.EINTR {
+			continue
+		}
+		return err == nil && n == 0
+	}
+}
+
+// kill SIGKILLs h, which makes the kernel kill every process of its
+// namespace. The pidfd makes it immune to pid reuse.
+func (h *holder) kill() {
+	h.killed = true
+	_ = unix.PidfdSendSignal(h.pidfd, unix.SIGKILL, nil, 0)
+}
+
+// discard kills h and forgets it; the init's reaper collects it.
+func (h *holder) discard() {
+	h.kill()
+	unix.Close(h.pidfd)
+}
+
+// holderPool keeps ready holders. Its methods are called by the init's
+// loop; spawning runs in a goroutine of its own, on another thread, so that
+// a fork and an exec of the init's binary stay off the exec path.
+type holderPool struct {
+	null  int
+	retry time.Duration // wait after a failed spawn (at the pids limit)
+	wake  chan struct{} // wakes the spawner; capacity 1
+
+	mu      sync.Mutex
+	ready   []*holder
+	pending int // spawns ordered and not yet delivered
+}
+
+func newHolderPool(null int) *holderPool {
+	p := &holderPool{null: null, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+	p.mu.Lock()
+	p.orderLocked(poolSize)
+	p.mu.Unlock()
+	go p.run()
+	return p
+}
+
+// orderLocked orders n more holders. Called with p.mu held.
+func (p *holderPool) orderLocked(n int) {
+	if n <= 0 {
+		return
+	}
+	p.pending += n
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (p *holderPool) run() {
+	for range p.wake {
+		for {
+			p.mu.Lock()
+			n := p.pending
+			p.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			h, err := spawnHolder(p.null)
+			if err != nil {
+				time.Sleep(p.retry)
+				continue
+			}
+			p.mu.Lock()
+			p.pending--
+			if len(p.ready) < poolSize {
+				p.ready, h = append(p.ready, h), nil
+			}
+			p.mu.Unlock()
+			if h != nil {
+				h.discard()
+			}
+		}
+	}
+}
+
+// get returns a live holder: a ready one, or else one spawned on the spot
+// (spawned is then true: the holder is a child of the calling thread).
+// When it takes the last ready holder and none is on its way, it orders
+// one.
+func (p *holderPool) get() (h *holder, spawned bool, err error) {
+	for {
+		p.mu.Lock()
+		if n := len(p.ready); n > 0 {
+			h, p.ready = p.ready[n-1], p.ready[:n-1]
+		}
+		if len(p.ready)+p.pending == 0 {
+			p.orderLocked(1)
+		}
+		p.mu.Unlock()
+		if h == nil {
+			h, err = spawnHolder(p.null)
+			return h, err == nil, err
+		}
+		if h.alive() {
+			return h, false, nil
+		}
+		h.discard()
+		h = nil
+	}
+}
+
+// put returns an unused holder (its namespace empty) to the pool, or
+// discards it if the pool is full.
+func (p *holderPool) put(h *holder) {
+	p.mu.Lock()
+	if len(p.ready) < poolSize {
+		p.ready, h = append(p.ready, h), nil
+	}
+	p.mu.Unlock()
+	if h != nil {
+		h.discard()
+	}
+}
+
+// replenish tops the pool up after a holder was used up (killed).
+func (p *holderPool) replenish() {
+	p.mu.Lock()
+	p.orderLocked(poolSize - len(p.ready) - p.pending)
+	p.mu.Unlock()
+}
+
+// childrenFile is the /proc file listing the children of thread tid of
+// process pid.
+func childrenFile(pid, tid int) string {
+	return "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/children"
+}
+
+// readFile reads the file at path into buf (which must be large enough)
+// and returns its contents.
+func readFile(path string, buf []byte) ([]byte, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	n := 0
+	for {
+		if n == len(buf) {
+			return nil, fmt.Errorf("%s: larger than %d bytes", path, len(buf))
+		}
+		m, err := unix.Read(fd, buf[n:])
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return nil, err
+		case m == 0:
+			return buf[:n], nil
+		}
+		n += m
+	}
+}
+
+// openNull opens /dev/null for the holders' stdio.
+func openNull() (int, error) {
+	fd, err := unix.Open(os.DevNull, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open %s: %w", os.DevNull, err)
+	}
+	return fd, nil
+}
