@@ -38,17 +38,27 @@ type workerProc struct {
 	projectsRoot string
 }
 
-// startWorker starts `bench __worker` and waits until it listens.
-func startWorker(dir, profile string) (*workerProc, error) {
-	w := &workerProc{
+// newWorkerDirs makes the socket's, projects' and state directories of a
+// worker under dir.
+func newWorkerDirs(dir string) (w *workerProc, state string, err error) {
+	w = &workerProc{
 		socket:       filepath.Join(dir, "w.sock"),
 		projectsRoot: filepath.Join(dir, "projects"),
 	}
-	state := filepath.Join(dir, "worker-state")
+	state = filepath.Join(dir, "worker-state")
 	for _, d := range []string{w.projectsRoot, state} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, err
+			return nil, "", err
 		}
+	}
+	return w, state, nil
+}
+
+// startWorker starts `bench __worker` and waits until it listens.
+func startWorker(dir, profile string) (*workerProc, error) {
+	w, state, err := newWorkerDirs(dir)
+	if err != nil {
+		return nil, err
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -58,14 +68,43 @@ func startWorker(dir, profile string) (*workerProc, error) {
 	if profile != "" {
 		args = append(args, "-cpuprofile", filepath.Join(profile, "worker.pprof"))
 	}
-	w.cmd = exec.Command(self, args...)
-	w.cmd.Stderr = os.Stderr
-	out, err := w.cmd.StdoutPipe()
+	if err := w.launch(exec.Command(self, args...)); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// startSlimWorker builds bench/slimworker (the worker linked alone) with
+// the go command and starts it: an experiment, run from the module root.
+func startSlimWorker(dir string) (*workerProc, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	bin := filepath.Join(dir, "slimworker")
+	if out, err := exec.Command("go", "build", "-o", bin, "./bench/slimworker").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build ./bench/slimworker: %w: %s", err, bytesTrim(out))
+	}
+	w, state, err := newWorkerDirs(dir)
 	if err != nil {
 		return nil, err
 	}
-	if err := w.cmd.Start(); err != nil {
+	if err := w.launch(exec.Command(bin, w.socket, w.projectsRoot, state)); err != nil {
 		return nil, err
+	}
+	return w, nil
+}
+
+// launch starts cmd as w's process and waits for its "ready" line.
+func (w *workerProc) launch(cmd *exec.Cmd) error {
+	w.cmd = cmd
+	w.cmd.Stderr = os.Stderr
+	out, err := w.cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := w.cmd.Start(); err != nil {
+		w.cmd = nil
+		return err
 	}
 	ready := make(chan error, 1)
 	go func() {
@@ -82,9 +121,9 @@ func startWorker(dir, profile string) (*workerProc, error) {
 	}
 	if err != nil {
 		w.stop()
-		return nil, fmt.Errorf("start worker: %w", err)
+		return fmt.Errorf("start worker: %w", err)
 	}
-	return w, nil
+	return nil
 }
 
 // stop ends the worker with SIGTERM (it stops every machine) and waits.

@@ -22,6 +22,9 @@ type subject struct {
 	name string
 	run  func() error
 	skip string // why it cannot run here; empty if it can
+	// pause is slept (untimed) before each sample: it lets background
+	// work a call left behind finish before the next one.
+	pause time.Duration
 }
 
 // latRow is the measured latency of one subject.
@@ -48,6 +51,8 @@ func measureLatency(subjects []subject, n int) []latRow {
 		for range 5 {
 			if err := s.run(); err != nil {
 				rows[i].skip = fmt.Sprintf("warm-up failed: %v", err)
+				rows[i].failures++
+				rows[i].firstErr = err
 				break
 			}
 		}
@@ -62,6 +67,7 @@ func measureLatency(subjects []subject, n int) []latRow {
 				continue
 			}
 			for range per {
+				time.Sleep(s.pause)
 				t0 := time.Now()
 				err := s.run()
 				d := time.Since(t0)

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/corral-sandbox/corral/client"
@@ -23,6 +24,7 @@ type report struct {
 	started time.Time
 	elapsed time.Duration
 	notes   []string
+	loadavg string
 
 	latency  []latRow
 	cold     latRow
@@ -40,6 +42,8 @@ type floodRow struct {
 	par   int
 	res   floodResult
 	err   error
+	// skipped: err says why the flood could not run here (no worker).
+	skipped bool
 }
 
 // Names of the latency subjects, referenced by the targets.
@@ -53,8 +57,21 @@ const (
 	subjManaged   = "corral managed RunCommand, warm machine"
 	subjDaemon    = "corral daemon API, client.RunCommand (Unix socket, managed)"
 	subjManagedCc = "corral managed RunCommand"
-	subjBareCc    = "bare exec"
+	subjSlimCc    = "experiment: managed, worker linked alone"
+
+	subjManagedSlim = "experiment: corral managed RunCommand, warm, worker linked alone (bench/slimworker)"
+
+	// pace separates the paced samples.
+	pace             = 10 * time.Millisecond
+	subjBarePaced    = "bare exec, paced (10 ms idle before each call)"
+	subjManagedPaced = "corral managed RunCommand, warm, paced (10 ms idle before each call)"
+	subjBareCc       = "bare exec"
 )
+
+// on reports whether phase name was selected (-only).
+func (cfg config) on(name string) bool {
+	return len(cfg.only) == 0 || cfg.only[name]
+}
 
 // phase runs fn under a CPU profile named name when profiling.
 func (cfg config) phase(name string, fn func()) {
@@ -77,7 +94,12 @@ func (cfg config) phase(name string, fn func()) {
 }
 
 func run(ctx context.Context, cfg config) (*report, error) {
-	rep := &report{cfg: cfg, started: time.Now()}
+	rep := &report{cfg: cfg, started: time.Now(), loadavg: "unknown"}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			rep.loadavg = strings.Join(f[:3], " ")
+		}
+	}
 	if cfg.profile != "" {
 		if err := os.MkdirAll(cfg.profile, 0o755); err != nil {
 			return nil, err
@@ -124,6 +146,31 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	}
 	defer ns.stop()
 
+	// The experiment: the same managed path through a worker linked
+	// alone, whose machine inits and pid namespace holders re-execute a
+	// small binary. Not in -short (it builds that binary).
+	slimSkip := workerSkip
+	var slim *corral
+	switch {
+	case slimSkip != "":
+	case cfg.short:
+		slimSkip = "not in -short"
+	case !cfg.on("latency") && !cfg.on("concurrency"):
+		slimSkip = "not selected"
+	default:
+		sw, err := startSlimWorker(filepath.Join(dir, "slim"))
+		if err != nil {
+			slimSkip = err.Error()
+			break
+		}
+		defer sw.stop()
+		if slim, err = buildCorral(ctx, filepath.Join(dir, "slim"), sw); err != nil {
+			slimSkip = err.Error()
+			break
+		}
+		defer slim.core.Close()
+	}
+
 	confinedSkip := ""
 	if res, err := cr.ctl.RunCommand(ctx, input(cr.host, "true"), &cr.alice, nil); err != nil || *res.Code != 0 {
 		confinedSkip = fmt.Sprintf("confined start failed (Landlock?): %v", err)
@@ -137,6 +184,9 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		{name: subjDirect, run: func() error { return cr.runTrue(ctx, cr.host, cr.bob) }},
 		{name: subjManaged, run: func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }, skip: workerSkip},
 		{name: subjDaemon, run: dmn.runTrue, skip: workerSkip},
+		{name: subjManagedSlim, run: func() error { return slim.runTrue(ctx, slim.managed, slim.alice) }, skip: slimSkip},
+		{name: subjBarePaced, run: bareTrue, pause: pace},
+		{name: subjManagedPaced, run: func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }, skip: workerSkip, pause: pace},
 		{name: compGateway, run: func() error { return cr.gatewayTrue(ctx) }, skip: workerSkip},
 		{name: compPrepare, run: func() error { return cr.prepareRelease(ctx) }, skip: workerSkip},
 		{name: compJournal, run: func() error { return cr.journalTrue(ctx) }, skip: workerSkip},
@@ -148,40 +198,58 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		fmt.Fprintf(os.Stderr, "bench: %s (%v)\n", s, time.Since(rep.started).Round(time.Millisecond))
 	}
 
-	step("latency")
-	cfg.phase("latency", func() { rep.latency = measureLatency(subjects, cfg.n) })
-	if workerSkip == "" {
+	if cfg.on("latency") {
+		step("latency")
+		cfg.phase("latency", func() { rep.latency = measureLatency(subjects, cfg.n) })
+	}
+	switch {
+	case !cfg.on("cold"):
+		rep.cold = latRow{name: "corral managed, cold (new machine)", skip: "not selected"}
+	case workerSkip == "":
 		step("cold start")
 		cfg.phase("cold", func() { rep.cold = coldSamples(ctx, cr, cfg.cold) })
-	} else {
+	default:
 		rep.cold = latRow{name: "corral managed, cold (new machine)", skip: workerSkip}
 	}
 
-	step("capture")
-	cfg.phase("capture", func() {
-		rep.capture = measureCapture(ctx, crOrNil(cr, workerSkip), cfg.captureBytes, cfg.captureSamples)
-	})
+	if cfg.on("capture") {
+		step("capture")
+		cfg.phase("capture", func() {
+			rep.capture = measureCapture(ctx, crOrNil(cr, workerSkip), cfg.captureBytes, cfg.captureSamples)
+		})
+	}
 
-	step("concurrency")
-	cfg.phase("concurrency", func() {
-		for _, level := range []int{1, 8, 64} {
-			rep.conc = append(rep.conc, measureConcurrency(subjBareCc, level, cfg.concDuration, bareTrue))
-			if workerSkip != "" {
-				rep.conc = append(rep.conc, concRow{subject: subjManagedCc, level: level, skip: workerSkip})
-				continue
+	if cfg.on("concurrency") {
+		step("concurrency")
+		cfg.phase("concurrency", func() {
+			for _, level := range []int{1, 8, 64} {
+				rep.conc = append(rep.conc, measureConcurrency(subjBareCc, level, cfg.concDuration, bareTrue))
+				if workerSkip != "" {
+					rep.conc = append(rep.conc, concRow{subject: subjManagedCc, level: level, skip: workerSkip})
+					continue
+				}
+				rep.conc = append(rep.conc, measureConcurrency(subjManagedCc, level, cfg.concDuration,
+					func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }))
+				if slim != nil {
+					rep.conc = append(rep.conc, measureConcurrency(subjSlimCc, level, cfg.concDuration,
+						func() error { return slim.runTrue(ctx, slim.managed, slim.alice) }))
+				}
 			}
-			rep.conc = append(rep.conc, measureConcurrency(subjManagedCc, level, cfg.concDuration,
-				func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }))
-		}
-	})
+		})
+	}
 
-	step("flood")
-	for _, f := range []floodRow{
+	floods := []floodRow{
 		{name: "10 × `cat /dev/zero`, 64 MiB stdout limit each", limit: 64 << 20, par: 10},
 		{name: "10 × `cat /dev/zero`, default 1 MiB limit", limit: sandbox.DefaultStreamLimit, par: 10},
-	} {
+	}
+	if cfg.on("flood") {
+		step("flood")
+	} else {
+		floods = nil
+	}
+	for _, f := range floods {
 		if workerSkip != "" {
-			f.err = errors.New(workerSkip)
+			f.err, f.skipped = errors.New(workerSkip), true
 		} else if ws, err := w.workspace("flood"); err != nil {
 			// Every flood child's core names its project 1: they share
 			// one workspace, so the worker sees one project.
@@ -197,6 +265,10 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		rep.flood = append(rep.flood, f)
 	}
 
+	if !cfg.on("leases") {
+		step("done")
+		return rep, nil
+	}
 	step("leases")
 	var lr leasesResult
 	largs := []string{"-n", strconv.Itoa(cfg.leases), "-rounds", strconv.Itoa(cfg.leaseRounds)}
