@@ -8,7 +8,7 @@ package worker
 //	  |<----------- exec-accepted | (or exec-rejected {code})
 //	  |-- exec-attach [3 fds] --->|-- start {sid} [3 fds] ------------>| fork+exec
 //	  |<------------ exec-started |<------------------------ started --|
-//	  |-- exec-cancel ----------->|-- kill {sid} --------------------->| SIGKILL pid 1
+//	  |-- exec-cancel ----------->|-- kill {sid} --------------------->| SIGKILL holder
 //	  |<--------------- exec-exit |<------------ exit {code|signal} ---| wait4
 //	  |                           |<------------ notStarted {msg} -----| (exec failed)
 //	  |-- net-dial -------------->| setns+socket+connect

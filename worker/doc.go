@@ -17,7 +17,8 @@
 // the unified hierarchy, else the v1 memory and pids hierarchies. PID 1 of
 // a machine is corral's own init — this binary re-executed (see
 // MaybeRunInit), placed in the machine's cgroup before it may fork — which
-// reaps zombies and forks sessions as the unprivileged guest user
+// reaps zombies and forks sessions (see Session containment) as the
+// unprivileged guest user
 // GuestUID/GuestGID, with exactly the three descriptors the client
 // attached as 0, 1 and 2 (put in blocking mode) and nothing else open, a
 // checked cwd and an environment of PATH and HOME plus the request's.
@@ -29,14 +30,41 @@
 //
 // # Session containment
 //
-// Every session's main process is PID 1 of a pid namespace of its own,
-// nested in the machine's. When it ends — by exiting, or killed on
-// exec-cancel or a closed connection — the kernel kills every process of
-// that namespace, whatever it double-forked or daemonised into, and the
-// init reports the exit only once wait4 has observed it, which is after
-// that teardown. That is the tree kill: it cannot be escaped from inside,
-// costs no cgroup write on the exec path and is the same on cgroup v1 and
-// v2.
+// Every session runs in a pid namespace of its own, nested in the
+// machine's, whose PID 1 is a holder: this binary re-executed (see
+// MaybeRunInit) as guest root, with /dev/null as stdio and nothing else
+// open, which ignores SIGCHLD (so the kernel releases every orphan
+// reparented to it the moment it exits: no zombie is left) and otherwise
+// sleeps until killed. The session's main process is an ordinary process
+// of that namespace, not its PID 1: the init, on its one locked thread,
+// points its pid_ns_for_children at the holder's namespace (setns on the
+// holder's pidfd), forks and execs the session, and returns to its own
+// namespace. The main process is thus the init's child, which reaps it and
+// reports exactly its exit, and it has ordinary signal semantics: kill $$
+// and abort(3) kill it as anywhere else. It starts with every signal at its
+// default disposition and none blocked.
+//
+// When the main process has been reaped, the init checks whether anything
+// else is left in the namespace: every such process is then either in the
+// holder's subtree (the main process's children were reparented to it) or,
+// made by clone(CLONE_PARENT), a child of the init. If nothing is, the
+// exit is reported at once and the holder goes back to the pool for a
+// later session. Otherwise — and on exec-cancel or a closed connection,
+// whatever the state — the init SIGKILLs the holder, and the kernel kills
+// every process of the namespace, whatever it double-forked or daemonised
+// into; the exit is reported only once the holder is reaped, which is
+// after that teardown. That is the tree kill: it cannot be escaped from
+// inside (the holder runs as guest root, which the session's user cannot
+// signal, and nothing leaves a pid namespace), costs no cgroup write on the
+// exec path and is the same on cgroup v1 and v2.
+//
+// A pid namespace whose PID 1 has died accepts no process, so a killed
+// holder is replaced. The init keeps up to two ready holders, spawned by a
+// goroutine of its own, off the exec path; a session that finds none
+// spawns one on the spot. A holder is a small Go program: about 5.5 MiB
+// resident, of which 0.75 MiB its own (the rest is the binary's pages,
+// shared with the init and other holders), and three to five threads, which
+// count against the machine's pids limit.
 //
 // Sessions have no cgroup of their own. On v1 (this project's CI hosts) a
 // process can only join a cgroup after its fork, so a session could fork
@@ -44,14 +72,14 @@
 // (measured: the kernel synchronises RCU on every cgroup.procs write);
 // two hierarchies would double the cost of a warm exec. Limits are
 // per machine, enforced by its cgroup, and RLIMIT_NPROC for the guest user
-// keeps a fork bomb a little below the pids limit so that the init can
-// still create threads and serve the next request.
+// keeps a fork bomb 32 tasks below the pids limit (or at half of it), room
+// for the init's threads and a few holders, so that the init can still
+// create threads and serve the next request.
 //
-// One consequence of the nested pid namespace, shared with every
-// container whose entrypoint is PID 1: a signal a session's main process
-// sends to itself with the default disposition is ignored (kill $$ in a
-// shell; abort(3) ends by SIGSEGV rather than SIGABRT). Signals from the
-// kernel (faults, the OOM killer) and from the worker act normally.
+// Seen from inside, a session's parent pid is 0 (its parent, the init, is
+// outside its namespace), and /proc is the machine's: it lists every
+// process of the machine, with machine pids, while getpid returns the pid
+// in the session's namespace.
 //
 // # Workspace ownership
 //

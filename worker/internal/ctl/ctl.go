@@ -15,8 +15,9 @@
 //	  |                                        |
 //	  |-- start {sid, argv, env, cwd} + 3 fds ->|  fork the session
 //	  |<---- started {sid} | notStarted {sid, msg}
-//	  |-- kill {sid} ------------------------->|  SIGKILL the session's pid 1
-//	  |<--- exit {sid, code | signal}          |  after wait4 observed it
+//	  |-- kill {sid} ------------------------->|  SIGKILL the session's holder
+//	  |<--- exit {sid, code | signal}          |  after wait4 observed it and
+//	  |                                        |  the session's namespace is empty
 //	  |                                        |
 //	  |  (EOF on the socket)  ---------------->|  init exits: the kernel kills
 //	                                              every process of the machine

@@ -1,7 +1,9 @@
 // Package guest is the init of a machine: PID 1 of its pid namespace, run
 // as a re-execution of the worker's own binary. It builds the machine's
 // filesystem, then forks sessions on the worker's behalf and reports their
-// exits, over the control channel of package ctl on descriptor 3.
+// exits, over the control channel of package ctl on descriptor 3. Each
+// session runs in a pid namespace of its own, held by a holder (Holder,
+// another re-execution of the binary).
 //
 // Like runc's init, Main locks its thread, never returns, reports a setup
 // failure over the channel and exits nonzero. It exits when the channel

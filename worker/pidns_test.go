@@ -1,0 +1,242 @@
+package worker
+
+import (
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// A session's main process is an ordinary process of its pid namespace
+// (the holder is PID 1 there), so signals act on it as anywhere else.
+func TestOrdinarySignalSemantics(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	for _, tt := range []struct{ name, script, signal string }{
+		{"SIGTERM to itself", "kill -TERM $$; sleep 5", "SIGTERM"},
+		{"SIGKILL to itself", "kill -KILL $$; sleep 5", "SIGKILL"},
+		{"SIGINT to itself", "kill -INT $$; sleep 5", "SIGINT"},
+		{"abort", "exec python3 -c 'import os; os.abort()'", "SIGABRT"},
+		{"from a child", "sh -c 'kill -TERM $PPID'; sleep 5", "SIGTERM"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := h.run(t, c, p, "sh", "-c", tt.script)
+			if r.exit.Signal != tt.signal || r.exit.Code != nil {
+				t.Fatalf("want death by %s and no code: %v", tt.signal, r)
+			}
+		})
+	}
+	t.Run("default dispositions", func(t *testing.T) {
+		// Nothing ignored or blocked is inherited from the init.
+		r := h.run(t, c, p, "grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status")
+		if r.stdout != "SigBlk:\t0000000000000000\nSigIgn:\t0000000000000000\n" {
+			t.Fatalf("%v", r)
+		}
+	})
+	t.Run("not PID 1", func(t *testing.T) {
+		r := h.run(t, c, p, "sh", "-c", "echo $$; cat /proc/1/cmdline | tr '\\0' ' '")
+		pid, _, _ := strings.Cut(r.stdout, "\n")
+		if r.code() != 0 || pid == "1" {
+			t.Fatalf("main process is PID 1 of its namespace: %v", r)
+		}
+	})
+}
+
+// Orphans are reparented to the holder, which leaves no zombie, even when
+// the main process never waits.
+func TestOrphansReaped(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	run := h.start(t, c, p, "sh", "-c", "(sleep 0.1 &); exec sleep 100")
+	if !run.started {
+		t.Fatalf("%#v", run.first)
+	}
+	eventually(t, "the orphan to exit", func() bool {
+		r := h.run(t, c, p, "ps", "-eo", "args=")
+		return !strings.Contains(r.stdout, "sleep 0.1")
+	})
+	r := h.run(t, c, p, "ps", "-eo", "stat=,pid=,args=")
+	for _, l := range strings.Split(r.stdout, "\n") {
+		if strings.HasPrefix(strings.TrimSpace(l), "Z") {
+			t.Errorf("zombie in the machine: %q\n%s", l, r.stdout)
+		}
+	}
+	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run.wait(t); r.exit.Signal != "SIGKILL" {
+		t.Fatalf("cancelled: %v", r)
+	}
+}
+
+// The holder runs as guest root: the session's user cannot signal it, so
+// cannot end its own namespace early (nor see any other holder).
+func TestHolderNotSignallable(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	r := h.run(t, c, p, "sh", "-c", "for s in TERM INT HUP KILL STOP; do kill -$s 1 || echo refused; done; sleep 0.1; echo alive; grep ^Uid /proc/1/status")
+	if r.code() != 0 || !strings.HasPrefix(r.stdout, "refused\nrefused\nrefused\nrefused\nrefused\nalive\nUid:\t0\t") ||
+		!strings.Contains(r.stderr, "Operation not permitted") {
+		t.Fatalf("%v", r)
+	}
+}
+
+// holderStatus returns fields of /proc/pid/status.
+func holderStatus(t *testing.T, pid int, keys ...string) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]string)
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(l, ":")
+		if ok && slices.Contains(keys, k) {
+			out[k] = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return out
+}
+
+func TestHolderPool(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	h.run(t, c, p, "true")
+	m := h.machineOf(t, 1)
+	var pool []int
+	eventually(t, "two ready holders", func() bool { pool = holderPids(t, m); return len(pool) == 2 })
+	slices.Sort(pool)
+	t.Run("holders hold nothing", func(t *testing.T) {
+		for _, pid := range pool {
+			fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(fds) != 3 {
+				t.Errorf("holder %d has %d descriptors", pid, len(fds))
+			}
+			for _, fd := range fds {
+				if l, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + fd.Name()); l != os.DevNull {
+					t.Errorf("holder %d descriptor %s is %s", pid, fd.Name(), l)
+				}
+			}
+			st := holderStatus(t, pid, "Uid", "VmRSS", "RssAnon", "Threads")
+			if want := strconv.Itoa(int(m.HostUID)); !strings.HasPrefix(st["Uid"], want+" ") {
+				t.Errorf("holder %d runs as host uid %s, want guest root %s", pid, st["Uid"], want)
+			}
+			t.Logf("holder %d: VmRSS %s, RssAnon %s, threads %s", pid, st["VmRSS"], st["RssAnon"], st["Threads"])
+		}
+	})
+	t.Run("reused after a clean session", func(t *testing.T) {
+		for range 5 {
+			if r := h.run(t, c, p, "sh", "-c", "true & wait"); r.code() != 0 {
+				t.Fatalf("%v", r)
+			}
+		}
+		got := holderPids(t, m)
+		slices.Sort(got)
+		if !slices.Equal(got, pool) {
+			t.Fatalf("holders %v, then %v: not reused", pool, got)
+		}
+	})
+	refilled := func(t *testing.T, what string) {
+		t.Helper()
+		eventually(t, "pool refilled after "+what, func() bool {
+			got := holderPids(t, m)
+			used := 0
+			for _, pid := range pool {
+				if !slices.Contains(got, pid) {
+					used++
+				}
+			}
+			if len(got) == 2 && used == 1 {
+				pool = got
+				slices.Sort(pool)
+				return true
+			}
+			return false
+		})
+	}
+	t.Run("replaced after a session with leftovers", func(t *testing.T) {
+		if r := h.run(t, c, p, "sh", "-c", "setsid sleep 100 & exit 0"); r.code() != 0 {
+			t.Fatalf("%v", r)
+		}
+		if left := sessionPids(t, m); len(left) != 0 {
+			t.Fatalf("left behind: %v", left)
+		}
+		refilled(t, "leftovers")
+	})
+	t.Run("replaced after a cancel", func(t *testing.T) {
+		run := h.start(t, c, p, "sleep", "100")
+		if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+			t.Fatal(err)
+		}
+		if r := run.wait(t); r.exit.Signal != "SIGKILL" {
+			t.Fatalf("%v", r)
+		}
+		refilled(t, "cancel")
+	})
+	t.Run("concurrent sessions", func(t *testing.T) {
+		// More sessions than ready holders: the others are spawned on
+		// the spot; each session has a namespace of its own.
+		var runs []*running
+		for range 4 {
+			runs = append(runs, h.start(t, c, p, "sh", "-c", "echo $$; cat"))
+		}
+		for _, r := range runs {
+			if !r.started {
+				t.Fatalf("%#v", r.first)
+			}
+		}
+		if n := len(holderPids(t, m)); n < 4 {
+			t.Errorf("%d holders for 4 sessions", n)
+		}
+		for _, run := range runs {
+			if r := run.wait(t); r.code() != 0 {
+				t.Fatalf("%v", r)
+			}
+		}
+		eventually(t, "pool back to two", func() bool { return len(holderPids(t, m)) == 2 })
+	})
+}
+
+// A process made with clone(CLONE_PARENT) by the main process is a child
+// of the init, outside the holder's subtree, but in its namespace: it dies
+// with the session.
+func TestCloneParentKilledAtEnd(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the script calls clone by its amd64 number")
+	}
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	const script = `
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT|SIGCHLD)
+if pid == 0:
+    os.execv("/bin/sleep", ["sleep", "100"])
+print(pid)
+`
+	r := h.run(t, c, p, "python3", "-c", script)
+	if r.code() != 0 || r.stdout == "" || r.stdout == "-1\n" {
+		t.Fatalf("%v", r)
+	}
+	m := h.machineOf(t, 1)
+	if left := sessionPids(t, m); len(left) != 0 {
+		t.Errorf("left behind: %v", left)
+	}
+	// The next session is not in the stray's company, and the machine
+	// serves on.
+	if r := h.run(t, c, p, "sh", "-c", "ps -eo args= | grep -c '^sleep 100'"); r.stdout != "0\n" {
+		t.Errorf("%v", r)
+	}
+}
