@@ -21,16 +21,19 @@ import (
 // real exit) and ordinary signal semantics. Killing the holder makes the
 // kernel kill every process of the namespace: the tree kill.
 //
-// A pid namespace whose PID 1 has exited accepts no new process, so a
-// holder serves one session. The init keeps poolSize of them ready,
-// spawned by a goroutine of their own off the exec path.
+// A session that leaves nothing behind (see pid1.nsEmpty) returns its
+// holder to the pool; one that does, or is cancelled, has its holder
+// killed, and a pid namespace whose PID 1 has died accepts no new process.
+// The init keeps up to poolSize holders ready, spawned by a goroutine of
+// their own off the exec path: one more when the last ready one is taken,
+// and a replacement for every one killed.
 
 // HolderArg is the argument with which the init re-executes its binary as
 // a holder; the binary's main must then call Holder (see worker's
 // MaybeRunInit).
 const HolderArg = "__corral-ns-holder"
 
-// poolSize is how many ready holders a machine keeps.
+// poolSize is how many ready holders a machine keeps at most.
 const poolSize = 2
 
 // holderEnv keeps a holder's Go runtime small and silent: one P (fewer
