@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -141,7 +142,7 @@ func floodChild(args []string) error {
 			kind, n := "completed", 0
 			if err != nil {
 				kind = string(sandbox.KindOf(err))
-				if ce, ok := err.(*sandbox.CommandError); ok {
+				if ce := (*sandbox.CommandError)(nil); errors.As(err, &ce) {
 					n = len(ce.Stdout)
 				}
 			} else {

@@ -110,7 +110,6 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	// Socket paths must stay short (sun_path).
 	fmt.Fprintf(os.Stderr, "bench: state in %s\n", dir)
 
 	var w *workerProc
@@ -137,11 +136,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	}
 	defer dmn.stop()
 
-	ns, nsErr := (*heldNamespace)(nil), error(nil)
+	var ns *heldNamespace
 	nsSkip := toolSkip("nsenter", true)
 	if nsSkip == "" {
-		if ns, nsErr = holdNamespace(); nsErr != nil {
-			nsSkip = nsErr.Error()
+		if ns, err = holdNamespace(); err != nil {
+			nsSkip = err.Error()
 		}
 	}
 	defer ns.stop()
@@ -172,7 +171,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	}
 
 	confinedSkip := ""
-	if res, err := cr.ctl.RunCommand(ctx, input(cr.host, "true"), &cr.alice, nil); err != nil || *res.Code != 0 {
+	if err := cr.runTrue(ctx, cr.host, cr.alice); err != nil {
 		confinedSkip = fmt.Sprintf("confined start failed (Landlock?): %v", err)
 	}
 	subjects := []subject{
