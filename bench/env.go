@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -36,6 +37,9 @@ type workerProc struct {
 	cmd          *exec.Cmd
 	socket       string
 	projectsRoot string
+	// cgroupPrefix and the worker's pid name its cgroup parent, which
+	// the worker leaves behind (empty) when it stops.
+	cgroupPrefix string
 }
 
 // newWorkerDirs makes the socket's, projects' and state directories of a
@@ -68,6 +72,7 @@ func startWorker(dir, profile string) (*workerProc, error) {
 	if profile != "" {
 		args = append(args, "-cpuprofile", filepath.Join(profile, "worker.pprof"))
 	}
+	w.cgroupPrefix = "corral-bench-"
 	if err := w.launch(exec.Command(self, args...)); err != nil {
 		return nil, err
 	}
@@ -88,6 +93,7 @@ func startSlimWorker(dir string) (*workerProc, error) {
 	if err != nil {
 		return nil, err
 	}
+	w.cgroupPrefix = "corral-bench-slim-"
 	if err := w.launch(exec.Command(bin, w.socket, w.projectsRoot, state)); err != nil {
 		return nil, err
 	}
@@ -140,7 +146,48 @@ func (w *workerProc) stop() {
 		_ = w.cmd.Process.Kill()
 		<-done
 	}
+	if w.cgroupPrefix != "" {
+		removeCgroupParent(w.cgroupPrefix + strconv.Itoa(w.cmd.Process.Pid))
+	}
 	w.cmd = nil
+}
+
+// removeCgroupParent removes the cgroup directories named parent that a
+// stopped worker of ours left, bottom-up: below our own cgroup in each v1
+// hierarchy, below the root of the v2 one (as worker.Config.CgroupParent
+// places them). rmdir removes only empty cgroups, so a cgroup that still
+// has processes stays.
+func removeCgroupParent(parent string) {
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return
+	}
+	var dirs []string
+	for line := range strings.Lines(string(b)) {
+		f := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		switch {
+		case f[1] == "":
+			dirs = append(dirs, filepath.Join("/sys/fs/cgroup/unified", parent), filepath.Join("/sys/fs/cgroup", parent))
+		case !strings.HasPrefix(f[1], "name="):
+			ctrl, _, _ := strings.Cut(f[1], ",")
+			dirs = append(dirs, filepath.Join("/sys/fs/cgroup", ctrl, f[2], parent))
+		}
+	}
+	for _, d := range dirs {
+		var all []string
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				all = append(all, p)
+			}
+			return nil
+		})
+		for i := len(all) - 1; i >= 0; i-- {
+			_ = syscall.Rmdir(all[i])
+		}
+	}
 }
 
 // workspace makes a new workspace directory under the projects root.
