@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/wire"
 )
@@ -111,14 +112,31 @@ func TestHolderPool(t *testing.T) {
 	p := h.project(t, 1)
 	h.run(t, c, p, "true")
 	m := h.machineOf(t, 1)
+	// Two ready holders, and no spawn ordered before the first session
+	// found the pool empty still under way.
 	var pool []int
-	eventually(t, "two ready holders", func() bool { pool = holderPids(t, m); return len(pool) == 2 })
-	slices.Sort(pool)
+	eventually(t, "two ready holders", func() bool {
+		pool = holderPids(t, m)
+		slices.Sort(pool)
+		time.Sleep(50 * time.Millisecond)
+		again := holderPids(t, m)
+		slices.Sort(again)
+		return len(pool) == 2 && slices.Equal(pool, again)
+	})
 	t.Run("holders hold nothing", func(t *testing.T) {
 		for _, pid := range pool {
-			fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
-			if err != nil {
-				t.Fatal(err)
+			// The Go runtime opens a file or two while it starts.
+			var fds []os.DirEntry
+			deadline := time.Now().Add(2 * time.Second)
+			for {
+				var err error
+				if fds, err = os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd"); err != nil {
+					t.Fatal(err)
+				}
+				if len(fds) == 3 || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
 			}
 			if len(fds) != 3 {
 				t.Errorf("holder %d has %d descriptors", pid, len(fds))
@@ -170,7 +188,7 @@ func TestHolderPool(t *testing.T) {
 			t.Fatalf("%v", r)
 		}
 		if left := sessionPids(t, m); len(left) != 0 {
-			t.Fatalf("left behind: %v", left)
+			t.Fatalf("left behind: %s", describe(left))
 		}
 		refilled(t, "leftovers")
 	})
@@ -232,7 +250,7 @@ print(pid)
 	}
 	m := h.machineOf(t, 1)
 	if left := sessionPids(t, m); len(left) != 0 {
-		t.Errorf("left behind: %v", left)
+		t.Errorf("left behind: %s", describe(left))
 	}
 	// The next session is not in the stray's company, and the machine
 	// serves on.

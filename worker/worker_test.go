@@ -36,17 +36,35 @@ func (h *harness) machineOf(t testing.TB, id int64) MachineInfo {
 	return MachineInfo{}
 }
 
-// sessionPids lists the host pids in the machine's cgroup other than the
-// init and the pid namespace holders.
+// sessionPids lists the host pids in the machine's cgroup that run as the
+// guest user: not the init nor the pid namespace holders (guest root), nor
+// a holder being spawned.
 func sessionPids(t testing.TB, m MachineInfo) []int {
 	t.Helper()
 	var pids []int
 	for _, pid := range machinePids(t, m) {
-		if pid != m.InitPID && !isHolder(pid) && !hasArg(pid, initArg) {
+		if hostUID(pid) == int(m.HostUID)+GuestUID {
 			pids = append(pids, pid)
 		}
 	}
 	return pids
+}
+
+// hostUID returns the real uid of pid, or -1 if it is gone.
+func hostUID(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return -1
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+			if f := strings.Fields(v); len(f) > 0 {
+				uid, _ := strconv.Atoi(f[0])
+				return uid
+			}
+		}
+	}
+	return -1
 }
 
 // holderPids lists the host pids of the machine's pid namespace holders.
@@ -80,15 +98,31 @@ func machinePids(t testing.TB, m MachineInfo) []int {
 	return pids
 }
 
-// isHolder reports whether pid is a pid namespace holder (a process that
-// has exited is not).
-func isHolder(pid int) bool { return hasArg(pid, guest.HolderArg) }
+// describe lists pids with their state, host uid and command line.
+func describe(pids []int) string {
+	var b strings.Builder
+	for _, pid := range pids {
+		st, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+		var state, uid string
+		for _, l := range strings.Split(string(st), "\n") {
+			if v, ok := strings.CutPrefix(l, "State:"); ok {
+				state = strings.TrimSpace(v)
+			}
+			if v, ok := strings.CutPrefix(l, "Uid:"); ok {
+				uid = strings.Fields(v)[0]
+			}
+		}
+		cmd, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		fmt.Fprintf(&b, "[%d %s uid %s %q]", pid, state, uid, cmd)
+	}
+	return b.String()
+}
 
-// hasArg reports whether arg is one of pid's arguments. (A holder being
-// spawned, between its fork and its exec, has those of the init.)
-func hasArg(pid int, arg string) bool {
+// isHolder reports whether pid is a pid namespace holder that has
+// finished its exec and not exited.
+func isHolder(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	return err == nil && slices.Contains(strings.Split(string(b), "\x00"), arg)
+	return err == nil && slices.Contains(strings.Split(string(b), "\x00"), guest.HolderArg)
 }
 
 func alive(pid int) bool {
@@ -330,7 +364,7 @@ func TestCancelKillsWholeTree(t *testing.T) {
 		}
 	}
 	if left := sessionPids(t, m); len(left) != 0 {
-		t.Errorf("left in the machine cgroup: %v", left)
+		t.Errorf("left in the machine cgroup: %s", describe(left))
 	}
 	// The connection is still usable: a cancel of an ended session is ignored.
 	if err := c.Send(&wire.Ping{ID: "after"}); err != nil {
@@ -351,7 +385,7 @@ func TestSessionEndKillsLeftovers(t *testing.T) {
 	}
 	m := h.machineOf(t, 1)
 	if left := sessionPids(t, m); len(left) != 0 {
-		t.Errorf("processes left behind after the session ended: %v", left)
+		t.Errorf("processes left behind after the session ended: %s", describe(left))
 	}
 }
 
@@ -428,7 +462,7 @@ func TestForkBombStaysBounded(t *testing.T) {
 		t.Fatalf("bomb: %v", r)
 	}
 	if left := sessionPids(t, m); len(left) != 0 {
-		t.Errorf("bomb left %d processes", len(left))
+		t.Errorf("bomb left %d processes: %s", len(left), describe(left))
 	}
 	if r := h.run(t, c, p, "echo", "alive"); r.stdout != "alive\n" {
 		t.Fatalf("after the bomb: %v", r)
@@ -1009,7 +1043,14 @@ func TestWorkerDeathStopsMachines(t *testing.T) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	h := &harness{sock: sock, root: root}
-	eventually(t, "worker listening", func() bool { _, err := os.Stat(sock); return err == nil })
+	eventually(t, "worker listening", func() bool {
+		// The socket exists once bound, a moment before it listens.
+		nc, err := net.Dial("unixpacket", sock)
+		if err == nil {
+			nc.Close()
+		}
+		return err == nil
+	})
 	c := h.dial(t)
 	p := h.project(t, 1)
 	run := h.start(t, c, p, "sh", "-c", "sleep 100 & sleep 100")
