@@ -1186,6 +1186,8 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 		}
 		return len(ents)
 	}
+	// The init holds descriptors for each ready pid namespace holder.
+	eventually(t, "the holder pool full", func() bool { return len(holderPids(t, h.machineOf(t, 1))) == 2 })
 	workerFDs, inInit, goroutines := openFDs(t), initFDs(), runtime.NumGoroutine()
 	for i := range 200 {
 		r := h.run(t, c, p, "sh", "-c", "exit "+strconv.Itoa(i%3))
@@ -1193,8 +1195,12 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 			t.Fatalf("exec %d: %v", i, r)
 		}
 	}
-	// Cancelled and never-started sessions too.
+	// Cancelled, never-started and leftover-leaving sessions too (their
+	// holders are killed and replaced).
 	for range 20 {
+		if r := h.run(t, c, p, "sh", "-c", "sleep 100 & exit 0"); r.code() != 0 {
+			t.Fatalf("%v", r)
+		}
 		run := h.start(t, c, p, "sleep", "100")
 		if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
 			t.Fatal(err)
@@ -1203,6 +1209,7 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 		h.run(t, c, p, "no-such-program")
 	}
 	eventually(t, "descriptors and goroutines back to their level", func() bool {
-		return openFDs(t) <= workerFDs && initFDs() <= inInit && runtime.NumGoroutine() <= goroutines
+		return openFDs(t) <= workerFDs && initFDs() <= inInit && runtime.NumGoroutine() <= goroutines &&
+			len(holderPids(t, h.machineOf(t, 1))) == 2
 	})
 }

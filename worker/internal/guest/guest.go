@@ -128,9 +128,9 @@ type pid1 struct {
 	// (so that a holder tearing down their namespace, which waits until
 	// they are reaped, is not kept waiting) from when they are noticed
 	// until reaped.
-	strays   map[int]int
-	children string // this thread's /proc children file
-	buf      []byte
+	strays map[int]int
+	childs int // this thread's /proc children file
+	buf    []byte
 }
 
 // session is one running session: its main process, a child of the init,
@@ -153,7 +153,9 @@ func (in *pid1) preparePidNS() error {
 		return fmt.Errorf("open own pid namespace: %w", err)
 	}
 	in.ownNS = fd
-	in.children = childrenFile(os.Getpid(), unix.Gettid())
+	if in.childs, err = openChildren(os.Getpid(), unix.Gettid()); err != nil {
+		return fmt.Errorf("open own children list: %w", err)
+	}
 	in.spawned = make(map[int]bool)
 	in.strays = make(map[int]int)
 	in.buf = make([]byte, 64<<10)
@@ -306,7 +308,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 // init's namespace; if it cannot, the init cannot go on safely and exits
 // (the machine fails).
 func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
-	if err := unix.Setns(h.pidfd, unix.CLONE_NEWPID); err != nil {
+	if err := unix.Setns(h.ns, unix.CLONE_NEWPID); err != nil {
 		return 0, fmt.Errorf("enter the session's pid namespace: %w", err)
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
@@ -371,7 +373,7 @@ func (in *pid1) reap() {
 				}
 			}
 		} else {
-			unix.Close(s.holder.pidfd)
+			s.holder.close()
 			s.holder = nil
 			in.pool.replenish()
 		}
@@ -396,7 +398,7 @@ func (in *pid1) reap() {
 // Strays found are registered for polling, whichever session they belong
 // to: while one lives, every session ending kills its holder.
 func (in *pid1) nsEmpty(h *holder) bool {
-	b, err := readFile(in.children, in.buf)
+	b, err := readAt(in.childs, in.buf)
 	if err != nil {
 		return false
 	}
@@ -420,7 +422,7 @@ func (in *pid1) nsEmpty(h *holder) bool {
 	if !empty {
 		return false
 	}
-	b, err = readFile(h.children, in.buf)
+	b, err = readAt(h.childs, in.buf)
 	return err == nil && len(b) == 0
 }
 

@@ -67,10 +67,11 @@ func Holder() {
 
 // holder is the PID 1 of a session's pid namespace, as the init sees it.
 type holder struct {
-	pid      int
-	pidfd    int
-	children string // its /proc children file
-	killed   bool
+	pid    int
+	pidfd  int
+	ns     int // its pid namespace
+	childs int // its /proc children file, read with pread
+	killed bool
 }
 
 // spawnHolder starts a holder in a new pid namespace. null is /dev/null,
@@ -93,7 +94,18 @@ func spawnHolder(null int) (*holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
 	}
-	return &holder{pid: pid, pidfd: pidfd, children: childrenFile(pid, pid)}, nil
+	h := &holder{pid: pid, pidfd: pidfd, ns: -1, childs: -1}
+	// Opened now, off the exec path. The holder is an unreaped child: its
+	// pid cannot name another process.
+	proc := "/proc/" + strconv.Itoa(pid)
+	if h.ns, err = unix.Open(proc+"/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		h.childs, err = unix.Open(proc+"/task/"+strconv.Itoa(pid)+"/children", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
+	if err != nil {
+		h.discard()
+		return nil, fmt.Errorf("pid namespace holder: %w", err)
+	}
+	return h, nil
 }
 
 // alive reports whether h has not exited (a holder of the pool may have
@@ -120,7 +132,16 @@ func (h *holder) kill() {
 // discard kills h and forgets it; the init's reaper collects it.
 func (h *holder) discard() {
 	h.kill()
-	unix.Close(h.pidfd)
+	h.close()
+}
+
+// close closes h's descriptors.
+func (h *holder) close() {
+	for _, fd := range []int{h.pidfd, h.ns, h.childs} {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
 // holderPool keeps ready holders. Its methods are called by the init's
@@ -230,26 +251,23 @@ func (p *holderPool) replenish() {
 	p.mu.Unlock()
 }
 
-// childrenFile is the /proc file listing the children of thread tid of
-// process pid.
-func childrenFile(pid, tid int) string {
-	return "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/children"
+// openChildren opens the /proc file listing the children of thread tid of
+// process pid, to be read with readAt.
+func openChildren(pid, tid int) (int, error) {
+	path := "/proc/" + strconv.Itoa(pid) + "/task/" + strconv.Itoa(tid) + "/children"
+	return unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 }
 
-// readFile reads the file at path into buf (which must be large enough)
-// and returns its contents.
-func readFile(path string, buf []byte) ([]byte, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(fd)
+// readAt reads the whole of the file open as fd, from its start, into buf
+// (which must be large enough) and returns its contents. A /proc file is
+// generated anew by a read at offset 0.
+func readAt(fd int, buf []byte) ([]byte, error) {
 	n := 0
 	for {
 		if n == len(buf) {
-			return nil, fmt.Errorf("%s: larger than %d bytes", path, len(buf))
+			return nil, fmt.Errorf("larger than %d bytes", len(buf))
 		}
-		m, err := unix.Read(fd, buf[n:])
+		m, err := unix.Pread(fd, buf[n:], int64(n))
 		switch {
 		case err == unix.EINTR:
 			continue
