@@ -109,8 +109,8 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 // creates no thread from a locked one (it would inherit that namespace,
 // which the kernel refuses for threads).
 //
-// The only other goroutine is the holder pool's refiller, which shares
-// nothing with the loop but the pool's channels.
+// The other goroutines are the holder pool's spawner, which shares only
+// the pool with the loop (under the pool's mutex), and os/signal's.
 type pid1 struct {
 	c     *ctl.Endpoint
 	cfg   *ctl.Config
@@ -134,13 +134,15 @@ type pid1 struct {
 }
 
 // session is one running session: its main process, a child of the init,
-// and the holder of its pid namespace. Its exit is reported once both are
-// reaped, that is once every process of the session is gone.
+// and the holder of its pid namespace. Its exit is reported once the main
+// process is reaped and nothing else is left in the namespace: at once if
+// nothing was (the holder then goes back to the pool), else once the
+// killed holder is reaped.
 type session struct {
 	sid    uint64
 	pid    int // main process; 0 once reaped
 	pidfd  int
-	holder *holder // nil once reaped
+	holder *holder // nil once reaped or back in the pool
 	exit   *ctl.Msg
 }
 
