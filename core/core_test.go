@@ -56,7 +56,11 @@ func socketOf(w workerHandle) string {
 	return ""
 }
 
-func build(t *testing.T, opts core.Options, w workerHandle) *env {
+func build(t *testing.T, opts core.Options, w workerHandle) *env { return buildTB(t, opts, w) }
+
+func buildB(b *testing.B, w workerHandle) *env { return buildTB(b, core.Options{}, w) }
+
+func buildTB(t testing.TB, opts core.Options, w workerHandle) *env {
 	t.Helper()
 	ctx := context.Background()
 	if opts.StorePath == "" && opts.Store == nil {
@@ -93,7 +97,7 @@ func build(t *testing.T, opts core.Options, w workerHandle) *env {
 	return e
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
