@@ -37,7 +37,9 @@ func Builtins() []PluginFactory {
 		SandboxPlugin,
 		SitesPlugin,
 		func(d Deps) plugin.Registration { return editorplugin.ForStore(d.Store, d.Logger) },
-		func(d Deps) plugin.Registration { return lspplugin.Registration(lspplugin.Options{Servers: d.LSPServers, Logger: d.Logger}) },
+		func(d Deps) plugin.Registration {
+			return lspplugin.Registration(lspplugin.Options{Servers: d.LSPServers, Logger: d.Logger})
+		},
 	}
 }
 
