@@ -207,7 +207,7 @@ func TestHolderPool(t *testing.T) {
 		// the spot; each session has a namespace of its own.
 		var runs []*running
 		for range 4 {
-			runs = append(runs, h.start(t, c, p, "sh", "-c", "echo $$; cat"))
+			runs = append(runs, h.start(t, c, p, "sh", "-c", "readlink /proc/self/ns/pid; cat"))
 		}
 		for _, r := range runs {
 			if !r.started {
@@ -217,10 +217,13 @@ func TestHolderPool(t *testing.T) {
 		if n := len(holderPids(t, m)); n < 4 {
 			t.Errorf("%d holders for 4 sessions", n)
 		}
+		var namespaces []string
 		for _, run := range runs {
-			if r := run.wait(t); r.code() != 0 {
-				t.Fatalf("%v", r)
+			r := run.wait(t)
+			if r.code() != 0 || !strings.HasPrefix(r.stdout, "pid:[") || slices.Contains(namespaces, r.stdout) {
+				t.Fatalf("%v; namespaces before: %q", r, namespaces)
 			}
+			namespaces = append(namespaces, r.stdout)
 		}
 		eventually(t, "pool back to two", func() bool { return len(holderPids(t, m)) == 2 })
 	})
