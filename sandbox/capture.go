@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"io"
+	"strings"
 	"sync"
 	"sync/atomic"
 )
@@ -10,9 +11,8 @@ import (
 type capture struct {
 	limit OutputLimit
 
-	mu     sync.Mutex
-	stdout []byte
-	stderr []byte
+	stdout stream
+	stderr stream
 
 	combined     atomic.Int64 // bytes accepted across both streams
 	overflowOnce sync.Once
@@ -20,6 +20,19 @@ type capture struct {
 	wg           sync.WaitGroup
 	done         chan struct{} // closed when both readers returned
 }
+
+// stream is one captured stream: a list of chunks that grow geometrically
+// (4 KiB up to 1 MiB), so that a large output is never moved while it is
+// read, and a small one costs a small buffer.
+type stream struct {
+	chunks [][]byte
+	n      atomic.Int64 // bytes accepted
+}
+
+const (
+	firstChunk = 4 << 10
+	maxChunk   = 1 << 20
+)
 
 func newCapture(limit OutputLimit) *capture {
 	return &capture{limit: limit, overflow: make(chan struct{}), done: make(chan struct{})}
@@ -33,17 +46,20 @@ func (c *capture) start(stdout, stderr io.Reader) {
 	go func() { c.wg.Wait(); close(c.done) }()
 }
 
-const readChunk = 64 << 10
-
-func (c *capture) read(r io.Reader, dst *[]byte, limit int64) {
+func (c *capture) read(r io.Reader, s *stream, limit int64) {
 	defer c.wg.Done()
 	if r == nil {
 		return
 	}
-	buf := make([]byte, readChunk)
-	var own int64
+	var cur []byte
+	size := firstChunk
 	for {
-		n, err := r.Read(buf)
+		if len(cur) == cap(cur) {
+			cur = make([]byte, 0, size)
+			s.chunks = append(s.chunks, nil)
+			size = min(2*size, maxChunk)
+		}
+		n, err := r.Read(cur[len(cur):cap(cur)])
 		if n > 0 {
 			accept := int64(n)
 			if c.limit.Combined > 0 {
@@ -51,13 +67,12 @@ func (c *capture) read(r io.Reader, dst *[]byte, limit int64) {
 				if used > c.limit.Combined {
 					accept = max(0, int64(n)-(used-c.limit.Combined))
 				}
-			} else if own+accept > limit {
+			} else if own := s.n.Load(); own+accept > limit {
 				accept = max(0, limit-own)
 			}
-			own += accept
-			c.mu.Lock()
-			*dst = append(*dst, buf[:accept]...)
-			c.mu.Unlock()
+			cur = cur[:len(cur)+int(accept)]
+			s.chunks[len(s.chunks)-1] = cur
+			s.n.Add(accept)
 			if accept < int64(n) {
 				c.overflowOnce.Do(func() { close(c.overflow) })
 				return
@@ -78,10 +93,24 @@ func (c *capture) overflowed() bool {
 	}
 }
 
-// snapshot returns copies of what was captured so far; readers may still be
-// running if the drain was cut short.
-func (c *capture) snapshot() (stdout, stderr []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]byte(nil), c.stdout...), append([]byte(nil), c.stderr...)
+// sizes returns how many bytes each stream captured so far.
+func (c *capture) sizes() (stdout, stderr int64) {
+	return c.stdout.n.Load(), c.stderr.n.Load()
+}
+
+// text joins a stream's chunks into one string with a single copy. It must
+// only be called once the stream's reader returned.
+func (s *stream) text() string {
+	switch len(s.chunks) {
+	case 0:
+		return ""
+	case 1:
+		return string(s.chunks[0])
+	}
+	var b strings.Builder
+	b.Grow(int(s.n.Load()))
+	for _, ch := range s.chunks {
+		b.Write(ch)
+	}
+	return b.String()
 }

@@ -5,13 +5,14 @@ import (
 	"unicode/utf8"
 )
 
-// decode turns captured bytes into a string: valid UTF-8 is kept as is
-// (NUL bytes and newlines included) and every byte of an invalid sequence
-// becomes U+FFFD.
-func decode(b []byte) string {
-	if utf8.Valid(b) {
-		return string(b)
+// decode makes captured text valid: valid UTF-8 is kept as is (NUL bytes
+// and newlines included, and without a copy) and every byte of an invalid
+// sequence becomes U+FFFD.
+func decode(s string) string {
+	if utf8.ValidString(s) {
+		return s
 	}
+	b := []byte(s)
 	var sb strings.Builder
 	sb.Grow(len(b) + 16)
 	for len(b) > 0 {
@@ -27,9 +28,9 @@ func decode(b []byte) string {
 	return sb.String()
 }
 
-// render decodes b and applies the provider's sanitizer.
-func render(b []byte, sanitize func(string) string) string {
-	s := decode(b)
+// render decodes s and applies the provider's sanitizer.
+func render(s string, sanitize func(string) string) string {
+	s = decode(s)
 	if sanitize != nil {
 		s = sanitize(s)
 	}

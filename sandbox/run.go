@@ -108,8 +108,7 @@ func (r *run) record(res *CommandResult, cerr *CommandError) Record {
 		rec.LeaseID = r.common.Lease.ID()
 	}
 	if r.cap != nil {
-		out, errb := r.cap.snapshot()
-		rec.StdoutBytes, rec.StderrBytes = int64(len(out)), int64(len(errb))
+		rec.StdoutBytes, rec.StderrBytes = r.cap.sizes()
 	}
 	return rec
 }
@@ -290,7 +289,7 @@ func (r *run) drain(proc process) {
 
 func (r *run) output() (stdout, stderr string) {
 	// drain has returned: the readers are done and the buffers are ours.
-	return render(r.cap.stdout, r.common.Sanitize), render(r.cap.stderr, r.common.Sanitize)
+	return render(r.cap.stdout.text(), r.common.Sanitize), render(r.cap.stderr.text(), r.common.Sanitize)
 }
 
 func (r *run) startHeartbeat(ctx context.Context) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -301,5 +302,29 @@ func TestSlowStart(t *testing.T) {
 				t.Fatalf("cancels %d releases %d", p.Cancels(), p.LastLease().Releases.Load())
 			}
 		})
+	}
+}
+
+// TestLargeOutputIsExact: a multi-chunk capture returns every byte, in
+// order, and counts it.
+func TestLargeOutputIsExact(t *testing.T) {
+	var rec sandbox.Record
+	p := &sandboxtest.Provider{}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{Observe: func(r sandbox.Record) { rec = r }})
+	res, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "seq", "1", "300000"), &actor,
+		&sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Stdout: 8 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	for i := 1; i <= 300000; i++ {
+		want.WriteString(strconv.Itoa(i))
+		want.WriteByte('\n')
+	}
+	if res.Stdout != want.String() {
+		t.Fatalf("stdout differs: %d bytes, want %d", len(res.Stdout), want.Len())
+	}
+	if rec.StdoutBytes != int64(want.Len()) {
+		t.Fatalf("record counts %d bytes, want %d", rec.StdoutBytes, want.Len())
 	}
 }
