@@ -1187,7 +1187,9 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 		return len(ents)
 	}
 	// The init holds descriptors for each ready pid namespace holder.
-	eventually(t, "the holder pool full", func() bool { return len(holderPids(t, h.machineOf(t, 1))) == 2 })
+	eventually(t, "the holder pool full", func() bool { return len(holderPids(t, h.machineOf(t, 1))) >= 2 })
+	time.Sleep(50 * time.Millisecond) // let an ordered holder land
+	holders := len(holderPids(t, h.machineOf(t, 1)))
 	workerFDs, inInit, goroutines := openFDs(t), initFDs(), runtime.NumGoroutine()
 	for i := range 200 {
 		r := h.run(t, c, p, "sh", "-c", "exit "+strconv.Itoa(i%3))
@@ -1210,6 +1212,6 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 	}
 	eventually(t, "descriptors and goroutines back to their level", func() bool {
 		return openFDs(t) <= workerFDs && initFDs() <= inInit && runtime.NumGoroutine() <= goroutines &&
-			len(holderPids(t, h.machineOf(t, 1))) == 2
+			len(holderPids(t, h.machineOf(t, 1))) <= holders
 	})
 }

@@ -33,8 +33,15 @@ import (
 // MaybeRunInit).
 const HolderArg = "__corral-ns-holder"
 
-// poolSize is how many ready holders a machine keeps at most.
+// poolSize is how many ready holders a machine spawns ahead of need.
 const poolSize = 2
+
+// retainSize is how many unused holders a machine keeps when sessions give
+// them back: after a burst of concurrent sessions, the next burst reuses
+// them instead of re-executing a holder per session (each costs a process
+// start). Idle holders cost about 1.5 MB and a few tasks of the pids limit
+// each.
+const retainSize = 16
 
 // holderEnv keeps a holder's Go runtime small and silent: one P (fewer
 // threads, each of which counts against the machine's pids limit) and no
@@ -232,10 +239,10 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 }
 
 // put returns an unused holder (its namespace empty) to the pool, or
-// discards it if the pool is full.
+// discards it if the pool already keeps retainSize.
 func (p *holderPool) put(h *holder) {
 	p.mu.Lock()
-	if len(p.ready) < poolSize {
+	if len(p.ready) < retainSize {
 		p.ready, h = append(p.ready, h), nil
 	}
 	p.mu.Unlock()
