@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/sandbox"
@@ -14,9 +15,13 @@ import (
 
 // secretArg matches command-line arguments that carry a secret in their value:
 // --password=x, token=x, --api-key x is handled by redactArgv's look-behind.
-var secretArg = regexp.MustCompile(`(?i)^(-{0,2}[a-z0-9_.-]*(password|passwd|secret|token|api[-_]?key|auth)[a-z0-9_.-]*[=:])(.+)$`)
+var secretArg = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?i)^(-{0,2}[a-z0-9_.-]*(password|passwd|secret|token|api[-_]?key|auth)[a-z0-9_.-]*[=:])(.+)$`)
+})
 
-var secretFlag = regexp.MustCompile(`(?i)^-{1,2}[a-z0-9_.-]*(password|passwd|secret|token|api[-_]?key)[a-z0-9_.-]*$`)
+var secretFlag = sync.OnceValue(func() *regexp.Regexp {
+	return regexp.MustCompile(`(?i)^-{1,2}[a-z0-9_.-]*(password|passwd|secret|token|api[-_]?key)[a-z0-9_.-]*$`)
+})
 
 // RedactArgv returns argv with secrets replaced by "[REDACTED]": credentials
 // in URLs (user:password@), values of arguments named like secrets
@@ -26,12 +31,12 @@ func RedactArgv(argv []string) []string {
 	out := make([]string, len(argv))
 	for i, a := range argv {
 		switch {
-		case i > 0 && secretFlag.MatchString(argv[i-1]):
+		case i > 0 && secretFlag().MatchString(argv[i-1]):
 			out[i] = "[REDACTED]"
 		case strings.Contains(a, store.TokenPrefix):
 			out[i] = "[REDACTED]"
-		case secretArg.MatchString(a):
-			out[i] = secretArg.ReplaceAllString(a, "${1}[REDACTED]")
+		case secretArg().MatchString(a):
+			out[i] = secretArg().ReplaceAllString(a, "${1}[REDACTED]")
 		default:
 			out[i] = RedactURL(a)
 		}
@@ -40,7 +45,7 @@ func RedactArgv(argv []string) []string {
 }
 
 // urlInText finds URL-like substrings with userinfo.
-var urlInText = regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@]+@[^\s]*`)
+var urlInText = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/@]+@[^\s]*`) })
 
 // RedactURL removes the password (or token) of every URL in s that carries
 // userinfo: https://user:secret@host/x becomes https://user:[REDACTED]@host/x,
@@ -49,7 +54,7 @@ func RedactURL(s string) string {
 	if !strings.Contains(s, "@") || !strings.Contains(s, "://") {
 		return s
 	}
-	return urlInText.ReplaceAllStringFunc(s, func(m string) string {
+	return urlInText().ReplaceAllStringFunc(s, func(m string) string {
 		u, err := url.Parse(m)
 		if err != nil || u.User == nil {
 			scheme, rest, _ := strings.Cut(m, "://")

@@ -236,7 +236,7 @@ func New(c *core.Core, opts Options) (*Exporter, error) {
 	return &Exporter{core: c, opts: opts, log: log, inFlight: make(map[int64]bool)}, nil
 }
 
-var hexHead = regexp.MustCompile(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
+var hexHead = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`) })
 
 // Export pushes req.Branch of req.Project to req.Remote, as described in
 // the package documentation. It blocks until the push completed or failed;
@@ -256,7 +256,7 @@ func (x *Exporter) Export(ctx context.Context, req Request) (*Result, error) {
 		return nil, err
 	}
 	req.ExpectedHead = strings.ToLower(req.ExpectedHead)
-	if !hexHead.MatchString(req.ExpectedHead) {
+	if !hexHead().MatchString(req.ExpectedHead) {
 		return nil, fmt.Errorf("%w: expectedHead %q is not a full hexadecimal object name", ErrInvalid, req.ExpectedHead)
 	}
 	if err := x.checkBranch(ctx, req.Branch); err != nil {
@@ -438,7 +438,7 @@ func redactURL(u *url.URL) string {
 	return c.String()
 }
 
-var userinfo = regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`)
+var userinfo = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`) })
 
 // redactText removes from s the raw remote, the token and the user
 // information of anything URL-like.
@@ -451,5 +451,5 @@ func redactText(s, rawRemote, token string) string {
 			s = strings.ReplaceAll(s, rawRemote, redactURL(u))
 		}
 	}
-	return userinfo.ReplaceAllString(s, "${1}[REDACTED]@")
+	return userinfo().ReplaceAllString(s, "${1}[REDACTED]@")
 }

@@ -59,7 +59,7 @@ func (g *guest) head(ctx context.Context, branch string) (string, error) {
 	switch {
 	case exited(res, 0):
 		head := strings.TrimSpace(res.Stdout)
-		if !hexHead.MatchString(head) {
+		if !hexHead().MatchString(head) {
 			return "", fmt.Errorf("export: rev-parse answered %q", head)
 		}
 		return head, nil

@@ -223,7 +223,7 @@ func FuzzRedact(f *testing.F) {
 		if redact(r) != r {
 			t.Fatalf("redact is not idempotent on %q", s)
 		}
-		if m := urlUserinfo.FindAllString(r, -1); len(m) > 0 {
+		if m := urlUserinfo().FindAllString(r, -1); len(m) > 0 {
 			for _, x := range m {
 				if !strings.HasSuffix(x, "://"+Redacted+"@") {
 					t.Fatalf("%q keeps userinfo %q", r, x)

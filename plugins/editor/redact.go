@@ -4,6 +4,7 @@ import (
 	"errors"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/corral-sandbox/corral/sandbox"
 )
@@ -14,7 +15,7 @@ const Redacted = "[REDACTED]"
 // urlUserinfo matches a URL's scheme and userinfo: everything after "://"
 // up to the last '@' before a '/', whitespace or a control character. The
 // match is greedy so that an unencoded '@' inside a password is covered.
-var urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/\x00-\x1f\x7f]*@`)
+var urlUserinfo = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/\x00-\x1f\x7f]*@`) })
 
 // redact removes the userinfo (user name and password, or token) of every
 // URL-like substring of s: https://user:secret@host/x becomes
@@ -23,7 +24,7 @@ func redact(s string) string {
 	if !strings.Contains(s, "://") || !strings.Contains(s, "@") {
 		return s
 	}
-	return urlUserinfo.ReplaceAllString(s, "${1}"+Redacted+"@")
+	return urlUserinfo().ReplaceAllString(s, "${1}"+Redacted+"@")
 }
 
 // redactError returns err with the output and message of a CommandError
