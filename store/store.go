@@ -30,6 +30,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -160,9 +161,20 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	s.w.SetMaxIdleConns(1)
 	s.w.SetConnMaxLifetime(0)
 	s.w.SetConnMaxIdleTime(0)
-	if err := s.w.PingContext(ctx); err != nil {
-		s.w.Close()
-		return nil, fmt.Errorf("store: open %s: %w", abs, err)
+	// Switching a new database to WAL takes an exclusive lock, for which
+	// SQLite does not always wait (busy_timeout): several processes
+	// creating the database at once may see SQLITE_BUSY. Retry, within the
+	// busy timeout.
+	for deadline := time.Now().Add(busy); ; {
+		err := s.w.PingContext(ctx)
+		if err == nil {
+			break
+		}
+		if !isBusy(err) || time.Now().After(deadline) || ctx.Err() != nil {
+			s.w.Close()
+			return nil, fmt.Errorf("store: open %s: %w", abs, err)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
 	if opts.Migrate {
@@ -349,3 +361,12 @@ type scanner interface{ Scan(dest ...any) error }
 
 // stamp returns the store clock's current time at the stored precision.
 func (s *Store) stamp() time.Time { return fromMS(ms(s.now())) }
+
+// isBusy reports whether err is SQLite's "database is locked".
+func isBusy(err error) bool {
+	switch sqliteCode(err) & 0xff {
+	case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
+		return true
+	}
+	return strings.Contains(err.Error(), "SQLITE_BUSY")
+}
