@@ -72,6 +72,7 @@ func TestWorkerKilledMidCommand(t *testing.T) {
 		if sandbox.KindOf(o.err) != sandbox.KindTransport {
 			t.Errorf("caller %d: %v, want a transport error", i, o.err)
 		}
+		t.Logf("caller %d settled after %v", i, o.at.Sub(killed))
 		if d := o.at.Sub(killed); d > time.Second {
 			t.Errorf("caller %d settled %v after the kill", i, d)
 		}

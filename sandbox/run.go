@@ -220,7 +220,10 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 	case <-cctx.Done():
 		cleanup = append(cleanup, fmt.Errorf("command did not end within %v of cancellation", r.c.opts.CancelWait))
 	}
-	r.drain(proc)
+	// A cancelled tree closes its streams at once; a lost transport may
+	// leave them to a slow teardown. Either way the caller learns of the
+	// failure promptly, with what was read.
+	r.drainFor(proc, min(r.c.opts.DrainTimeout, failureDrain))
 	if err := releaseLease(ctx, r.common.Lease); err != nil {
 		cleanup = append(cleanup, err)
 	}
@@ -273,10 +276,16 @@ func (r *run) failUnstarted(ctx context.Context, ce *CommandError) *CommandError
 	return ce
 }
 
+// failureDrain bounds the drain after a failure.
+const failureDrain = 250 * time.Millisecond
+
 // drain waits for the output readers to finish, at most DrainTimeout, then
 // closes the streams so no reader is left behind.
-func (r *run) drain(proc process) {
-	t := time.NewTimer(r.c.opts.DrainTimeout)
+func (r *run) drain(proc process) { r.drainFor(proc, r.c.opts.DrainTimeout) }
+
+// drainFor is drain with bound d.
+func (r *run) drainFor(proc process, d time.Duration) {
+	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-r.cap.done:
