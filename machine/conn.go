@@ -234,6 +234,11 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			s.finish(Exit{}, rej)
 			return nil
 		}
+		if m.Code == wire.CodeUnknownSession {
+			// The answer to the attach pipelined behind a rejected start.
+			log.Debug("worker error frame for a finished session", "id", m.ID, "message", m.Message)
+			return nil
+		}
 		log.Warn("worker error frame", "id", m.ID, "code", m.Code, "message", m.Message)
 	default:
 		log.Warn("unexpected frame from worker ignored", "type", m.Type())

@@ -169,6 +169,10 @@ func (f *fakeWorker) serve(c *wire.Conn) {
 				c.Send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: "no such session"})
 				continue
 			}
+			if start.Argv[0] == "noanswer" { // never accepted: never started
+				closeFiles(files)
+				continue
+			}
 			if start.Argv[0] == "dropattach" { // crash between attach and start
 				closeFiles(files)
 				return

@@ -137,9 +137,37 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if err := c.addSession(s); err != nil {
 		return nil, err
 	}
+	// Make the stdio pairs first, so that exec-attach follows exec-start at
+	// once: the worker handles a connection's frames in order and holds a
+	// pipelined attach until the session is accepted, which saves a round
+	// trip. A rejected start makes the worker close the attached ends.
+	var near [3]*net.UnixConn
+	var far [3]*os.File
+	for i := range near {
+		near[i], far[i], err = stdioPair()
+		if err != nil {
+			break
+		}
+	}
+	s.setStreams(near)
+	if err != nil {
+		closeFiles(far[:])
+		s.closeStreams()
+		c.session(id, true)
+		return nil, err
+	}
 	start := &wire.ExecStart{ID: id, Project: req.Project, Account: req.Account, Lease: req.Lease,
 		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env}
 	if err := s.send(start); err != nil {
+		closeFiles(far[:])
+		s.closeStreams()
+		return nil, err
+	}
+	err = s.send(&wire.ExecAttach{ID: id}, far[:]...)
+	closeFiles(far[:])
+	if err != nil {
+		_ = s.Cancel(context.WithoutCancel(ctx))
+		s.closeStreams()
 		return nil, err
 	}
 
@@ -151,40 +179,23 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 			case *wire.ExecAccepted:
 				accepted = true
 			case *wire.ExecRejected:
+				s.closeStreams()
 				return nil, &RejectedError{Code: m.Code, Message: m.Message}
 			case *wire.Error:
+				s.closeStreams()
 				return nil, &RejectedError{Code: m.Code, Message: m.Message}
 			}
 		case <-s.done:
+			s.closeStreams()
 			if s.err != nil {
 				return nil, s.err
 			}
-			return nil, fmt.Errorf("machine: exec %s: worker ended the session before it was attached", id)
+			return nil, fmt.Errorf("machine: exec %s: worker ended the session before it was accepted", id)
 		case <-ctx.Done():
 			_ = s.Cancel(context.WithoutCancel(ctx))
+			s.closeStreams()
 			return nil, ctx.Err()
 		}
-	}
-
-	// Attach the streams.
-	var near [3]*net.UnixConn
-	var far [3]*os.File
-	for i := range near {
-		near[i], far[i], err = stdioPair()
-		if err != nil {
-			break
-		}
-	}
-	s.setStreams(near)
-	if err == nil {
-		err = s.send(&wire.ExecAttach{ID: id}, far[:]...)
-	} else {
-		_ = s.Cancel(context.WithoutCancel(ctx))
-	}
-	closeFiles(far[:])
-	if err != nil {
-		s.closeStreams()
-		return nil, err
 	}
 	s.Stdin = stdinWriter{near[0]}
 	s.Stdout = near[1]
