@@ -144,7 +144,7 @@ func (f *fakeWorker) serve(c *wire.Conn) {
 			case "reject":
 				c.Send(&wire.ExecRejected{ID: m.ID, Code: wire.CodeBadArgv, Message: "rejected by the fake"})
 				continue
-			case "noanswer":
+			case "noanswer", "instant":
 			default:
 				c.Send(&wire.ExecAccepted{ID: m.ID})
 			}
@@ -167,6 +167,14 @@ func (f *fakeWorker) serve(c *wire.Conn) {
 			if start == nil {
 				closeFiles(files)
 				c.Send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: "no such session"})
+				continue
+			}
+			if start.Argv[0] == "instant" { // accepted, started and ended at once
+				closeFiles(files)
+				zero := 0
+				c.Send(&wire.ExecAccepted{ID: m.ID})
+				c.Send(&wire.ExecStarted{ID: m.ID})
+				c.Send(&wire.ExecExit{ID: m.ID, Code: &zero})
 				continue
 			}
 			if start.Argv[0] == "noanswer" { // never accepted: never started

@@ -687,3 +687,23 @@ func TestExecFailurePathsCloseDescriptors(t *testing.T) {
 }
 
 func (g *Gateway) closeForTest() *Gateway { g.Close(); return g }
+
+// TestExecWholeLifeBeforeExecLooks: accepted, started and exit read by the
+// connection's reader before Exec looks at them (the hook delays Exec after
+// the attach) still make a successful Exec whose Wait has the exit.
+func TestExecWholeLifeBeforeExecLooks(t *testing.T) {
+	testHookAfterAttach = func() { time.Sleep(20 * time.Millisecond) }
+	defer func() { testHookAfterAttach = nil }()
+	g, _ := setup(t, Options{})
+	for i := 0; i < 10; i++ {
+		s, err := g.Exec(ctxT(t), req("instant"))
+		if err != nil {
+			t.Fatalf("exec %d: %v", i, err)
+		}
+		exit, err := s.Wait()
+		s.Close()
+		if err != nil || exit.Code == nil || *exit.Code != 0 {
+			t.Fatalf("exec %d: Wait = %+v, %v", i, exit, err)
+		}
+	}
+}

@@ -487,3 +487,37 @@ func countProcs(t *testing.T, cmdline string) int {
 	}
 	return n
 }
+
+// TestRealWorkerFastExecsConcurrent: with exec-attach pipelined behind
+// exec-start, a command's whole life (accepted, started, exit) can be read
+// before Exec looks at it; every such exec still succeeds.
+func TestRealWorkerFastExecsConcurrent(t *testing.T) {
+	in, _ := newIntegration(t)
+	ctx := ctxT(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 60 {
+				s, err := in.g.Exec(ctx, in.req("true"))
+				if err != nil {
+					errs <- err
+					return
+				}
+				exit, err := s.Wait()
+				s.Close()
+				if err != nil || exit.Code == nil || *exit.Code != 0 {
+					errs <- fmt.Errorf("Wait = %+v, %v", exit, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
