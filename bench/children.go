@@ -193,8 +193,9 @@ func cpuTime() time.Duration {
 
 // leasesChild holds -n live leases on a fresh store with the lease
 // package's defaults (15 s TTL, 3 s sweeps, 250 ms heartbeat window) and
-// heartbeats each every 5 s, as RunCommand does, at random phases. After
-// one round that starts every holder, it measures the process's CPU time
+// keeps each alive every 5 s through the manager's keep-alive loop, as
+// RunCommand does, registered at random phases. After one round that
+// registers every lease, it measures the process's CPU time
 // over -rounds rounds.
 func leasesChild(args []string) error {
 	fs := flag.NewFlagSet("__leases", flag.ContinueOnError)
@@ -243,36 +244,20 @@ func leasesChild(args []string) error {
 	// rounds: the steady state.
 	hctx, stop := context.WithTimeout(ctx, time.Duration(*rounds+1)*interval+interval/2)
 	defer stop()
+	// Every lease is kept alive the way RunCommand keeps its lease alive:
+	// through the manager's keep-alive loop (lease.KeepAlive), registered
+	// at a random phase as commands start at random times.
 	var beats, errs atomic.Int64
-	var wg sync.WaitGroup
-	var counting atomic.Bool
-	for _, l := range leases {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			select {
-			case <-time.After(rand.N(interval)):
-			case <-hctx.Done():
+	var stops sync.Map
+	for i, l := range leases {
+		time.AfterFunc(rand.N(interval), func() {
+			if hctx.Err() != nil {
 				return
 			}
-			t := time.NewTicker(interval)
-			defer t.Stop()
-			for {
-				if err := l.Heartbeat(hctx); err != nil {
-					if hctx.Err() == nil {
-						errs.Add(1)
-					}
-				} else if counting.Load() {
-					beats.Add(1)
-				}
-				select {
-				case <-t.C:
-				case <-hctx.Done():
-					return
-				}
-			}
-		}()
+			stops.Store(i, l.KeepAlive(interval, func(error) { errs.Add(1) }))
+		})
 	}
+	defer stops.Range(func(_, v any) bool { v.(func())(); return true })
 	time.Sleep(interval)
 	if *prof != "" {
 		f, err := os.Create(*prof)
@@ -284,16 +269,20 @@ func leasesChild(args []string) error {
 			return err
 		}
 	}
-	counting.Store(true)
+	before := make([]time.Time, len(leases))
+	for i, l := range leases {
+		before[i] = l.Deadline()
+	}
 	cpu0, start := cpuTime(), time.Now()
 	time.Sleep(time.Duration(*rounds) * interval)
-	counting.Store(false)
 	cpu, wall := cpuTime()-cpu0, time.Since(start)
+	for i, l := range leases {
+		beats.Add(int64(l.Deadline().Sub(before[i]) / interval))
+	}
 	if *prof != "" {
 		pprof.StopCPUProfile()
 	}
 	stop()
-	wg.Wait()
 	res.WindowMs, res.CPUMs = wall.Milliseconds(), cpu.Milliseconds()
 	res.Beats, res.Errors = beats.Load(), errs.Load()
 	res.PercentCPU = 100 * cpu.Seconds() / wall.Seconds()

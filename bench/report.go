@@ -251,7 +251,7 @@ func (r *report) markdown(w io.Writer) {
 		p("| %s | %s | %s | %s | %s | %d ms |\n", f.name, mib(f.res.BaseRSS), mib(f.res.PeakRSS), kinds(f.res.Kinds), mib(f.res.Captured), f.res.ElapsedMs)
 	}
 
-	p("\n### Lease heartbeats\n\nA child process holds the leases (lease package defaults: 15 s TTL, 3 s sweeps, 250 ms batching window), heartbeats each every 5 s at a random phase, with the reconciler running; after one round that starts every holder, CPU is getrusage over the measured rounds.\n\n")
+	p("\n### Lease heartbeats\n\nA child process holds the leases (lease package defaults: 15 s TTL, 3 s sweeps) and keeps each alive every 5 s, registered at a random phase, through the lease manager's keep-alive loop (lease.KeepAlive, as RunCommand does), with the reconciler running; after one round that registers every lease, CPU is getrusage over the measured rounds.\n\n")
 	if r.leases == nil {
 		p("Not measured: %v\n", r.leaseErr)
 	} else {

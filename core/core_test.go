@@ -348,3 +348,32 @@ func TestArtifacts(t *testing.T) {
 		t.Errorf("%d live leases", n)
 	}
 }
+
+// TestLeaseLostInterruptsCommand: when a command's lease stops being live
+// behind its holder's back (released or expired by another process), the
+// next keep-alive heartbeat fails and the command is cancelled with a
+// transport error.
+func TestLeaseLostInterruptsCommand(t *testing.T) {
+	e := build(t, core.Options{Control: sandbox.ControlOptions{HeartbeatInterval: 100 * time.Millisecond}}, nil)
+	ctl, err := e.core.Sandbox()
+	must(t, err)
+	ctx := context.Background()
+	tok := sandboxtest.SleepToken()
+	start := time.Now()
+	_, err = ctl.RunCommand(ctx, e.input(e.host, "sleep", tok), &e.actor, &sandbox.RunOptions{
+		Timeout: 30 * time.Second,
+		OnStart: func(si sandbox.StartInfo) error {
+			time.AfterFunc(200*time.Millisecond, func() {
+				_, _ = e.core.Store().ReleaseLease(context.Background(), si.LeaseID, time.Now())
+			})
+			return nil
+		},
+	})
+	if sandbox.KindOf(err) != sandbox.KindTransport {
+		t.Fatalf("err = %v, want transport", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v to notice the lost lease", d)
+	}
+	sandboxtest.AssertNoProcesses(t, "sleep "+tok)
+}

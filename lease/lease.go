@@ -94,6 +94,8 @@ type Manager struct {
 	mu      sync.Mutex
 	held    map[string]*Lease // live leases acquired here
 	pending *beatBatch        // heartbeats waiting for the window to close
+
+	ka keepAlive // leases heartbeated by the manager's loop (KeepAlive)
 }
 
 // NewManager returns a Manager for the leases in st.

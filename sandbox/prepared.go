@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"sync"
+	"time"
 )
 
 // Lease is a provider-side claim on a project for one piece of work. It is
@@ -20,6 +21,18 @@ type Lease interface {
 	// Release ends the lease. It is idempotent; releasing a lease that
 	// already expired reports an error rather than hiding it.
 	Release(ctx context.Context) error
+}
+
+// KeepAliver is implemented by leases that can heartbeat themselves more
+// cheaply than one call per interval from each holder (the lease manager
+// batches all of its leases in one loop). RunCommand uses it when the lease
+// has it.
+type KeepAliver interface {
+	// KeepAlive heartbeats the lease every interval until stop is called.
+	// If a heartbeat fails, failed is called once and the lease is no
+	// longer kept alive; failed must not block or call stop. stop blocks
+	// until failed is no longer running and will not be called.
+	KeepAlive(interval time.Duration, failed func(error)) (stop func())
 }
 
 // Provider prepares executions. It checks tenancy and confinement, mints a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -303,6 +304,18 @@ func (r *run) output() (stdout, stderr string) {
 
 func (r *run) startHeartbeat(ctx context.Context) {
 	r.heartbeatErr = make(chan error, 1)
+	if ka, ok := r.common.Lease.(KeepAliver); ok {
+		id := r.common.Lease.ID()
+		stop := ka.KeepAlive(r.c.opts.HeartbeatInterval, func(err error) {
+			select {
+			case r.heartbeatErr <- fmt.Errorf("lease %s: %w", id, err):
+			default:
+			}
+		})
+		var once sync.Once
+		r.stopHeartbeat = func() { once.Do(stop) }
+		return
+	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	lease := r.common.Lease

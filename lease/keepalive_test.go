@@ -1,0 +1,69 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestKeepAlive: the manager's loop heartbeats kept-alive leases (their
+// expiry moves), reports a lease released elsewhere once, and stops.
+func TestKeepAlive(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	m := f.manager(Options{})
+	a, b := acquire(t, m, f.project), acquire(t, m, f.project)
+	before := a.Deadline()
+
+	var failsA, failsB atomic.Int32
+	var errB atomic.Pointer[error]
+	stopA := a.KeepAlive(50*time.Millisecond, func(error) { failsA.Add(1) })
+	stopB := b.KeepAlive(50*time.Millisecond, func(err error) { errB.Store(&err); failsB.Add(1) })
+
+	f.clock.Advance(time.Second)
+	waitUntil(t, "a heartbeated", func() bool { return a.Deadline().After(before) })
+	row, err := f.st.GetLease(ctx, a.ID())
+	if err != nil || !row.ExpiresAt.After(before) {
+		t.Fatalf("store expiry %v (was %v): %v", row.ExpiresAt, before, err)
+	}
+
+	// b is released behind the holder's back (as by another process).
+	if _, err := f.st.ReleaseLease(ctx, b.ID(), f.clock.Now()); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "b's failure reported", func() bool { return failsB.Load() == 1 })
+	if p := errB.Load(); p == nil || !errors.Is(*p, ErrReleased) {
+		t.Fatalf("b failed with %v, want ErrReleased", p)
+	}
+	time.Sleep(150 * time.Millisecond)
+	if failsB.Load() != 1 || failsA.Load() != 0 {
+		t.Fatalf("failures: a %d, b %d", failsA.Load(), failsB.Load())
+	}
+	stopB()
+	stopA()
+	stopA()
+	waitUntil(t, "the loop ended", func() bool {
+		m.ka.mu.Lock()
+		defer m.ka.mu.Unlock()
+		return !m.ka.running
+	})
+	if n := m.keepAliveCount(); n != 0 {
+		t.Fatalf("%d leases still kept alive", n)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
