@@ -31,8 +31,10 @@ type keepEntry struct {
 	stopped bool
 }
 
-// keepTick is how often the keep-alive loop looks for due leases: a
-// heartbeat is late by at most this much.
+// keepTick is how often the keep-alive loop looks for due leases when
+// every interval is the usual 5 s: a heartbeat is late by at most this
+// much. Shorter intervals make the loop look more often (a quarter of the
+// shortest interval, at least every 5 ms).
 const keepTick = 250 * time.Millisecond
 
 // KeepAlive heartbeats l every interval until stop is called, from the
@@ -56,7 +58,7 @@ func (l *Lease) KeepAlive(interval time.Duration, failed func(error)) (stop func
 	m.ka.entries[l] = e
 	if !m.ka.running {
 		m.ka.running = true
-		go m.keepAliveLoop()
+		go m.keepAliveLoop(min(keepTick, max(interval/4, 5*time.Millisecond)))
 	}
 	m.ka.mu.Unlock()
 	var once sync.Once
@@ -75,10 +77,9 @@ func (l *Lease) KeepAlive(interval time.Duration, failed func(error)) (stop func
 }
 
 // keepAliveLoop runs while any lease is kept alive.
-func (m *Manager) keepAliveLoop() {
-	t := time.NewTicker(keepTick)
-	defer t.Stop()
-	for range t.C {
+func (m *Manager) keepAliveLoop(tick time.Duration) {
+	for {
+		time.Sleep(tick)
 		now := time.Now()
 		m.ka.mu.Lock()
 		if len(m.ka.entries) == 0 {
@@ -88,7 +89,9 @@ func (m *Manager) keepAliveLoop() {
 		}
 		var due []*Lease
 		var entries []*keepEntry
+		tick = keepTick
 		for l, e := range m.ka.entries {
+			tick = min(tick, max(e.interval/4, 5*time.Millisecond))
 			if !e.next.After(now) {
 				e.next = now.Add(e.interval)
 				due = append(due, l)
