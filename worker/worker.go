@@ -369,6 +369,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		}
 	}
 	w.closeNet.Do(func() { w.hostNet.Close() })
+	w.cgroups.RemoveParents()
 	return nil
 }
 

@@ -66,7 +66,7 @@ func StartProcess(t testing.TB) *Process {
 		cgroup:       fmt.Sprintf("corral-testproc-%d-%d", os.Getpid(), time.Now().UnixNano()),
 	}
 	p.Start(t)
-	t.Cleanup(p.Kill)
+	t.Cleanup(p.cleanup)
 	return p
 }
 
@@ -117,4 +117,37 @@ func (p *Process) Kill() {
 	<-p.exited
 	p.cmd = nil
 	os.Remove(p.Socket)
+}
+
+// cleanup removes the cgroups a killed worker left (its machines die with
+// it, their groups empty out).
+func (p *Process) cleanup() {
+	p.Kill()
+	RemoveCgroups(p.cgroup)
+}
+
+// RemoveCgroups removes, in every hierarchy, the empty cgroup directories
+// named parent (anywhere below the mount) and their children, retrying for
+// a short while as dying processes leave them.
+func RemoveCgroups(parent string) {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		var left int
+		for _, pattern := range []string{"/sys/fs/cgroup/*/" + parent, "/sys/fs/cgroup/*/*/" + parent, "/sys/fs/cgroup/*/*/*/" + parent, "/sys/fs/cgroup/*/*/*/*/" + parent} {
+			dirs, _ := filepath.Glob(pattern)
+			for _, d := range dirs {
+				kids, _ := filepath.Glob(filepath.Join(d, "*", "cgroup.procs"))
+				for _, k := range kids {
+					_ = os.Remove(filepath.Dir(k))
+				}
+				if err := os.Remove(d); err != nil && !os.IsNotExist(err) {
+					left++
+				}
+			}
+		}
+		if left == 0 || time.Now().After(deadline) {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

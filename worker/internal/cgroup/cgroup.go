@@ -133,6 +133,15 @@ func (l *Layout) RemoveStale() error {
 	return errors.Join(errs...)
 }
 
+// RemoveParents removes the layout's parent directories if they are empty
+// (a worker that shut down leaves nothing behind); a parent still holding
+// groups is kept.
+func (l *Layout) RemoveParents() {
+	for _, p := range l.parents {
+		_ = unix.Rmdir(p)
+	}
+}
+
 // New creates (or, if a stale one exists, empties and recreates) the group
 // name under the layout's parents and applies lim.
 func (l *Layout) New(name string, lim Limits) (*Group, error) {
