@@ -60,7 +60,9 @@ func testWorkerMain(args []string) int {
 		ProjectsRoot: *root,
 		StateDir:     *state,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
-		CgroupParent: fmt.Sprintf("corral-daemon-sup-%d", os.Getpid()),
+		// Named after the test process (the daemon under test is in it),
+		// which removes the groups when the supervisor tests end.
+		CgroupParent: fmt.Sprintf("corral-daemon-sup-%d", os.Getppid()),
 		Logger:       log,
 	})
 	if err != nil {

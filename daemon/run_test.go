@@ -17,6 +17,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -147,6 +148,7 @@ func TestRunSupervisesWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { testworker.RemoveCgroups(fmt.Sprintf("corral-daemon-sup-%d", os.Getpid())) })
 	sock, stop := runDaemon(t, Config{StateDir: state, SuperviseWorker: true, WorkerExe: exe, WorkerLog: testWriter{t}})
 	c, err := client.New(sock, tok)
 	if err != nil {
@@ -223,6 +225,7 @@ func TestPlatformFlow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { testworker.RemoveCgroups(fmt.Sprintf("corral-daemon-sup-%d", os.Getpid())) })
 	sock, _ := runDaemon(t, Config{StateDir: state, SuperviseWorker: true, WorkerExe: exe, WorkerLog: testWriter{t}, Admins: []string{"platform"}})
 	platform, err := client.New(sock, ptok)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
@@ -354,15 +355,7 @@ func TestRealWorkerKilled(t *testing.T) {
 	os.Mkdir(ws, 0o755)
 	sock := filepath.Join(t.TempDir(), "worker.sock")
 	cgParent := fmt.Sprintf("corral-machine-kill-%d", os.Getpid())
-	t.Cleanup(func() {
-		for _, c := range []string{"memory", "pids"} {
-			ms, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", c, "*", "*", cgParent))
-			ms2, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", c, "*", cgParent))
-			for _, m := range append(ms, ms2...) {
-				os.Remove(m)
-			}
-		}
-	})
+	t.Cleanup(func() { testworker.RemoveCgroups(cgParent) })
 	startChild := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = append(os.Environ(), childWorkerEnv+"="+sock, childWorkerEnv+"_ROOT="+root,
