@@ -17,6 +17,7 @@ import (
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -124,6 +125,10 @@ type Config struct {
 	Export export.Options
 	// LSPServers configures language servers by name (core.Options).
 	LSPServers map[string][]string
+	// DisabledPlugins names built-in plugins not to load (their domains
+	// resolve as absent: "sandbox" makes every command answer 503, "sites"
+	// makes the Sites gateway answer 503 with that reason).
+	DisabledPlugins []string
 	// Lease tunes the lease manager (TTL, sweep interval); the zero value
 	// means the defaults (15 s, 3 s). A shorter TTL shortens the heartbeat
 	// interval of commands and sessions to a third of it.
@@ -205,6 +210,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Control:             sandbox.ControlOptions{Observe: metrics.Observe, HeartbeatInterval: beat},
 		Lease:               cfg.Lease,
 		LSPServers:          cfg.LSPServers,
+		PluginConfig:        plugin.Config{Disabled: cfg.DisabledPlugins},
 	})
 	if err != nil {
 		return err
