@@ -31,8 +31,9 @@
 // # Session containment
 //
 // Every session runs in a pid namespace of its own, nested in the
-// machine's, whose PID 1 is a holder: this binary re-executed (see
-// MaybeRunInit) as guest root, with /dev/null as stdio and nothing else
+// machine's, whose PID 1 is a holder: `env --ignore-signal=CHLD sleep
+// infinity` from the host's coreutils (or, where env lacks that option, this
+// binary re-executed; see MaybeRunInit) as guest root, with /dev/null as stdio and nothing else
 // open, which ignores SIGCHLD (so the kernel releases every orphan
 // reparented to it the moment it exits: no zombie is left) and otherwise
 // sleeps until killed. The session's main process is an ordinary process
@@ -59,13 +60,13 @@
 // exec path and is the same on cgroup v1 and v2.
 //
 // A pid namespace whose PID 1 has died accepts no process, so a killed
-// holder is replaced. The init keeps up to two ready holders, spawned by a
-// goroutine of its own, off the exec path; a session that finds none
-// spawns one on the spot. A holder is this binary's Go runtime and package
-// initialisation, then idle (GOMAXPROCS=1, GOGC=off): for the corral
-// binary about 20 MiB resident, of which 1.5 MiB anonymous, the rest being
-// the binary's pages, shared with the init and every other holder; four or
-// five threads, which count against the machine's pids limit.
+// holder is replaced. The init keeps two ready holders, spawned by a
+// goroutine of its own, off the exec path, and keeps up to 64 that sessions
+// gave back, so that a burst of concurrent sessions reuses them; a session
+// that finds none spawns one on the spot. A sleep holder is one thread and
+// well under a megabyte; the Go fallback is this binary's runtime and
+// package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
+// anonymous and four or five threads, which count against the pids limit.
 //
 // Sessions have no cgroup of their own. On v1 (this project's CI hosts) a
 // process can only join a cgroup after its fork, so a session could fork

@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
-	"github.com/corral-sandbox/corral/worker/internal/guest"
 )
 
 // machineOf returns the running machine of project id.
@@ -120,9 +119,20 @@ func describe(pids []int) string {
 
 // isHolder reports whether pid is a pid namespace holder that has
 // finished its exec and not exited.
+// isHolder reports whether pid is a session namespace's holder: PID 1 of a
+// pid namespace nested in the machine's (NSpid: host, machine, 1).
 func isHolder(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	return err == nil && slices.Contains(strings.Split(string(b), "\x00"), guest.HolderArg)
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			return len(f) >= 3 && f[len(f)-1] == "1"
+		}
+	}
+	return false
 }
 
 func alive(pid int) bool {
