@@ -179,7 +179,8 @@ func (m *machine) boot() (err error) {
 	cfg := &ctl.Config{
 		Hostname: "project-" + strconv.FormatInt(m.id, 10),
 		UID:      GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
-		Mask: w.masks,
+		Mask:     w.masks,
+		GoHolder: w.cfg.GoHolders,
 	}
 	if w.pidLimit > 0 {
 		// Leave room under the pids limit for the init's own threads and

@@ -15,7 +15,15 @@ import (
 // A session's main process is an ordinary process of its pid namespace
 // (the holder is PID 1 there), so signals act on it as anywhere else.
 func TestOrdinarySignalSemantics(t *testing.T) {
-	h := newHarness(t, nil)
+	for _, goHolders := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sleepHolders", true: "goHolders"}[goHolders], func(t *testing.T) {
+			testOrdinarySignalSemantics(t, goHolders)
+		})
+	}
+}
+
+func testOrdinarySignalSemantics(t *testing.T, goHolders bool) {
+	h := newHarness(t, func(c *Config) { c.GoHolders = goHolders })
 	c := h.dial(t)
 	p := h.project(t, 1)
 	for _, tt := range []struct{ name, script, signal string }{
@@ -51,12 +59,30 @@ func TestOrdinarySignalSemantics(t *testing.T) {
 // Orphans are reparented to the holder, which leaves no zombie, even when
 // the main process never waits.
 func TestOrphansReaped(t *testing.T) {
-	h := newHarness(t, nil)
+	for _, goHolders := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sleepHolders", true: "goHolders"}[goHolders], func(t *testing.T) {
+			testOrphansReaped(t, goHolders)
+		})
+	}
+}
+
+// testOrphansReaped runs with either kind of holder: env+sleep, or this
+// binary (the fallback where env lacks --ignore-signal).
+func testOrphansReaped(t *testing.T, goHolders bool) {
+	h := newHarness(t, func(c *Config) { c.GoHolders = goHolders })
 	c := h.dial(t)
 	p := h.project(t, 1)
 	run := h.start(t, c, p, "sh", "-c", "(sleep 0.1 &); exec sleep 100")
 	if !run.started {
 		t.Fatalf("%#v", run.first)
+	}
+	// The holders are of the kind asked for.
+	for _, pid := range holderPids(t, h.machineOf(t, 1)) {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		isGo := strings.Contains(string(b), "__corral-ns-holder")
+		if isGo != goHolders {
+			t.Errorf("holder %d runs %q, want a Go holder: %v", pid, strings.ReplaceAll(string(b), "\x00", " "), goHolders)
+		}
 	}
 	eventually(t, "the orphan to exit", func() bool {
 		r := h.run(t, c, p, "ps", "-eo", "args=")

@@ -99,6 +99,11 @@ type Config struct {
 	// Name is the worker's name in its hello frame. Empty means
 	// "corral-worker".
 	Name string
+	// GoHolders makes every session's pid-namespace holder corral's own
+	// binary (SelfExe) instead of `env --ignore-signal=CHLD sleep infinity`
+	// from the host, which machines use when the host's env supports that
+	// option. For hosts without GNU coreutils 8.31 or newer, and tests.
+	GoHolders bool
 }
 
 // RequireRoot returns an error unless the process runs as root.

@@ -71,7 +71,7 @@ func holderPids(t testing.TB, m MachineInfo) []int {
 	t.Helper()
 	var pids []int
 	for _, pid := range machinePids(t, m) {
-		if isHolder(pid) {
+		if pid != m.InitPID && isHolder(pid) {
 			pids = append(pids, pid)
 		}
 	}
@@ -119,8 +119,9 @@ func describe(pids []int) string {
 
 // isHolder reports whether pid is a pid namespace holder that has
 // finished its exec and not exited.
-// isHolder reports whether pid is a session namespace's holder: PID 1 of a
-// pid namespace nested in the machine's (NSpid: host, machine, 1).
+// isHolder reports whether pid is PID 1 of a pid namespace nested in the
+// host's (NSpid: ..., 1): in a machine's cgroup, the machine's init or a
+// session namespace's holder.
 func isHolder(pid int) bool {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	if err != nil {

@@ -76,6 +76,9 @@ type Config struct {
 	// GuestWorkspace and GuestHome are the guest mount points.
 	GuestWorkspace string `json:"guestWorkspace"`
 	GuestHome      string `json:"guestHome"`
+	// GoHolder makes session namespace holders corral's own binary rather
+	// than env and sleep from the host.
+	GoHolder bool `json:"goHolder,omitempty"`
 }
 
 // Msg is one control packet.

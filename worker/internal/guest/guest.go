@@ -165,7 +165,7 @@ func (in *pid1) preparePidNS() error {
 	if err != nil {
 		return err
 	}
-	in.pool = newHolderPool(null)
+	in.pool = newHolderPool(null, in.cfg.GoHolder)
 	return nil
 }
 

@@ -93,8 +93,10 @@ type holder struct {
 // (starting it to ask would race with the init's reaping). Otherwise a
 // holder is this binary again (Holder), through the magic link: its host
 // path is not visible in the machine.
+var goHolderArgv = []string{"corral-ns-holder", HolderArg}
+
 var holderCommand = sync.OnceValues(func() (string, []string) {
-	self := []string{"corral-ns-holder", HolderArg}
+	self := goHolderArgv
 	env, sleep := "/usr/bin/env", "/bin/sleep"
 	for _, p := range []string{env, sleep} {
 		if err := unix.Access(p, unix.X_OK); err != nil {
@@ -110,7 +112,7 @@ var holderCommand = sync.OnceValues(func() (string, []string) {
 // spawnHolder starts a holder in a new pid namespace. null is /dev/null,
 // given to it as stdio; every other descriptor of the init is
 // close-on-exec.
-func spawnHolder(null int) (*holder, error) {
+func spawnHolder(null int, goHolder bool) (*holder, error) {
 	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   "/",
@@ -122,6 +124,9 @@ func spawnHolder(null int) (*holder, error) {
 		},
 	}
 	path, argv := holderCommand()
+	if goHolder {
+		path, argv = "/proc/self/exe", goHolderArgv
+	}
 	if path != "/proc/self/exe" {
 		attr.Env = nil
 	}
@@ -183,17 +188,19 @@ func (h *holder) close() {
 // loop; spawning runs in a goroutine of its own, on another thread, so that
 // a fork and an exec of the init's binary stay off the exec path.
 type holderPool struct {
-	null  int
-	retry time.Duration // wait after a failed spawn (at the pids limit)
-	wake  chan struct{} // wakes the spawner; capacity 1
+	null int
+	// goHolder makes every holder this binary (Config.GoHolder).
+	goHolder bool
+	retry    time.Duration // wait after a failed spawn (at the pids limit)
+	wake     chan struct{} // wakes the spawner; capacity 1
 
 	mu      sync.Mutex
 	ready   []*holder
 	pending int // spawns ordered and not yet delivered
 }
 
-func newHolderPool(null int) *holderPool {
-	p := &holderPool{null: null, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+func newHolderPool(null int, goHolder bool) *holderPool {
+	p := &holderPool{null: null, goHolder: goHolder, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
 	p.mu.Lock()
 	p.orderLocked(poolSize)
 	p.mu.Unlock()
@@ -222,7 +229,7 @@ func (p *holderPool) run() {
 			if n == 0 {
 				break
 			}
-			h, err := spawnHolder(p.null)
+			h, err := spawnHolder(p.null, p.goHolder)
 			if err != nil {
 				time.Sleep(p.retry)
 				continue
@@ -255,7 +262,7 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 		}
 		p.mu.Unlock()
 		if h == nil {
-			h, err = spawnHolder(p.null)
+			h, err = spawnHolder(p.null, p.goHolder)
 			return h, err == nil, err
 		}
 		if h.alive() {
