@@ -15,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
@@ -314,10 +315,10 @@ func TestLSPGoplsHover(t *testing.T) {
 }
 
 // machineProcesses lists the live processes named comm in the machines of
-// this test binary's workers (found by their cgroup, which newManagedEnv
+// this test binary's workers (found by their cgroup, which testworker
 // names after the test process).
 func machineProcesses(comm string) []string {
-	marker := fmt.Sprintf("corral-daemon-test-%d-", os.Getpid())
+	marker := testworker.CgroupPrefix()
 	var found []string
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {

@@ -7,21 +7,15 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
-
-var cgroupSeq struct {
-	sync.Mutex
-	n int
-}
 
 // newManagedEnv starts a real worker in this process (serving a real
 // socket, projects under STATE/projects) and a daemon that reaches it.
@@ -35,46 +29,13 @@ func newManagedEnv(t *testing.T) *env {
 	if err := os.MkdirAll(WorkspacesDir(dir), 0o711); err != nil {
 		t.Fatal(err)
 	}
-	cgroupSeq.Lock()
-	cgroupSeq.n++
-	parent := fmt.Sprintf("corral-daemon-test-%d-%d", os.Getpid(), cgroupSeq.n)
-	cgroupSeq.Unlock()
-	w, err := worker.New(worker.Config{
+	// Started first, so it stops after the daemon's cleanup.
+	w := testworker.Start(t, testworker.Options{
 		ProjectsRoot: WorkspacesDir(dir),
-		StateDir:     t.TempDir(),
-		IdleGrace:    time.Minute,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
-		CgroupParent: parent,
 		Logger:       testLogger(t),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sockDir, err := os.MkdirTemp("", "cw")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(sockDir, "worker.sock")
-	ln, err := wire.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Serve(ctx, ln) }()
-	// Registered first, so it runs after the daemon's cleanup.
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker Serve: %v", err)
-		}
-		sctx, scancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer scancel()
-		if err := w.Shutdown(sctx); err != nil {
-			t.Errorf("worker Shutdown: %v", err)
-		}
-		os.RemoveAll(sockDir)
-	})
+	sock := w.Socket
 	return newEnv(t, envOpts{dir: dir, transport: machine.SocketTransport{Path: sock}})
 }
 

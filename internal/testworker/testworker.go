@@ -34,7 +34,16 @@ type Options struct {
 	IdleGrace   time.Duration
 	Limits      worker.Limits
 	MaxSessions int
+	// ProjectsRoot is where workspaces must live; empty means a new
+	// temporary directory.
+	ProjectsRoot string
+	// Logger receives the worker's logs; nil discards them.
+	Logger *slog.Logger
 }
+
+// CgroupPrefix starts the name of every cgroup parent this test process's
+// in-process workers use, to find their machines' processes.
+func CgroupPrefix() string { return fmt.Sprintf("corral-test-%d-", os.Getpid()) }
 
 // Start serves a new worker until the test ends. It skips the test when not
 // run as root.
@@ -49,8 +58,15 @@ func Start(t testing.TB, opts Options) *Worker {
 	if opts.Limits == (worker.Limits{}) {
 		opts.Limits = worker.Limits{Memory: 512 << 20, Pids: 256}
 	}
-	root := t.TempDir()
-	parent := fmt.Sprintf("corral-test-%d-%d", os.Getpid(), time.Now().UnixNano())
+	root := opts.ProjectsRoot
+	if root == "" {
+		root = t.TempDir()
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	parent := CgroupPrefix() + fmt.Sprint(time.Now().UnixNano())
 	w, err := worker.New(worker.Config{
 		ProjectsRoot: root,
 		StateDir:     t.TempDir(),
@@ -58,12 +74,19 @@ func Start(t testing.TB, opts Options) *Worker {
 		Limits:       opts.Limits,
 		MaxSessions:  opts.MaxSessions,
 		CgroupParent: parent,
-		Logger:       slog.New(slog.DiscardHandler),
+		Logger:       log,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(t.TempDir(), "worker.sock")
+	// A short directory: socket paths are limited to 108 bytes, and test
+	// names make t.TempDir long.
+	sockDir, err := os.MkdirTemp("", "tw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	sock := filepath.Join(sockDir, "worker.sock")
 	ln, err := wire.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
