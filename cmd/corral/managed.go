@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -42,7 +44,10 @@ func startManagedTransport(ctx context.Context, f *runFlags, state string) (mach
 	sock := filepath.Join(dir, "worker.sock")
 	cmd := exec.Command(self, "worker", "--socket", sock, "--projects-root", filepath.Dir(ws),
 		"--state", filepath.Join(state, "worker"))
-	cmd.Stderr = nil // the worker logs JSON; a private worker's logs are dropped
+	// The worker logs JSON; a private worker's logs are kept only to explain
+	// a failed start.
+	logs := &tailBuffer{max: 4096}
+	cmd.Stderr = logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {
 		os.RemoveAll(dir)
@@ -71,14 +76,37 @@ func startManagedTransport(ctx context.Context, f *runFlags, state string) (mach
 		select {
 		case err := <-exited:
 			os.RemoveAll(dir)
-			return nil, nil, fmt.Errorf("worker exited at start: %v", err)
+			return nil, nil, fmt.Errorf("worker exited at start: %v: %s", err, strings.TrimSpace(logs.String()))
 		default:
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			stop()
-			return nil, nil, fmt.Errorf("worker did not start listening: %w", err)
+			return nil, nil, fmt.Errorf("worker did not start listening: %w: %s", err, strings.TrimSpace(logs.String()))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return machine.SocketTransport{Path: sock}, stop, nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append([]byte(nil), t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
 }
