@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/internal/testworker"
 )
 
@@ -26,5 +25,3 @@ func BenchmarkRunCommandManaged(b *testing.B) {
 		}
 	}
 }
-
-var _ = core.Options{}

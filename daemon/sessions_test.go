@@ -132,15 +132,7 @@ func TestSessionCloseCancels(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for output, so the command certainly runs.
-	for {
-		typ, data, err := c.Read(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if typ == websocket.MessageBinary && string(data[1:]) == "up\n" {
-			break
-		}
-	}
+	awaitOutput(ctx, t, c, "up\n")
 	c.Close(websocket.StatusNormalClosure, "bye")
 	sandboxtest.AssertNoProcesses(t, marker)
 	l := fake.LastLease()
@@ -280,16 +272,23 @@ func TestHostSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	awaitOutput(ctx, t, c, "up\n")
+	c.Close(websocket.StatusNormalClosure, "bye")
+	sandboxtest.AssertNoProcesses(t, marker)
+	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+}
+
+// awaitOutput reads the session's messages until a stdout or stderr frame
+// carries exactly want, so that the command certainly runs.
+func awaitOutput(ctx context.Context, t *testing.T, c *websocket.Conn, want string) {
+	t.Helper()
 	for {
 		typ, data, err := c.Read(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if typ == websocket.MessageBinary && string(data[1:]) == "up\n" {
-			break
+		if typ == websocket.MessageBinary && string(data[1:]) == want {
+			return
 		}
 	}
-	c.Close(websocket.StatusNormalClosure, "bye")
-	sandboxtest.AssertNoProcesses(t, marker)
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 }

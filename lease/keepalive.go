@@ -116,6 +116,7 @@ func (m *Manager) keepBatch(leases []*Lease, entries []*keepEntry) {
 	defer cancel()
 	at := m.now()
 	errs, err := m.st.HeartbeatLeases(ctx, ids, at)
+	swept := false // one sweep records every expiry of the batch
 	for i, l := range leases {
 		e := err
 		if e == nil {
@@ -127,7 +128,13 @@ func (m *Manager) keepBatch(leases []*Lease, entries []*keepEntry) {
 		}
 		switch {
 		case errors.Is(e, store.ErrLeaseExpired), errors.Is(e, store.ErrNotFound):
-			m.noticeExpired(ctx, l)
+			if !swept {
+				swept = true
+				if _, err := m.Sweep(ctx); err != nil {
+					m.log.Warn("lease sweep failed", "lease", l.row.ID, "err", err)
+				}
+			}
+			l.expired()
 			e = fmt.Errorf("lease %s: heartbeat: %w (%w)", l.row.ID, ErrExpired, e)
 		case errors.Is(e, store.ErrLeaseReleased):
 			l.released()

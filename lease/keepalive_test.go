@@ -67,3 +67,29 @@ func waitUntil(t *testing.T, what string, ok func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestKeepAliveExpired: a lease whose heartbeat comes after its TTL is
+// expired (recorded in the store) and its holder is told, once.
+func TestKeepAliveExpired(t *testing.T) {
+	ctx := context.Background()
+	f := newFixture(t)
+	m := f.manager(Options{})
+	l := acquire(t, m, f.project)
+	var fails atomic.Int32
+	var got atomic.Pointer[error]
+	stop := l.KeepAlive(20*time.Millisecond, func(err error) { got.Store(&err); fails.Add(1) })
+	defer stop()
+	f.clock.Advance(m.TTL() + time.Second)
+	waitUntil(t, "the expiry reported", func() bool { return fails.Load() == 1 })
+	if p := got.Load(); p == nil || !errors.Is(*p, ErrExpired) {
+		t.Fatalf("failed with %v, want ErrExpired", p)
+	}
+	row, err := f.st.GetLease(ctx, l.ID())
+	if err != nil || row.State != "expired" {
+		t.Fatalf("store state %q, %v", row.State, err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if fails.Load() != 1 {
+		t.Fatalf("reported %d times", fails.Load())
+	}
+}

@@ -49,13 +49,15 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		env[k] = v
 	}
 	// The request must fit in one protocol frame; refuse it here, before a
-	// lease exists, rather than fail at start.
-	if b, err := wire.Encode(&wire.ExecStart{ID: "00000000-0000-0000-0000-000000000000", Project: wire.Project{ID: proj.ID, Workspace: proj.Root},
-		Account: actor.AccountUserID, Lease: "00000000-0000-0000-0000-000000000000", Argv: in.Command.Argv(), Cwd: cwd, Env: env}); err != nil {
-		return nil, fmt.Errorf("provider: project %d: command line too large for a machine (%d bytes of argv; the limit is about %d KiB): %w",
-			proj.ID, argvBytes(in.Command.Argv()), wire.MaxFrame>>10, err)
-	} else if len(b) > wire.MaxFrame {
-		return nil, fmt.Errorf("provider: project %d: command line too large for a machine", proj.ID)
+	// lease exists, rather than fail at start. Below frameCheck bytes of
+	// strings it fits whatever JSON escaping does, and is not encoded twice.
+	if requestBytes(in.Command.Argv(), cwd, env) > frameCheck {
+		b, err := wire.Encode(&wire.ExecStart{ID: "00000000-0000-0000-0000-000000000000", Project: wire.Project{ID: proj.ID, Workspace: proj.Root},
+			Account: actor.AccountUserID, Lease: "00000000-0000-0000-0000-000000000000", Argv: in.Command.Argv(), Cwd: cwd, Env: env})
+		if err != nil || len(b) > wire.MaxFrame {
+			return nil, fmt.Errorf("provider: project %d: command line too large for a machine (%d bytes of argv; a request must fit in %d KiB)",
+				proj.ID, requestBytes(in.Command.Argv(), "", nil), wire.MaxFrame>>10)
+		}
 	}
 	l, err := p.mintLease(ctx, in, actor)
 	if err != nil {
@@ -91,10 +93,18 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	}, nil
 }
 
-func argvBytes(argv []string) int {
-	n := 0
+// frameCheck is the size of a request's strings below which its exec-start
+// frame fits in wire.MaxFrame even if every byte were escaped as \uXXXX.
+const frameCheck = (wire.MaxFrame - 4096) / 6
+
+// requestBytes adds up the strings of an exec request.
+func requestBytes(argv []string, cwd string, env map[string]string) int {
+	n := len(cwd)
 	for _, a := range argv {
 		n += len(a) + 1
+	}
+	for k, v := range env {
+		n += len(k) + len(v) + 2
 	}
 	return n
 }

@@ -100,13 +100,17 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
-	// The child holds its own copies now.
+	// The child holds its own copies now; from here on a failure closes
+	// only what this process keeps.
 	outW.Close()
 	errW.Close()
 	if cmd.Stdin != nil {
 		cmd.Stdin.(*os.File).Close()
 	}
-	proc = &localProcess{cmd: cmd, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
+	closers = []*os.File{outR, errR}
+	if inW != nil {
+		closers = append(closers, inW)
+	}
 	if statusR != nil {
 		cmd.ExtraFiles[0].Close()
 		msg, _ := io.ReadAll(io.LimitReader(statusR, 4096))
@@ -115,14 +119,10 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 			// The helper could not exec the program; it exits at once.
 			_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
 			_ = cmd.Wait()
-			outR.Close()
-			errR.Close()
-			if inW != nil {
-				inW.Close()
-			}
 			return nil, fmt.Errorf("%w: %s", ErrNotStarted, bytes.TrimSpace(msg))
 		}
 	}
+	proc = &localProcess{cmd: cmd, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
 	if inW != nil {
 		go func(data []byte) {
 			_, _ = inW.Write(data)
@@ -201,11 +201,13 @@ func startManaged(ctx context.Context, p *ManagedPrepared) (*managedProcess, err
 	if s == nil || s.done == nil || s.Stdout == nil || s.Stderr == nil {
 		return nil, fmt.Errorf("provider returned an incomplete session")
 	}
-	if s.Stdin != nil {
+	switch {
+	case s.Stdin == nil:
+	case len(p.Stdin) == 0:
+		s.Stdin.Close() // EOF at once: no writer needed
+	default:
 		go func(data []byte) {
-			if len(data) > 0 {
-				_, _ = s.Stdin.Write(data)
-			}
+			_, _ = s.Stdin.Write(data)
 			s.Stdin.Close()
 		}(p.Stdin)
 	}

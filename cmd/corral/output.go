@@ -77,11 +77,7 @@ func asCommandError(err error) *sandbox.CommandError {
 	if errors.As(err, &ce) {
 		return ce
 	}
-	kind := sandbox.KindPrepare
-	if errors.Is(err, sandbox.ErrUnavailable) {
-		kind = sandbox.KindPrepare
-	}
-	return &sandbox.CommandError{Kind: kind, Message: err.Error(), Cause: err}
+	return &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: err.Error(), Cause: err}
 }
 
 func writeJSON(w io.Writer, v any) {

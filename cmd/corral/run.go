@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -150,5 +149,3 @@ func (e *runEnv) close() {
 		e.closers[i]()
 	}
 }
-
-var _ = context.Background
