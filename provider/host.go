@@ -27,8 +27,10 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 // through symlinks too and must then lie inside one of those roots, so
 // neither ".." nor a symlink leads out of them.
 //
-// The command is confined to writing beneath those roots (confine.Command)
-// unless the actor is a trusted member, in which case it is launched
+// The command is confined to writing beneath those roots (the launch is
+// the confinement helper, confine.Command, and carries the same
+// confinement as a sandbox.Confinement, which RunCommand applies without
+// the helper's process) unless the actor is a trusted member, in which case it is launched
 // directly. Confinement is never skipped silently: if the kernel cannot
 // confine, preparation is refused.
 //
@@ -36,7 +38,7 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 // project root), LANG, TERM, then Options.Env.
 //
 // Paths are checked at preparation and used at start. The kernel enforces
-// confinement at each write, on the roots as they resolved when the helper
+// confinement at each write, on the roots as they resolved when the command
 // started; so whoever can replace a root (or its parent) with a symlink
 // between two preparations redirects what later commands may write. Roots
 // must therefore not lie beneath a directory an untrusted command can write.
@@ -80,8 +82,14 @@ func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor 
 		if _, err := p.available(); err != nil {
 			return nil, fmt.Errorf("landlock unavailable: refusing to run unconfined: %w", err)
 		}
-		path, args := confine.Command(p.self, roots, in.Command.Argv())
-		launch = sandbox.Launch{Path: path, Args: args, Env: env, Dir: cwd, ExecStatus: true}
+		argv := in.Command.Argv()
+		path, args := confine.Command(p.self, roots, argv)
+		launch = sandbox.Launch{Path: path, Args: args, Env: env, Dir: cwd, ExecStatus: true,
+			Confine: &sandbox.Confinement{
+				Path:     lookPath(in.Command.File, cwd, envValue(env, "PATH")),
+				Args:     argv,
+				Writable: roots,
+			}}
 	case sandbox.LocalDirect:
 		path := lookPath(in.Command.File, cwd, envValue(env, "PATH"))
 		launch = sandbox.Launch{Path: path, Args: in.Command.Argv(), Env: env, Dir: cwd}

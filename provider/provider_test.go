@@ -520,10 +520,25 @@ func TestNoDescriptorLeak(t *testing.T) {
 			fx.ctrl.RunCommand(context.Background(), fx.input("", "sleep", "10"), &a, &sandbox.RunOptions{Timeout: 50 * time.Millisecond})
 		}
 	}
+	// A confined command's forking thread holds a pidfd until it sees the
+	// command's exit, which it may see just after RunCommand returned: the
+	// counts are taken once they settle.
 	workload() // warm up: the store opens its connections lazily
 	before := countFDs(t)
+	for i := 0; i < 100; i++ {
+		time.Sleep(10 * time.Millisecond)
+		n := countFDs(t)
+		if n == before {
+			break
+		}
+		before = n
+	}
 	workload()
-	if after := countFDs(t); after != before {
+	after := countFDs(t)
+	for deadline := time.Now().Add(2 * time.Second); after != before && time.Now().Before(deadline); after = countFDs(t) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if after != before {
 		t.Fatalf("open descriptors: %d before, %d after", before, after)
 	}
 }

@@ -133,6 +133,14 @@ func CheckTarget(in ExecInput, actor Actor, p Prepared) error {
 		if t.Mode != LocalConfined && t.Mode != LocalDirect {
 			return fmt.Errorf("provider prepared unknown local mode %q", t.Mode)
 		}
+		if c := t.Launch.Confine; c != nil {
+			if t.Mode != LocalConfined {
+				return fmt.Errorf("provider prepared a %s launch with a confinement", t.Mode)
+			}
+			if c.Path == "" || len(c.Args) == 0 || len(c.Writable) == 0 {
+				return errors.New("provider prepared an incomplete confinement")
+			}
+		}
 	case *ManagedPrepared:
 		if in.Project.Kind != ProjectManaged {
 			return fmt.Errorf("provider prepared a managed execution for a %s project", in.Project.Kind)

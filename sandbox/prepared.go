@@ -94,6 +94,27 @@ type Launch struct {
 	// file descriptor 3 and closes it (close-on-exec) when exec succeeds.
 	// Core then reports that failure as KindStart, never as an exit code.
 	ExecStatus bool
+	// Confine, if non-nil, describes the confinement of a confined launch
+	// and the program it confines. Path, Args and ExecStatus still describe
+	// the helper's invocation, for a consumer that starts Launch as a
+	// process; RunCommand instead starts Confine's program itself, forked
+	// from a thread restricted exactly as the helper restricts itself
+	// (confine.Start), which saves the helper's start of a Go runtime. Set
+	// only with LocalConfined.
+	Confine *Confinement
+}
+
+// Confinement is a program and the only directories it may write beneath,
+// as corral's confinement helper (package confine) enforces them: read and
+// execute everywhere, write beneath Writable and to the harmless devices.
+type Confinement struct {
+	// Path is the program, already resolved as the helper would resolve
+	// Args[0] with the launch's PATH.
+	Path string
+	// Args is the program's full argv.
+	Args []string
+	// Writable are absolute directories.
+	Writable []string
 }
 
 // LocalPrepared is a host project's prepared execution (direct or

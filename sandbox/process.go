@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"syscall"
 
+	"github.com/corral-sandbox/corral/confine"
 	"golang.org/x/sys/unix"
 )
 
@@ -87,8 +88,13 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 		closers = append(closers, inR, inW)
 		cmd.Stdin = inR
 	}
+	start := cmd.Start
+	if c := l.Confine; c != nil {
+		cmd.Path, cmd.Args = c.Path, c.Args
+		start = func() error { return confine.Start(cmd, c.Writable) }
+	}
 	var statusR *os.File
-	if l.ExecStatus {
+	if l.ExecStatus && l.Confine == nil {
 		var statusW *os.File
 		statusR, statusW, err = os.Pipe()
 		if err != nil {
@@ -97,7 +103,9 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 		closers = append(closers, statusR, statusW)
 		cmd.ExtraFiles = []*os.File{statusW}
 	}
-	if err := cmd.Start(); err != nil {
+	if err := start(); err != nil {
+		// Also when the confinement could not be set up: nothing ran
+		// (as when the helper reports it).
 		return nil, fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
 	// The child holds its own copies now; from here on a failure closes
