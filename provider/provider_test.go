@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -168,6 +170,20 @@ func TestModeFollowsTrust(t *testing.T) {
 			if tc.mode == sandbox.LocalConfined && (len(lp.Launch.Args) < 2 || lp.Launch.Args[1] != confine.Arg) {
 				t.Errorf("confined launch args = %q, want the helper", lp.Launch.Args)
 			}
+			c := lp.Launch.Confine
+			switch {
+			case tc.mode == sandbox.LocalDirect && c != nil:
+				t.Errorf("direct launch carries a confinement %+v", c)
+			case tc.mode == sandbox.LocalConfined && c == nil:
+				t.Errorf("confined launch carries no confinement")
+			case tc.mode == sandbox.LocalConfined:
+				if c.Path != "/usr/bin/true" && c.Path != "/bin/true" {
+					t.Errorf("confinement path = %q, want the resolved true", c.Path)
+				}
+				if !slices.Equal(c.Args, []string{"true"}) || !slices.Equal(c.Writable, []string{f.root, f.actorRoot}) {
+					t.Errorf("confinement = %+v, want argv [true] writable [%s %s]", c, f.root, f.actorRoot)
+				}
+			}
 		})
 	}
 }
@@ -211,6 +227,34 @@ func TestConfinedWrites(t *testing.T) {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("%s was not written: %v", p, err)
 		}
+	}
+}
+
+// TestConfinedHelperLaunch starts a confined Launch as a process, as a
+// consumer other than RunCommand does (the helper's invocation): it is
+// confined like the commands RunCommand forks from a restricted thread.
+func TestConfinedHelperLaunch(t *testing.T) {
+	requireLandlock(t)
+	f := newFixture(t, fixtureOpts{})
+	outside := filepath.Join(t.TempDir(), "outside")
+	a := f.actor
+	prep, err := f.ctrl.PrepareExecution(context.Background(), f.input("", "sh", "-c", "echo in > in-helper; echo x > "+outside), &a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lp := prep.(*LocalPrepared)
+	defer lp.Lease.Release(context.Background())
+	l := lp.Launch
+	cmd := &exec.Cmd{Path: l.Path, Args: l.Args, Env: l.Env, Dir: l.Dir}
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "Permission denied") {
+		t.Errorf("helper launch writing outside the roots: err %v, output %q; want a permission error", err, out)
+	}
+	if _, err := os.Stat(outside); err == nil {
+		t.Errorf("%s was created through the helper", outside)
+	}
+	if _, err := os.Stat(filepath.Join(f.root, "in-helper")); err != nil {
+		t.Errorf("the helper's command could not write in the project root: %v", err)
 	}
 }
 

@@ -328,3 +328,39 @@ func TestLargeOutputIsExact(t *testing.T) {
 		t.Fatalf("record counts %d bytes, want %d", rec.StdoutBytes, want.Len())
 	}
 }
+
+// TestConfinementChecked: a local preparation whose confinement does not
+// fit its mode is refused before anything starts, and its lease released.
+func TestConfinementChecked(t *testing.T) {
+	cases := map[string]func(*sandbox.LocalPrepared){
+		"directWithConfinement": func(p *sandbox.LocalPrepared) {
+			p.Launch.Confine = &sandbox.Confinement{Path: p.Launch.Path, Args: p.Launch.Args, Writable: []string{"/tmp"}}
+		},
+		"noWritable": func(p *sandbox.LocalPrepared) {
+			p.Mode = sandbox.LocalConfined
+			p.Launch.Confine = &sandbox.Confinement{Path: p.Launch.Path, Args: p.Launch.Args}
+		},
+		"noPath": func(p *sandbox.LocalPrepared) {
+			p.Mode = sandbox.LocalConfined
+			p.Launch.Confine = &sandbox.Confinement{Args: p.Launch.Args, Writable: []string{"/tmp"}}
+		},
+	}
+	for name, mut := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := &sandboxtest.Provider{Mutate: func(prep sandbox.Prepared) { mut(prep.(*sandbox.LocalPrepared)) }}
+			ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+			started := false
+			_, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "true"), &actor,
+				&sandbox.RunOptions{OnStart: func(sandbox.StartInfo) error { started = true; return nil }})
+			if sandbox.KindOf(err) != sandbox.KindPrepare || !strings.Contains(err.Error(), "confinement") {
+				t.Fatalf("err = %v, want a prepare error about the confinement", err)
+			}
+			if started {
+				t.Fatal("a launch with a mismatched confinement was started")
+			}
+			if l := p.LastLease(); l == nil || l.Releases.Load() != 1 {
+				t.Fatalf("lease %v not released exactly once", l)
+			}
+		})
+	}
+}
