@@ -52,7 +52,7 @@ const (
 	subjBwrap     = "bwrap --ro-bind / / --dev /dev --proc /proc --unshare-all true"
 	subjUnshare   = "unshare --user --map-root-user --mount --pid --fork --net true"
 	subjNsenter   = "nsenter -t PID -a true (held namespaces)"
-	subjConfined  = "corral host RunCommand, confined (Landlock helper)"
+	subjConfined  = "corral host RunCommand, confined (Landlock-restricted thread)"
 	subjDirect    = "corral host RunCommand, direct (trusted member)"
 	subjManaged   = "corral managed RunCommand, warm machine"
 	subjDaemon    = "corral daemon API, client.RunCommand (Unix socket, managed)"
