@@ -68,3 +68,82 @@ func BenchmarkHeartbeatLeases(b *testing.B) {
 }
 
 func itoa(n int) string { return time.Duration(n).String()[:len(time.Duration(n).String())-2] }
+
+// BenchmarkCreateRelease is the store's share of one command's lease: a
+// lease created and released, each in its own write, beside a history of
+// 10,000 ended leases and 100 live ones (the indexes then span many pages,
+// as in a store that has run for a while).
+func BenchmarkCreateRelease(b *testing.B) {
+	s, ids := benchLeases(b, 10100)
+	ctx := context.Background()
+	for _, id := range ids[:10000] {
+		if _, err := s.ReleaseLease(ctx, id, time.Now()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	p, err := s.ProjectByName(ctx, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		l, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}, time.Now())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.ReleaseLease(ctx, l.ID, time.Now()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkJournal is the journal's share of one command: an entry started
+// and finished.
+func BenchmarkJournal(b *testing.B) {
+	s, _ := benchLeases(b, 0)
+	ctx := context.Background()
+	code := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		id, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: 1, Lease: "l", LeaseKind: "terminal", Argv: []string{"true"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := s.JournalFinish(ctx, id, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTenancy is the reads of one command's preparation: its project
+// and the actor's membership, after a write (as every command follows the
+// previous one's writes).
+func BenchmarkTenancy(b *testing.B) {
+	s, ids := benchLeases(b, 1)
+	ctx := context.Background()
+	p, err := s.ProjectByName(ctx, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := s.CreateAccount(ctx, "a")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: p.ID, Account: a.ID}); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		if err := s.HeartbeatLease(ctx, ids[0], time.Now()); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if _, err := s.GetProject(ctx, p.ID); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.GetMember(ctx, p.ID, a.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

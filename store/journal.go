@@ -67,6 +67,15 @@ type JournalEntry struct {
 	End JournalEnd
 }
 
+// The journal's statements of every command, prepared once per Store.
+const (
+	sqlJournalStart = `INSERT INTO journal (account, project, domain, lease, lease_kind, argv, limits, started_at)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+	sqlJournalFinish = `UPDATE journal SET ended_at = ?, outcome = ?, code = ?, signal = ?, error_kind = ?,
+			stdout_bytes = ?, stderr_bytes = ?, message = ?
+		WHERE id = ? AND outcome IS NULL`
+)
+
 // JournalStart records that a command starts now and returns its entry's
 // ID, which JournalFinish takes.
 func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, error) {
@@ -82,10 +91,12 @@ func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, err
 	if err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", err)
 	}
+	st, err := s.writeStmt(ctx, sqlJournalStart)
+	if err != nil {
+		return 0, err
+	}
 	var id int64
-	err = s.w.QueryRowContext(ctx, `
-		INSERT INTO journal (account, project, domain, lease, lease_kind, argv, limits, started_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+	err = st.QueryRowContext(ctx,
 		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, string(argvJSON), string(limitsJSON), ms(s.now())).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", err)
@@ -103,10 +114,11 @@ func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) err
 	if end.Code != nil {
 		code = sql.NullInt64{Int64: int64(*end.Code), Valid: true}
 	}
-	res, err := s.w.ExecContext(ctx, `
-		UPDATE journal SET ended_at = ?, outcome = ?, code = ?, signal = ?, error_kind = ?,
-			stdout_bytes = ?, stderr_bytes = ?, message = ?
-		WHERE id = ? AND outcome IS NULL`,
+	st, err := s.writeStmt(ctx, sqlJournalFinish)
+	if err != nil {
+		return err
+	}
+	res, err := st.ExecContext(ctx,
 		ms(s.now()), string(end.Outcome), code, end.Signal, end.ErrorKind,
 		end.StdoutBytes, end.StderrBytes, end.Message, id)
 	if err != nil {

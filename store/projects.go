@@ -73,7 +73,11 @@ func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error
 	return out, nil
 }
 
-const projectCols = "id, kind, name, root, created_at"
+const (
+	projectCols   = "id, kind, name, root, created_at"
+	sqlGetProject = "SELECT " + projectCols + " FROM projects WHERE id = ?"
+	sqlGetMember  = "SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?"
+)
 
 func scanProject(r scanner, what string) (Project, error) {
 	var (
@@ -90,8 +94,11 @@ func scanProject(r scanner, what string) (Project, error) {
 
 // GetProject returns the project with the given ID, or ErrNotFound.
 func (s *Store) GetProject(ctx context.Context, id int64) (Project, error) {
-	return scanProject(s.r.QueryRowContext(ctx, "SELECT "+projectCols+" FROM projects WHERE id = ?", id),
-		fmt.Sprintf("project %d", id))
+	st, err := s.readStmt(ctx, sqlGetProject)
+	if err != nil {
+		return Project{}, err
+	}
+	return scanProject(st.QueryRowContext(ctx, id), fmt.Sprintf("project %d", id))
 }
 
 // ProjectByName returns the project with the given name, or ErrNotFound.
@@ -129,8 +136,7 @@ func (s *Store) ListProjects(ctx context.Context) ([]Project, error) {
 func (s *Store) DeleteProject(ctx context.Context, id int64) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		var live int
-		if err := tx.QueryRowContext(ctx,
-			"SELECT count(*) FROM leases WHERE project = ? AND state = 'live'", id).Scan(&live); err != nil {
+		if err := tx.QueryRowContext(ctx, sqlCountProjectLive, id).Scan(&live); err != nil {
 			return fmt.Errorf("store: delete project %d: %w", id, err)
 		}
 		if live > 0 {
@@ -199,9 +205,11 @@ func (s *Store) RemoveMember(ctx context.Context, project, account int64) error 
 // GetMember returns an account's membership of a project; a non-member is
 // ErrNotFound.
 func (s *Store) GetMember(ctx context.Context, project, account int64) (Member, error) {
-	return scanMember(s.r.QueryRowContext(ctx,
-		"SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?",
-		project, account), fmt.Sprintf("account %d in project %d", account, project))
+	st, err := s.readStmt(ctx, sqlGetMember)
+	if err != nil {
+		return Member{}, err
+	}
+	return scanMember(st.QueryRowContext(ctx, project, account), fmt.Sprintf("account %d in project %d", account, project))
 }
 
 // ListMembers returns a project's members, by account ID.

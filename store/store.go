@@ -110,8 +110,8 @@ type Store struct {
 	w    *sql.DB // one read-write connection
 	r    *sql.DB // read-only connections
 
-	// Prepared statements of the hot paths (leases), by SQL text. SQLite
-	// parsing costs more than executing these.
+	// Prepared statements of the hot paths (leases, the journal, tenancy),
+	// by SQL text. SQLite parsing costs more than executing these.
 	stmtMu sync.Mutex
 	wStmts map[string]*sql.Stmt
 	rStmts map[string]*sql.Stmt
@@ -264,24 +264,37 @@ func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, q string) (*sql.Stmt, er
 	return st, nil
 }
 
-// readStmt returns the hot read statement q, prepared in Open.
+// readStmt returns the read statement q, prepared on the read connections
+// (in Open if it is a hot one, else now and kept).
 func (s *Store) readStmt(ctx context.Context, q string) (*sql.Stmt, error) {
+	return s.stmt(ctx, s.r, s.rStmts, q)
+}
+
+// writeStmt returns the statement q, prepared on the write connection (in
+// Open if it is a hot one, else now and kept), to run on its own: a single
+// statement is a transaction of its own. It must not be called inside tx,
+// which holds the write connection (use txStmt there).
+func (s *Store) writeStmt(ctx context.Context, q string) (*sql.Stmt, error) {
+	return s.stmt(ctx, s.w, s.wStmts, q)
+}
+
+func (s *Store) stmt(ctx context.Context, db *sql.DB, m map[string]*sql.Stmt, q string) (*sql.Stmt, error) {
 	s.stmtMu.Lock()
-	st := s.rStmts[q]
+	st := m[q]
 	s.stmtMu.Unlock()
 	if st != nil {
 		return st, nil
 	}
-	st, err := s.r.PrepareContext(ctx, q)
+	st, err := db.PrepareContext(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("store: prepare: %w", err)
 	}
 	s.stmtMu.Lock()
-	if old := s.rStmts[q]; old != nil {
+	if old := m[q]; old != nil {
 		st.Close()
 		st = old
 	} else {
-		s.rStmts[q] = st
+		m[q] = st
 	}
 	s.stmtMu.Unlock()
 	return st, nil

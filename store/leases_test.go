@@ -1,0 +1,192 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// checkClockInvariant fails unless exactly the live leases have a
+// lease_clock row, each with its lease's project, and the counts agree.
+func checkClockInvariant(t *testing.T, s *Store, projects ...int64) {
+	t.Helper()
+	ctx := context.Background()
+	var bad int
+	if err := s.r.QueryRowContext(ctx, `
+		SELECT count(*) FROM leases l LEFT JOIN lease_clock c ON c.seq = l.seq
+		WHERE (l.state = 'live') <> (c.seq IS NOT NULL) OR c.project <> l.project`).Scan(&bad); err != nil {
+		t.Fatal(err)
+	}
+	if bad != 0 {
+		t.Fatalf("%d lease(s) whose clock does not match their state", bad)
+	}
+	var orphans int
+	if err := s.r.QueryRowContext(ctx,
+		"SELECT count(*) FROM lease_clock WHERE seq NOT IN (SELECT seq FROM leases)").Scan(&orphans); err != nil {
+		t.Fatal(err)
+	}
+	if orphans != 0 {
+		t.Fatalf("%d clock(s) without a lease", orphans)
+	}
+	total := 0
+	for _, p := range projects {
+		n, err := s.ProjectLiveLeases(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		live, err := s.ListLeases(ctx, LeaseFilter{Project: p, State: LeaseLive})
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := s.ListLeases(ctx, LeaseFilter{Project: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		for _, l := range all {
+			if l.State == LeaseLive {
+				want++
+			}
+		}
+		if n != want || len(live) != want {
+			t.Fatalf("project %d: ProjectLiveLeases = %d, ListLeases(live) = %d; want %d", p, n, len(live), want)
+		}
+		total += n
+	}
+	if n, err := s.LiveLeaseCount(ctx); err != nil || n != total {
+		t.Fatalf("LiveLeaseCount = %d, %v; want %d", n, err, total)
+	}
+}
+
+// Random lives of leases on two projects keep a clock for exactly the live
+// ones (the schema's triggers), and every count agrees.
+func TestLeaseClockInvariant(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p1, _ := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p1", Root: "/p1"})
+	p2, _ := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p2", Root: "/p2"})
+	rng := rand.New(rand.NewPCG(1, 2))
+	var ids []string
+	for i := range 300 {
+		switch op := rng.IntN(10); {
+		case op < 4 || len(ids) == 0:
+			p := []int64{p1.ID, p2.ID}[rng.IntN(2)]
+			l, err := s.CreateLease(ctx, NewLease{Project: p, Kind: "terminal", TTL: time.Duration(1+rng.IntN(20)) * time.Second}, c.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, l.ID)
+		case op < 7:
+			_, err := s.ReleaseLease(ctx, ids[rng.IntN(len(ids))], c.Now())
+			if err != nil && !errors.Is(err, ErrLeaseExpired) {
+				t.Fatal(err)
+			}
+		case op < 9:
+			err := s.HeartbeatLease(ctx, ids[rng.IntN(len(ids))], c.Now())
+			if err != nil && !errors.Is(err, ErrLeaseExpired) && !errors.Is(err, ErrLeaseReleased) {
+				t.Fatal(err)
+			}
+		default:
+			if _, err := s.ExpireLeases(ctx, c.Now()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Advance(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		if i%10 == 0 {
+			checkClockInvariant(t, s, p1.ID, p2.ID)
+		}
+	}
+	checkClockInvariant(t, s, p1.ID, p2.ID)
+}
+
+// A release that finds the lease overdue looks again in a transaction: if
+// another process's heartbeat (its clock slightly behind) extended the lease
+// in between, the lease is released after all. A release on time never
+// takes that path.
+func TestReleaseLeaseFallback(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p, _ := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
+	const ttl = 15 * time.Second
+	calls := 0
+	testHookReleaseFallback = func() { calls++ }
+	t.Cleanup(func() { testHookReleaseFallback = nil })
+
+	onTime, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "terminal", TTL: ttl}, c.Now())
+	if _, err := s.ReleaseLease(ctx, onTime.ID, c.Now().Add(ttl)); err != nil || calls != 0 {
+		t.Fatalf("release at the deadline = %v after %d fallback(s); want nil, none", err, calls)
+	}
+
+	start := c.Now()
+	l, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "terminal", TTL: ttl}, start)
+	at := start.Add(ttl + time.Millisecond) // 1 ms overdue
+	testHookReleaseFallback = func() {
+		calls++
+		// Another process, its clock 1 ms behind, heartbeats in between.
+		if err := s.HeartbeatLease(ctx, l.ID, start.Add(ttl)); err != nil {
+			t.Errorf("skewed heartbeat: %v", err)
+		}
+	}
+	got, err := s.ReleaseLease(ctx, l.ID, at)
+	if err != nil || calls != 1 {
+		t.Fatalf("release after the skewed heartbeat = %v after %d fallback(s); want nil, 1", err, calls)
+	}
+	want := l
+	want.State, want.ReleasedAt = LeaseReleased, at
+	want.HeartbeatAt, want.ExpiresAt = start.Add(ttl), start.Add(2*ttl)
+	if got != want {
+		t.Fatalf("released lease = %+v; want %+v", got, want)
+	}
+	if row, err := s.GetLease(ctx, l.ID); err != nil || row != want {
+		t.Fatalf("GetLease = %+v, %v; want %+v", row, err, want)
+	}
+	checkClockInvariant(t, s, p.ID)
+
+	// Without the heartbeat the overdue lease is not released.
+	testHookReleaseFallback = func() { calls++ }
+	o, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "terminal", TTL: ttl}, start)
+	if _, err := s.ReleaseLease(ctx, o.ID, at); !errors.Is(err, ErrLeaseExpired) || calls != 2 {
+		t.Fatalf("release overdue = %v after %d fallback(s); want ErrLeaseExpired, 2", err, calls)
+	}
+	if row, _ := s.GetLease(ctx, o.ID); row.State != LeaseLive {
+		t.Fatalf("overdue lease after a refused release: %+v", row)
+	}
+	checkClockInvariant(t, s, p.ID)
+}
+
+// Concurrent releases of one lease on two handles (two processes): exactly
+// one releases it, and both report success.
+func TestConcurrentReleaseAcrossHandles(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	c := newClock()
+	a := openTest(t, path, Options{Migrate: true, Now: c.Now})
+	b := openTest(t, path, Options{Now: c.Now})
+	p, _ := a.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
+	for i := range 50 {
+		l, err := a.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: time.Minute}, c.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 2)
+		for _, st := range []*Store{a, b} {
+			go func() {
+				got, err := st.ReleaseLease(ctx, l.ID, c.Now())
+				if err == nil && (got.State != LeaseReleased || !got.ReleasedAt.Equal(c.Now())) {
+					err = fmt.Errorf("released row %+v", got)
+				}
+				errs <- err
+			}()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", i, err)
+			}
+		}
+	}
+	checkClockInvariant(t, a, p.ID)
+}
