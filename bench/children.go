@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -70,6 +71,7 @@ func statusKB(field string) (int64, error) {
 type floodResult struct {
 	BaseRSS   int64          // bytes, after the core was built and the machine started
 	PeakRSS   int64          // VmHWM after the flood, bytes
+	FileRSS   int64          // RssFile after the flood (mapped executable and libraries), bytes
 	Kinds     map[string]int // outcome of each flooding command
 	Captured  int64          // bytes of partial stdout returned, all commands
 	ElapsedMs int64
@@ -88,6 +90,11 @@ func floodChild(args []string) error {
 	prof := fs.String("memprofile", "", "write a heap profile (allocations) here after the flood")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *prof != "" {
+		// Sample finely enough to see every command's allocations
+		// (the default samples one per 512 KiB).
+		runtime.MemProfileRate = 4 << 10
 	}
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "corral-bench-flood")
@@ -156,7 +163,14 @@ func floodChild(args []string) error {
 	}
 	wg.Wait()
 	res.ElapsedMs = time.Since(t0).Milliseconds()
+	if res.PeakRSS, err = vmHWM(); err != nil {
+		return err
+	}
+	if res.FileRSS, err = statusKB("RssFile:"); err != nil {
+		return err
+	}
 	if *prof != "" {
+		runtime.GC() // the profile shows allocations as of the last cycle
 		f, err := os.Create(*prof)
 		if err != nil {
 			return err
@@ -166,9 +180,6 @@ func floodChild(args []string) error {
 		if err != nil {
 			return err
 		}
-	}
-	if res.PeakRSS, err = vmHWM(); err != nil {
-		return err
 	}
 	return json.NewEncoder(os.Stdout).Encode(res)
 }

@@ -51,6 +51,17 @@ func (r *report) concAt(subject string, level int) *concRow {
 	return nil
 }
 
+// floodTarget is the measured flood row that the RSS target applies to, or
+// nil.
+func (r *report) floodTarget() *floodRow {
+	for i := range r.flood {
+		if f := &r.flood[i]; f.target && f.err == nil {
+			return f
+		}
+	}
+	return nil
+}
+
 func (r *report) targets() []target {
 	var ts []target
 	skip := func(what, goal string) { ts = append(ts, target{what, goal, "not measured", "SKIP"}) }
@@ -99,8 +110,7 @@ func (r *report) targets() []target {
 	} else {
 		skip("64 concurrent: managed vs bare throughput, failures", "≥ 0.80×, 0 failures")
 	}
-	if len(r.flood) > 0 && r.flood[0].err == nil {
-		f := r.flood[0]
+	if f := r.floodTarget(); f != nil {
 		ts = append(ts, target{"core peak RSS under a flood (" + f.name + ")", "≤ 32 MiB", mib(f.res.PeakRSS), verdict(f.res.PeakRSS <= 32<<20)})
 	} else {
 		skip("core peak RSS under a flood", "≤ 32 MiB")
@@ -241,14 +251,18 @@ func (r *report) markdown(w io.Writer) {
 		p("\nExperiment, managed through a worker linked alone (bench/slimworker: machine inits and pid namespace holders re-execute a small binary): %s.\n", strings.Join(slim, "; "))
 	}
 
-	p("\n### Core memory under an output flood\n\nA child process runs only a core (its own store, the worker's socket) and the flood, all in one managed project; peak is its VmHWM.\n\n")
-	p("| Flood | RSS before | peak RSS (VmHWM) | outcomes | stdout returned | time |\n|---|---:|---:|---|---:|---:|\n")
+	p("\n### Core memory under an output flood\n\nA child process runs only a core (its own store, the worker's socket) and the flood, all in one managed project; peak is its VmHWM, which includes the resident pages of the mapped executable (file-backed, shared with other processes running it, counted in 2 MiB pages where the kernel maps the file with huge pages); the rest is the core's own memory. The target (≤ 32 MiB) applies to the flood at the default limits; the 64 MiB row is for information: its 10 × 64 MiB of returned output alone exceeds any such target.\n\n")
+	p("| Flood | RSS before | peak RSS (VmHWM) | of it file-backed | outcomes | stdout returned | time | role |\n|---|---:|---:|---:|---|---:|---:|---|\n")
 	for _, f := range r.flood {
+		role := "information"
+		if f.target {
+			role = "target"
+		}
 		if f.err != nil {
-			p("| %s | – | – | error: %s | – | – |\n", f.name, oneLine(f.err.Error()))
+			p("| %s | – | – | – | error: %s | – | – | %s |\n", f.name, oneLine(f.err.Error()), role)
 			continue
 		}
-		p("| %s | %s | %s | %s | %s | %d ms |\n", f.name, mib(f.res.BaseRSS), mib(f.res.PeakRSS), kinds(f.res.Kinds), mib(f.res.Captured), f.res.ElapsedMs)
+		p("| %s | %s | %s | %s | %s | %s | %d ms | %s |\n", f.name, mib(f.res.BaseRSS), mib(f.res.PeakRSS), mib(f.res.FileRSS), kinds(f.res.Kinds), mib(f.res.Captured), f.res.ElapsedMs, role)
 	}
 
 	p("\n### Lease heartbeats\n\nA child process holds the leases (lease package defaults: 15 s TTL, 3 s sweeps) and keeps each alive every 5 s, registered at a random phase, through the lease manager's keep-alive loop (lease.KeepAlive, as RunCommand does), with the reconciler running; after one round that registers every lease, CPU is getrusage over the measured rounds.\n\n")

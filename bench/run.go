@@ -40,8 +40,10 @@ type floodRow struct {
 	name  string
 	limit int64
 	par   int
-	res   floodResult
-	err   error
+	// target: this row is the one measured against the ≤ 32 MiB target.
+	target bool
+	res    floodResult
+	err    error
 	// skipped: err says why the flood could not run here (no worker).
 	skipped bool
 }
@@ -237,9 +239,11 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		})
 	}
 
+	// The target holds at the default limits; at 64 MiB the results
+	// alone (10 × 64 MiB of strings) are 640 MiB, so that row informs.
 	floods := []floodRow{
+		{name: "10 × `cat /dev/zero`, default 1 MiB stdout limit", limit: sandbox.DefaultStreamLimit, par: 10, target: true},
 		{name: "10 × `cat /dev/zero`, 64 MiB stdout limit each", limit: 64 << 20, par: 10},
-		{name: "10 × `cat /dev/zero`, default 1 MiB limit", limit: sandbox.DefaultStreamLimit, par: 10},
 	}
 	if cfg.on("flood") {
 		step("flood")

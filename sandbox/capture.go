@@ -5,33 +5,77 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
-// capture collects a command's stdout and stderr into bounded buffers.
+// capture collects a command's stdout and stderr, each into one buffer that
+// never grows past what its limit lets it keep.
+//
+// Memory: a stream's bytes are read straight into the buffer that becomes
+// its text, so a capture makes no transient copy of the output.
+//
+//   - A stream waits for its first byte (or EOF) holding no buffer.
+//   - It then reads into a pooled scratch buffer; output that fits
+//     (scratchData bytes) is copied once, into a string of its exact size.
+//   - Larger output gets a buffer of its own of min(limit, 1 MiB), read into
+//     directly, that doubles (up to the limit) only when it is full and
+//     more bytes arrive. Growing copies in pieces, so that the garbage
+//     collector can always stop the reader.
+//   - When the reader ends, the buffer becomes the text without a copy (it
+//     is never written again), unless more than a quarter of it is unused:
+//     then the text is an exact copy, which does not pin the rest.
+//   - A read made when the buffer is full or the limit reached (to learn
+//     whether more follows) lands in a scratch buffer's small probe area;
+//     bytes past the limit are dropped there, and the reader stops.
+//
+// At the default 1 MiB limit an output flood therefore costs each stream
+// its 1 MiB result and nothing else.
 type capture struct {
 	limit OutputLimit
 
 	stdout stream
 	stderr stream
 
-	combined     atomic.Int64 // bytes accepted across both streams
+	combined     atomic.Int64 // bytes read across both streams, past the limit included
 	overflowOnce sync.Once
 	overflow     chan struct{} // closed when a limit was exceeded
-	wg           sync.WaitGroup
+	running      atomic.Int32  // readers that have not returned
 	done         chan struct{} // closed when both readers returned
 }
 
-// stream is one captured stream: a list of chunks that grow geometrically
-// (4 KiB up to 1 MiB), so that a large output is never moved while it is
-// read, and a small one costs a small buffer.
+// stream is one captured stream.
 type stream struct {
-	chunks [][]byte
-	n      atomic.Int64 // bytes accepted
+	n   atomic.Int64 // bytes accepted so far
+	out string       // the accepted bytes; set when the reader returns
 }
 
 const (
-	firstChunk = 4 << 10
-	maxChunk   = 1 << 20
+	// scratchData is how much output a stream collects in its pooled
+	// scratch buffer before it gets a buffer of its own.
+	scratchData = 28 << 10
+	// probeSize is the scratch buffer's probe area: reads made when a
+	// stream's buffer is full (to learn whether more follows) land there.
+	probeSize = 4 << 10
+	// firstBuffer bounds a stream's first own buffer.
+	firstBuffer = 1 << 20
+	// copyPiece bounds one memmove while a buffer grows or is trimmed:
+	// a memmove cannot be preempted, and a garbage collector waiting for
+	// a long one keeps another core spinning.
+	copyPiece = 1 << 20
+)
+
+// scratch is a stream's buffer until its output outgrows scratchData, and
+// the landing place of probe reads.
+type scratch [scratchData + probeSize]byte
+
+var (
+	scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+	// scratchesOut counts scratch buffers taken from the pool and not
+	// given back (for tests).
+	scratchesOut atomic.Int64
 )
 
 func newCapture(limit OutputLimit) *capture {
@@ -40,48 +84,206 @@ func newCapture(limit OutputLimit) *capture {
 
 // start reads both streams until EOF, error or overflow.
 func (c *capture) start(stdout, stderr io.Reader) {
-	c.wg.Add(2)
+	c.running.Store(2)
 	go c.read(stdout, &c.stdout, c.limit.Stdout)
 	go c.read(stderr, &c.stderr, c.limit.Stderr)
-	go func() { c.wg.Wait(); close(c.done) }()
 }
 
-func (c *capture) read(r io.Reader, s *stream, limit int64) {
-	defer c.wg.Done()
-	if r == nil {
+// readerDone closes done when the last reader returns.
+func (c *capture) readerDone() {
+	if c.running.Add(-1) == 0 {
+		close(c.done)
+	}
+}
+
+// room reports how many more bytes stream s may accept: what is left of
+// its own limit, or of the combined limit (which the other stream may take
+// in the meantime: accept settles that).
+func (c *capture) room(s *stream, limit int64) int64 {
+	if c.limit.Combined > 0 {
+		return max(0, c.limit.Combined-c.combined.Load())
+	}
+	return max(0, limit-s.n.Load())
+}
+
+// accept counts n bytes just read into s and reports how many of them fit
+// the limits; fewer than n means the output overflowed.
+func (c *capture) accept(s *stream, limit int64, n int) int {
+	accept := int64(n)
+	if c.limit.Combined > 0 {
+		if used := c.combined.Add(int64(n)); used > c.limit.Combined {
+			accept = max(0, accept-(used-c.limit.Combined))
+		}
+	} else if own := s.n.Load(); own+accept > limit {
+		accept = max(0, limit-own)
+	}
+	s.n.Add(accept)
+	return int(accept)
+}
+
+func (c *capture) read(src io.Reader, s *stream, limit int64) {
+	defer c.readerDone()
+	if src == nil {
 		return
 	}
-	var cur []byte
-	size := firstChunk
+	r := &reader{c: c, s: s, limit: limit, keep: limit}
+	if c.limit.Combined > 0 {
+		r.keep = c.limit.Combined
+	}
+	defer r.finish()
+	// An idle stream (most stderrs) holds no buffer while it waits.
+	waitReadable(src)
+	r.sc = getScratch()
 	for {
-		if len(cur) == cap(cur) {
-			cur = make([]byte, 0, size)
-			s.chunks = append(s.chunks, nil)
-			size = min(2*size, maxChunk)
-		}
-		n, err := r.Read(cur[len(cur):cap(cur)])
-		if n > 0 {
-			accept := int64(n)
-			if c.limit.Combined > 0 {
-				used := c.combined.Add(int64(n))
-				if used > c.limit.Combined {
-					accept = max(0, int64(n)-(used-c.limit.Combined))
-				}
-			} else if own := s.n.Load(); own+accept > limit {
-				accept = max(0, limit-own)
+		room := c.room(s, limit)
+		// Read into free space, never more than the limits leave room
+		// for; if there is none, into the probe area.
+		var p []byte
+		probe := false
+		switch {
+		case room > 0 && r.buf == nil && r.small < scratchData:
+			p = r.sc[r.small:min(scratchData, r.small+int(min(room, scratchData)))]
+		case room > 0 && r.buf != nil && len(r.buf) < cap(r.buf):
+			p = r.buf[len(r.buf):min(cap(r.buf), len(r.buf)+int(min(room, int64(cap(r.buf)))))]
+		default:
+			probe = true
+			if r.sc == nil {
+				r.sc = getScratch()
 			}
-			cur = cur[:len(cur)+int(accept)]
-			s.chunks[len(s.chunks)-1] = cur
-			s.n.Add(accept)
-			if accept < int64(n) {
+			p = r.sc[scratchData:]
+			if room > 0 {
+				p = p[:min(len(p), int(room))]
+			}
+		}
+		n, err := src.Read(p)
+		if n > 0 {
+			a := c.accept(s, limit, n)
+			switch {
+			case !probe && r.buf == nil:
+				r.small += a
+			case !probe:
+				r.buf = r.buf[:len(r.buf)+a]
+			case a > 0:
+				r.add(p[:a])
+			}
+			if a < n {
 				c.overflowOnce.Do(func() { close(c.overflow) })
 				return
 			}
+		}
+		if probe && r.buf != nil {
+			r.putScratch()
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// reader is the state of one stream's reader.
+type reader struct {
+	c     *capture
+	s     *stream
+	limit int64 // the stream's own limit (unused under a combined limit)
+	keep  int64 // the most bytes the stream can keep
+
+	// sc is held while the output fits it (buf is nil), and during a probe.
+	sc    *scratch
+	small int    // bytes collected in sc while buf is nil
+	buf   []byte // the stream's own buffer, once its output outgrew sc
+}
+
+// add appends p, which the probe area holds, growing the buffer: the
+// output outgrew the scratch buffer, or the stream's own buffer.
+func (r *reader) add(p []byte) {
+	if r.buf == nil {
+		r.buf = grow(r.sc[:r.small], r.small+len(p), r.keep)
+	} else {
+		r.buf = grow(r.buf, len(r.buf)+len(p), r.keep)
+	}
+	r.buf = append(r.buf, p...)
+}
+
+// finish sets the stream's text and gives the scratch buffer back.
+func (r *reader) finish() {
+	switch {
+	case r.buf != nil:
+		r.s.out = ownedString(r.buf)
+	case r.sc != nil:
+		r.s.out = string(r.sc[:r.small])
+	}
+	r.putScratch()
+}
+
+func (r *reader) putScratch() {
+	if r.sc != nil {
+		scratchPool.Put(r.sc)
+		scratchesOut.Add(-1)
+		r.sc = nil
+	}
+}
+
+func getScratch() *scratch {
+	scratchesOut.Add(1)
+	return scratchPool.Get().(*scratch)
+}
+
+// waitReadable returns once src has something to read (data, EOF or an
+// error), or at once if src cannot be polled.
+func waitReadable(src io.Reader) {
+	sc, ok := src.(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	// Read resets the descriptor's readiness before it calls f: f must
+	// look itself, and returns false to wait for the next edge.
+	_ = rc.Read(func(fd uintptr) bool {
+		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(fds, 0)
+		return err != nil || n > 0
+	})
+}
+
+// grow returns a new buffer holding b, with room for at least need bytes
+// in all: twice b's capacity, at least firstBuffer, at most keep.
+func grow(b []byte, need int, keep int64) []byte {
+	size := max(2*cap(b), firstBuffer, need)
+	size = int(min(int64(size), max(keep, int64(need))))
+	nb := make([]byte, len(b), size)
+	copyPieces(nb, b)
+	return nb
+}
+
+// copyPieces copies src into dst (as copy does) in pieces of at most
+// copyPiece bytes, so that the copying goroutine can be preempted.
+func copyPieces(dst, src []byte) {
+	for len(src) > 0 {
+		n := copy(dst, src[:min(len(src), copyPiece)])
+		dst, src = dst[n:], src[n:]
+	}
+}
+
+// ownedString returns b as a string. The caller gives b up: it must never be
+// written again. If more than a quarter of b's capacity is unused, the
+// string is an exact copy, so that it does not pin the unused part.
+func ownedString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	if cap(b)-len(b) <= cap(b)/4 {
+		return unsafe.String(unsafe.SliceData(b), len(b))
+	}
+	var sb strings.Builder
+	sb.Grow(len(b))
+	for len(b) > 0 {
+		n, _ := sb.Write(b[:min(len(b), copyPiece)])
+		b = b[n:]
+	}
+	return sb.String()
 }
 
 func (c *capture) overflowed() bool {
@@ -98,19 +300,6 @@ func (c *capture) sizes() (stdout, stderr int64) {
 	return c.stdout.n.Load(), c.stderr.n.Load()
 }
 
-// text joins a stream's chunks into one string with a single copy. It must
-// only be called once the stream's reader returned.
-func (s *stream) text() string {
-	switch len(s.chunks) {
-	case 0:
-		return ""
-	case 1:
-		return string(s.chunks[0])
-	}
-	var b strings.Builder
-	b.Grow(int(s.n.Load()))
-	for _, ch := range s.chunks {
-		b.Write(ch)
-	}
-	return b.String()
-}
+// text returns the stream's captured bytes. It must only be called once the
+// stream's reader returned.
+func (s *stream) text() string { return s.out }

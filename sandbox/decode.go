@@ -7,23 +7,34 @@ import (
 
 // decode makes captured text valid: valid UTF-8 is kept as is (NUL bytes
 // and newlines included, and without a copy) and every byte of an invalid
-// sequence becomes U+FFFD.
+// sequence becomes U+FFFD. Invalid text is copied once, its valid runs in
+// bulk.
 func decode(s string) string {
 	if utf8.ValidString(s) {
 		return s
 	}
-	b := []byte(s)
 	var sb strings.Builder
-	sb.Grow(len(b) + 16)
-	for len(b) > 0 {
-		r, size := utf8.DecodeRune(b)
-		if r == utf8.RuneError && size <= 1 {
-			sb.WriteRune(utf8.RuneError)
-			b = b[1:]
-			continue
+	sb.Grow(len(s) + 2*utf8.UTFMax)
+	for len(s) > 0 {
+		// The valid run up to the next invalid byte.
+		i := 0
+		for i < len(s) {
+			if s[i] < utf8.RuneSelf {
+				i++
+				continue
+			}
+			r, size := utf8.DecodeRuneInString(s[i:])
+			if r == utf8.RuneError && size == 1 {
+				break
+			}
+			i += size
 		}
-		sb.Write(b[:size])
-		b = b[size:]
+		sb.WriteString(s[:i])
+		if i < len(s) {
+			sb.WriteRune(utf8.RuneError)
+			i++
+		}
+		s = s[i:]
 	}
 	return sb.String()
 }
