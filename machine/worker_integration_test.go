@@ -48,17 +48,26 @@ type realWorker struct {
 }
 
 // startWorker serves a new worker on sock.
-func startWorker(t *testing.T, root, sock string) *realWorker {
+func startWorker(t testing.TB, root, sock string) *realWorker {
+	return startWorkerWith(t, root, sock, nil)
+}
+
+// startWorkerWith is startWorker with the configuration changed by mod.
+func startWorkerWith(t testing.TB, root, sock string, mod func(*worker.Config)) *realWorker {
 	t.Helper()
 	parent := fmt.Sprintf("corral-machine-test-%d-%d", os.Getpid(), time.Now().UnixNano())
-	w, err := worker.New(worker.Config{
+	cfg := worker.Config{
 		ProjectsRoot: root,
 		StateDir:     t.TempDir(),
 		IdleGrace:    time.Minute,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
 		CgroupParent: parent,
 		Logger:       slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	w, err := worker.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +93,7 @@ func startWorker(t *testing.T, root, sock string) *realWorker {
 
 // stop ends Serve (closing every connection) and stops all machines. It is
 // idempotent.
-func (rw *realWorker) stop(t *testing.T) {
+func (rw *realWorker) stop(t testing.TB) {
 	if rw.cancel == nil {
 		return
 	}
@@ -100,7 +109,7 @@ func (rw *realWorker) stop(t *testing.T) {
 	}
 }
 
-type tWriter struct{ t *testing.T }
+type tWriter struct{ t testing.TB }
 
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
@@ -116,7 +125,14 @@ type integration struct {
 	interrupted [][]string
 }
 
-func newIntegration(t *testing.T) (*integration, *realWorker) {
+func newIntegration(t testing.TB) (*integration, *realWorker) {
+	t.Helper()
+	return newIntegrationWith(t, nil)
+}
+
+// newIntegrationWith is newIntegration with the worker's configuration
+// changed by mod.
+func newIntegrationWith(t testing.TB, mod func(*worker.Config)) (*integration, *realWorker) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("the real worker needs root: it creates user namespaces, cgroups and idmapped mounts")
@@ -131,7 +147,7 @@ func newIntegration(t *testing.T) (*integration, *realWorker) {
 	}
 	in := &integration{root: root, sock: filepath.Join(t.TempDir(), "worker.sock"),
 		project: wire.Project{ID: 1, Workspace: ws}}
-	rw := startWorker(t, root, in.sock)
+	rw := startWorkerWith(t, root, in.sock, mod)
 	in.g = machine.New(machine.SocketTransport{Path: in.sock}, machine.Options{
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(tWriter{t}, nil)),

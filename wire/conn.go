@@ -26,6 +26,9 @@ type Conn struct {
 	uc     *net.UnixConn
 	sendMu sync.Mutex
 	recvMu sync.Mutex
+	// buf and oob receive packets; guarded by recvMu, made on first use.
+	buf []byte
+	oob []byte
 }
 
 // NewConn returns a Conn over c, which must be a connected "unixpacket"
@@ -133,10 +136,10 @@ func withFDs(files []*os.File, fds []int, fn func([]int) error) error {
 	return ferr
 }
 
-// Recv receives one packet and decodes it. It first peeks at the packet with
-// MSG_PEEK|MSG_TRUNC to learn its full length, then receives it with
-// MSG_CMSG_CLOEXEC. The returned files are the packet's descriptors in
-// order, FDCount of the message; the caller owns them.
+// Recv receives one packet and decodes it. It receives the packet with
+// MSG_CMSG_CLOEXEC and MSG_TRUNC, which also gives the full length of a
+// packet longer than MaxFrame. The returned files are the packet's
+// descriptors in order, FDCount of the message; the caller owns them.
 //
 // On any error every descriptor received with the packet is closed and no
 // file is returned. A protocol violation (too large, fd count mismatch, bad
@@ -165,56 +168,29 @@ func (c *Conn) Recv() (Message, []*os.File, error) {
 	return m, files, nil
 }
 
-// recvPacket reads one packet. The descriptors it returns must be closed by
-// the caller, also when err != nil.
+// recvPacket reads one packet into c's buffer (valid until the next call).
+// The descriptors it returns must be closed by the caller, also when err
+// != nil.
+//
+// One recvmsg with MSG_TRUNC both receives a packet of up to MaxFrame
+// bytes and learns the full length of a longer one (which it consumes with
+// its descriptors, as a protocol error) — what peeking with
+// MSG_PEEK|MSG_TRUNC first would tell, in one system call instead of two.
 func (c *Conn) recvPacket() (b []byte, fds []int, err error) {
 	rc, err := c.uc.SyscallConn()
 	if err != nil {
 		return nil, nil, fmt.Errorf("wire: recv: %w", err)
 	}
-	var size int
+	if c.buf == nil {
+		c.buf = make([]byte, MaxFrame)
+		c.oob = make([]byte, unix.CmsgSpace(oobFDs*4))
+	}
+	var size, oobn, flags int
 	var opErr error
 	err = rc.Read(func(fd uintptr) bool {
 		for {
-			r, _, errno := unix.Syscall6(unix.SYS_RECVFROM, fd, 0, 0,
-				unix.MSG_PEEK|unix.MSG_TRUNC, 0, 0)
-			switch errno {
-			case 0:
-				size = int(r)
-				return true
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false
-			}
-			opErr = errno
-			return true
-		}
-	})
-	if err == nil {
-		err = opErr
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("wire: recv: %w", err)
-	}
-	if size == 0 {
-		// The peer closed the connection (a zero-length packet, which no
-		// valid frame is, reads the same and ends the connection too).
-		return nil, nil, io.EOF
-	}
-
-	bufSize := size
-	if size > MaxFrame {
-		bufSize = 1 // consume the packet (and its descriptors) only
-	}
-	buf := make([]byte, bufSize)
-	oob := make([]byte, unix.CmsgSpace(oobFDs*4))
-	var n, oobn, flags int
-	opErr = nil
-	err = rc.Read(func(fd uintptr) bool {
-		for {
 			var rerr error
-			n, oobn, flags, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_CMSG_CLOEXEC)
+			size, oobn, flags, _, rerr = unix.Recvmsg(int(fd), c.buf, c.oob, unix.MSG_CMSG_CLOEXEC|unix.MSG_TRUNC)
 			switch {
 			case rerr == nil:
 				return true
@@ -233,7 +209,12 @@ func (c *Conn) recvPacket() (b []byte, fds []int, err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("wire: recv: %w", err)
 	}
-	fds, perr := parseRights(oob[:oobn])
+	fds, perr := parseRights(c.oob[:oobn])
+	if size == 0 {
+		// The peer closed the connection (a zero-length packet, which no
+		// valid frame is, reads the same and ends the connection too).
+		return nil, fds, io.EOF
+	}
 	if perr != nil {
 		return nil, fds, protoErr(CodeFDMismatch, "bad control message: %v", perr)
 	}
@@ -243,10 +224,10 @@ func (c *Conn) recvPacket() (b []byte, fds []int, err error) {
 	if size > MaxFrame {
 		return nil, fds, protoErr(CodeTooLarge, "packet is %d bytes, limit %d", size, MaxFrame)
 	}
-	if flags&unix.MSG_TRUNC != 0 || n != size {
-		return nil, fds, protoErr(CodeBadFrame, "packet truncated: read %d of %d bytes", n, size)
+	if flags&unix.MSG_TRUNC != 0 {
+		return nil, fds, protoErr(CodeBadFrame, "packet truncated: read %d bytes", size)
 	}
-	return buf[:n], fds, nil
+	return c.buf[:size], fds, nil
 }
 
 // parseRights returns every descriptor in the SCM_RIGHTS messages of oob.

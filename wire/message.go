@@ -355,16 +355,32 @@ func Encode(m Message) ([]byte, error) {
 	if err := validate(p); err != nil {
 		return nil, err
 	}
+	b, ok := appendFrame(make([]byte, 0, 128), p)
+	if !ok {
+		var err error
+		if b, err = encodeJSON(p); err != nil {
+			return nil, err
+		}
+	}
+	if len(b) > MaxFrame {
+		return nil, protoErr(CodeTooLarge, "%s frame is %d bytes, limit %d", m.Type(), len(b), MaxFrame)
+	}
+	return b, nil
+}
+
+// encodeJSON is Encode's general path, through encoding/json, for a
+// validated message p (a pointer).
+func encodeJSON(p Message) ([]byte, error) {
 	body, err := json.Marshal(p)
 	if err != nil {
-		return nil, fmt.Errorf("wire: encode %s: %w", m.Type(), err)
+		return nil, fmt.Errorf("wire: encode %s: %w", p.Type(), err)
 	}
 	var b bytes.Buffer
 	b.Grow(len(body) + 32)
 	b.WriteString(`{"type":`)
-	t, _ := json.Marshal(m.Type())
+	t, _ := json.Marshal(p.Type())
 	b.Write(t)
-	if n := FDCount(m); n > 0 {
+	if n := FDCount(p); n > 0 {
 		fmt.Fprintf(&b, `,"fds":%d`, n)
 	}
 	if len(body) > 2 { // body is "{...}"; "{}" adds nothing
@@ -372,9 +388,6 @@ func Encode(m Message) ([]byte, error) {
 		b.Write(body[1:])
 	} else {
 		b.WriteByte('}')
-	}
-	if b.Len() > MaxFrame {
-		return nil, protoErr(CodeTooLarge, "%s frame is %d bytes, limit %d", m.Type(), b.Len(), MaxFrame)
 	}
 	return b.Bytes(), nil
 }
@@ -392,6 +405,14 @@ func Decode(b []byte, nfds int) (Message, error) {
 	if len(b) > MaxFrame {
 		return nil, protoErr(CodeTooLarge, "frame is %d bytes, limit %d", len(b), MaxFrame)
 	}
+	if m, ok := decodeFast(b, nfds); ok {
+		return m, nil
+	}
+	return decodeJSON(b, nfds)
+}
+
+// decodeJSON is Decode's general path, through encoding/json.
+func decodeJSON(b []byte, nfds int) (Message, error) {
 	var env map[string]json.RawMessage
 	if err := json.Unmarshal(b, &env); err != nil {
 		return nil, protoErr(CodeBadFrame, "not a JSON object: %v", err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"reflect"
 	"testing"
 	"time"
 
@@ -29,19 +30,19 @@ func TestRoundTripWithDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Close()
-	m, files, err := e.Recv()
+	m, fds, err := e.Recv()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m.Op != OpStart || m.SID != 7 || len(m.Argv) != 2 || *m.Code != 3 || len(files) != 3 {
-		t.Fatalf("%+v %d files", m, len(files))
+	if m.Op != OpStart || m.SID != 7 || len(m.Argv) != 2 || *m.Code != 3 || len(fds) != 3 {
+		t.Fatalf("%+v %d descriptors", m, len(fds))
 	}
-	flags, err := unix.FcntlInt(files[0].Fd(), unix.F_GETFD, 0)
+	flags, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GETFD, 0)
 	if err != nil || flags&unix.FD_CLOEXEC == 0 {
 		t.Errorf("received descriptor not close-on-exec: %v", err)
 	}
-	for _, f := range files {
-		f.Close()
+	for _, fd := range fds {
+		unix.Close(fd)
 	}
 	if n, err := r.Read(make([]byte, 1)); n != 0 || err != io.EOF {
 		t.Fatalf("pipe still open: %v", err)
@@ -76,7 +77,11 @@ func TestMismatchClosesDescriptors(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if err := unix.Sendmsg(int(initEnd.Fd()), []byte(`{"op":"exit","sid":1}`), unix.UnixRights(int(w.Fd())), nil, 0); err != nil {
+	exit, _, err := encode(&Msg{Op: OpExit, SID: 1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Sendmsg(int(initEnd.Fd()), exit, unix.UnixRights(int(w.Fd())), nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	w.Close()
@@ -118,5 +123,47 @@ func TestPeerCloseIsErrClosed(t *testing.T) {
 	initEnd.Close()
 	if _, _, err := c.Recv(); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Recv after the peer closed: %v", err)
+	}
+}
+
+func TestEncodingRoundTrip(t *testing.T) {
+	code, neg := 0, -129
+	for _, m := range []*Msg{
+		{Op: OpReady},
+		{Op: OpStart, SID: 1 << 40, Argv: []string{"sh", "-c", "", "\xff\x00é"}, Env: []string{"PATH=/bin", "A="}, Cwd: "/workspace"},
+		{Op: OpExit, SID: 3, Code: &code},
+		{Op: OpExit, SID: 4, Code: &neg},
+		{Op: OpExit, SID: 5, Signal: "SIGKILL"},
+		{Op: OpNotStarted, SID: 6, Message: "exec \"x\": not found"},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, GID: 1000, NProc: 5, Mask: []string{"/a"}, GuestWorkspace: "/w", GuestHome: "/h"}},
+	} {
+		b, _, err := encode(m, make([]*os.File, FDCount(m)))
+		if err != nil {
+			t.Fatalf("encode %+v: %v", m, err)
+		}
+		got, err := unmarshal(b)
+		if err != nil {
+			t.Fatalf("decode %+v: %v", m, err)
+		}
+		if !reflect.DeepEqual(got, m) {
+			t.Errorf("round trip: got %+v, want %+v", got, m)
+		}
+		// Every strict prefix and any trailing byte is refused.
+		for i := range b {
+			if _, err := unmarshal(b[:i]); err == nil {
+				t.Errorf("%s: prefix of %d bytes accepted", m.Op, i)
+			}
+		}
+		if _, err := unmarshal(append(b, 0)); err == nil {
+			t.Errorf("%s: trailing byte accepted", m.Op)
+		}
+	}
+	if _, _, err := encode(&Msg{Op: "bogus"}, nil); err == nil {
+		t.Error("unknown op encoded")
+	}
+	for _, b := range [][]byte{nil, {0, 0, 0}, {9, 0, 0}, {byte(len(opNames)), 0, 0}} {
+		if _, err := unmarshal(b); err == nil {
+			t.Errorf("%v accepted", b)
+		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -38,12 +39,16 @@ func Main() {
 	// everything with O_CLOEXEC; the inherited ones are fixed here.
 	markCloexec()
 	c := ctl.NewEndpoint(CtlFD)
-	m, files, err := c.Recv()
+	m, fds, err := c.Recv()
 	if err != nil || m.Op != ctl.OpConfig || m.Config == nil {
 		fmt.Fprintln(os.Stderr, "corral machine init: no config:", err)
 		os.Exit(2)
 	}
-	if err := setup(m.Config, files); err != nil {
+	mounts := make([]*os.File, len(fds))
+	for i, fd := range fds {
+		mounts[i] = os.NewFile(uintptr(fd), "mount")
+	}
+	if err := setup(m.Config, mounts); err != nil {
 		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 		os.Exit(1)
 	}
@@ -131,7 +136,19 @@ type pid1 struct {
 	strays map[int]int
 	childs int // this thread's /proc children file
 	buf    []byte
+	// yielded is when the loop last yielded (see yieldEvery).
+	yielded time.Time
 }
+
+// yieldEvery is how often a busy loop yields to the scheduler. The loop
+// goroutine blocks only in system calls, so without this it would run on
+// one scheduling tick forever; the runtime's monitor then takes it for a
+// goroutine hogging its P (after 10 ms) and, each time, goes back to
+// polling every 20 µs: about two wake-ups of the monitor's thread per
+// command (a tenth of the init's CPU time per command). A yield now and
+// then starts a new tick, for a few futex calls. An idle loop, blocked in
+// ppoll, does not yield and lets the monitor sleep.
+const yieldEvery = 5 * time.Millisecond
 
 // session is one running session: its main process, a child of the init,
 // and the holder of its pid namespace. Its exit is reported once the main
@@ -184,6 +201,10 @@ func (in *pid1) loop() {
 		for _, fd := range in.strays {
 			in.poll = append(in.poll, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 		}
+		if now := time.Now(); now.Sub(in.yielded) >= yieldEvery {
+			runtime.Gosched()
+			in.yielded = now
+		}
 		if _, err := unix.Ppoll(in.poll, nil, nil); err != nil && err != unix.EINTR {
 			_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: "ppoll: " + err.Error()})
 			return
@@ -199,7 +220,7 @@ func (in *pid1) loop() {
 // false when the channel is closed.
 func (in *pid1) serve() bool {
 	for {
-		m, files, err := in.c.TryRecv()
+		m, fds, err := in.c.TryRecv()
 		switch {
 		case err == ctl.ErrWouldBlock:
 			return true
@@ -210,7 +231,7 @@ func (in *pid1) serve() bool {
 		}
 		switch m.Op {
 		case ctl.OpStart:
-			in.start(m, files)
+			in.start(m, fds)
 		case ctl.OpKill:
 			if s, ok := in.bySID[m.SID]; ok && s.holder != nil {
 				// The kernel kills every process of the holder's
@@ -219,19 +240,20 @@ func (in *pid1) serve() bool {
 				s.holder.kill()
 			}
 		default:
-			closeFiles(files)
+			closeFDs(fds)
 		}
 	}
 }
 
-func closeFiles(fs []*os.File) {
-	for _, f := range fs {
-		f.Close()
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
 	}
 }
 
-func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
-	defer closeFiles(stdio)
+// start starts a session with stdio (three descriptors it closes).
+func (in *pid1) start(m *ctl.Msg, stdio []int) {
+	defer closeFDs(stdio)
 	notStarted := func(msg string) {
 		_ = in.c.Send(&ctl.Msg{Op: ctl.OpNotStarted, SID: m.SID, Message: msg})
 	}
@@ -243,8 +265,8 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 	// Programs expect blocking stdio; a client's socket or pipe end may
 	// arrive in non-blocking mode (Go makes them so). The flag lives on the
 	// open file description, which the client no longer uses.
-	for _, f := range stdio {
-		_ = unix.SetNonblock(int(f.Fd()), false)
+	for _, fd := range stdio {
+		_ = setBlocking(fd)
 	}
 	h, spawned, err := in.pool.get()
 	if err != nil {
@@ -258,7 +280,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []*os.File) {
 	attr := &syscall.ProcAttr{
 		Dir:   m.Cwd,
 		Env:   m.Env,
-		Files: []uintptr{stdio[0].Fd(), stdio[1].Fd(), stdio[2].Fd()},
+		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
 		Sys: &syscall.SysProcAttr{
 			Setsid:     true,
 			Credential: &syscall.Credential{Uid: uint32(in.cfg.UID), Gid: uint32(in.cfg.GID), Groups: []uint32{}},
@@ -459,12 +481,13 @@ func lookPath(file, path string) (string, error) {
 	if strings.Contains(file, "/") {
 		return file, nil
 	}
+	var st unix.Stat_t
 	for _, dir := range filepath.SplitList(path) {
 		if dir == "" {
 			dir = "."
 		}
 		p := filepath.Join(dir, file)
-		if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+		if err := unix.Stat(p, &st); err == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && st.Mode&0o111 != 0 {
 			return p, nil
 		}
 	}

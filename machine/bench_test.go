@@ -1,0 +1,158 @@
+package machine_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/worker"
+)
+
+// BenchmarkGatewayExec measures `true` through the gateway and the real
+// worker (Exec, Wait, Close), one at a time and 64 at a time, next to
+// os/exec doing the same. Besides latency percentiles it reports the host
+// CPU time per command: this process (gateway and worker), the machine's
+// init and every process either reaped (the commands, holders).
+func BenchmarkGatewayExec(b *testing.B) {
+	b.Run("sequential", func(b *testing.B) { benchGateway(b, 1) })
+	b.Run("parallel-64", func(b *testing.B) { benchGateway(b, 64) })
+	b.Run("bare-sequential", func(b *testing.B) { benchBare(b, 1) })
+	b.Run("bare-parallel-64", func(b *testing.B) { benchBare(b, 64) })
+}
+
+func benchGateway(b *testing.B, par int) {
+	// Room for 64 sessions and their holders under the pids limit.
+	in, rw := newIntegrationWith(b, func(c *worker.Config) { c.Limits.Pids = worker.DefaultPids })
+	ctx := context.Background()
+	var failed atomic.Bool
+	once := func() {
+		if failed.Load() {
+			return
+		}
+		s, err := in.g.Exec(ctx, in.req("true"))
+		if err != nil {
+			failed.Store(true)
+			b.Error(err)
+			return
+		}
+		exit, err := s.Wait()
+		s.Close()
+		if err != nil || exit.Code == nil || *exit.Code != 0 {
+			failed.Store(true)
+			b.Errorf("Wait = %+v, %v", exit, err)
+		}
+	}
+	once()
+	if failed.Load() {
+		b.FailNow()
+	}
+	ms := rw.w.Machines()
+	if len(ms) != 1 {
+		b.Fatalf("machines %+v", ms)
+	}
+	init := ms[0].InitPID
+	// Warm the holder pool up to the concurrency.
+	runN(par, par, once)
+	self0, init0, reaped0 := selfCPU(), procCPU(b, init, false), procCPU(b, init, true)
+	b.ResetTimer()
+	lat := runN(b.N, par, once)
+	b.StopTimer()
+	self, inits, reaped := selfCPU()-self0, procCPU(b, init, false)-init0, procCPU(b, init, true)-reaped0
+	report(b, lat, self+inits+reaped)
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
+	b.ReportMetric(per(self), "worker-cpu-µs/op")
+	b.ReportMetric(per(inits), "init-cpu-µs/op")
+	b.ReportMetric(per(reaped), "reaped-cpu-µs/op")
+}
+
+func benchBare(b *testing.B, par int) {
+	once := func() {
+		if err := exec.Command("true").Run(); err != nil {
+			b.Error(err)
+		}
+	}
+	cpu0 := selfCPU()
+	b.ResetTimer()
+	lat := runN(b.N, par, once)
+	b.StopTimer()
+	report(b, lat, selfCPU()-cpu0)
+}
+
+// runN runs fn n times from par goroutines and returns each call's latency.
+func runN(n, par int, fn func()) []time.Duration {
+	lat := make([]time.Duration, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range par {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= int64(n) {
+					return
+				}
+				t0 := time.Now()
+				fn()
+				lat[i] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	return lat
+}
+
+func report(b *testing.B, lat []time.Duration, cpu time.Duration) {
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+		b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-µs")
+		b.ReportMetric(float64(cpu.Microseconds())/float64(len(lat)), "cpu-µs/op")
+	}
+}
+
+// selfCPU is the CPU time of this process and of its reaped children.
+func selfCPU() time.Duration {
+	var total time.Duration
+	for _, who := range []int{unix.RUSAGE_SELF, unix.RUSAGE_CHILDREN} {
+		var ru unix.Rusage
+		if unix.Getrusage(who, &ru) == nil {
+			total += time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		}
+	}
+	return total
+}
+
+// procCPU is the CPU time of process pid or, with children set, of its
+// reaped children, from /proc/pid/stat (utime and stime, or cutime and
+// cstime).
+func procCPU(b *testing.B, pid int, children bool) time.Duration {
+	raw, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := string(raw)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	var ticks int64
+	fields := []int{11, 12} // fields 14 and 15, counted from state (3)
+	if children {
+		fields = []int{13, 14}
+	}
+	for _, i := range fields {
+		v, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		ticks += v
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}
