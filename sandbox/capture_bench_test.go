@@ -59,6 +59,7 @@ func BenchmarkCapture(b *testing.B) {
 		name        string
 		size, limit int64
 	}{
+		{"empty", 0, 1 << 20},
 		{"16KiB", 16 << 10, 1 << 20},
 		{"256KiB", 256 << 10, 1 << 20},
 		{"1MiB-overflow", 4 << 20, 1 << 20},
@@ -67,7 +68,9 @@ func BenchmarkCapture(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			want := min(tc.size, tc.limit)
-			b.SetBytes(want)
+			if want > 0 {
+				b.SetBytes(want)
+			}
 			b.ReportAllocs()
 			for b.Loop() {
 				if s := captureOnce(b, tc.size, tc.limit); int64(len(s)) != want {
