@@ -126,12 +126,14 @@ func (c *capture) accept(s *stream, limit int64, n int) int {
 	return int(accept)
 }
 
+// read collects src into s until EOF, an error or an overflow of limit (the
+// stream's own) or of the combined limit. It sets s.out before it returns.
 func (c *capture) read(src io.Reader, s *stream, limit int64) {
 	defer c.readerDone()
 	if src == nil {
 		return
 	}
-	r := &reader{c: c, s: s, limit: limit, keep: limit}
+	r := &reader{c: c, s: s, keep: limit}
 	if c.limit.Combined > 0 {
 		r.keep = c.limit.Combined
 	}
@@ -187,10 +189,9 @@ func (c *capture) read(src io.Reader, s *stream, limit int64) {
 
 // reader is the state of one stream's reader.
 type reader struct {
-	c     *capture
-	s     *stream
-	limit int64 // the stream's own limit (unused under a combined limit)
-	keep  int64 // the most bytes the stream can keep
+	c    *capture
+	s    *stream
+	keep int64 // the most bytes the stream can keep: its limit, or the combined one
 
 	// sc is held while the output fits it (buf is nil), and during a probe.
 	sc    *scratch
@@ -245,10 +246,13 @@ func waitReadable(src io.Reader) {
 		return
 	}
 	// Read resets the descriptor's readiness before it calls f: f must
-	// look itself, and returns false to wait for the next edge.
+	// look itself, and returns false to wait for the next edge. An error
+	// (a closed stream, a descriptor that cannot be polled) ends the wait;
+	// the next Read reports it.
+	var fds [1]unix.PollFd
 	_ = rc.Read(func(fd uintptr) bool {
-		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
-		n, err := unix.Poll(fds, 0)
+		fds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+		n, err := unix.Poll(fds[:], 0)
 		return err != nil || n > 0
 	})
 }
