@@ -93,7 +93,7 @@ const (
 
 var (
 	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlJournalStart, sqlJournalFinish}
-	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember}
+	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy}
 )
 
 // scanLease scans leaseCols, then extra.

@@ -77,6 +77,8 @@ const (
 	projectCols   = "id, kind, name, root, created_at"
 	sqlGetProject = "SELECT " + projectCols + " FROM projects WHERE id = ?"
 	sqlGetMember  = "SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?"
+	sqlGetTenancy = `SELECT p.id, p.kind, p.name, p.root, p.created_at, m.role, m.trusted, m.created_at
+		FROM projects p LEFT JOIN members m ON m.project = p.id AND m.account = ?2 WHERE p.id = ?1`
 )
 
 func scanProject(r scanner, what string) (Project, error) {
@@ -210,6 +212,35 @@ func (s *Store) GetMember(ctx context.Context, project, account int64) (Member, 
 		return Member{}, err
 	}
 	return scanMember(st.QueryRowContext(ctx, project, account), fmt.Sprintf("account %d in project %d", account, project))
+}
+
+// GetProjectMember returns a project and an account's membership of it in
+// one read, which costs about half of GetProject followed by GetMember. An
+// unknown project is ErrNotFound (and zero values). For a non-member it
+// returns the project, a zero Member and an error wrapping ErrNotMember,
+// which also matches ErrNotFound.
+func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (Project, Member, error) {
+	st, err := s.readStmt(ctx, sqlGetTenancy)
+	if err != nil {
+		return Project{}, Member{}, err
+	}
+	var (
+		p               Project
+		kind            string
+		created         int64
+		role            sql.NullString
+		trusted, joined sql.NullInt64
+	)
+	err = st.QueryRowContext(ctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created, &role, &trusted, &joined)
+	if err != nil {
+		return Project{}, Member{}, classify(err, fmt.Sprintf("project %d", project))
+	}
+	p.Kind, p.Created = ProjectKind(kind), fromMS(created)
+	if !role.Valid {
+		return p, Member{}, fmt.Errorf("store: account %d in project %d: %w", account, project, errNotMember)
+	}
+	m := Member{Project: project, Account: account, Role: Role(role.String), Trusted: trusted.Int64 != 0, Created: fromMS(joined.Int64)}
+	return p, m, nil
 }
 
 // ListMembers returns a project's members, by account ID.

@@ -57,7 +57,13 @@ var (
 	ErrLeaseExpired = errors.New("store: lease expired")
 	// ErrLeaseReleased: the lease was released.
 	ErrLeaseReleased = errors.New("store: lease released")
+	// ErrNotMember: the account is not a member of the project (from
+	// GetProjectMember, whose project exists). It also matches ErrNotFound.
+	ErrNotMember = errors.New("store: not a member")
 )
+
+// errNotMember is ErrNotMember, matching ErrNotFound too.
+var errNotMember = fmt.Errorf("%w (%w)", ErrNotMember, ErrNotFound)
 
 // SchemaError reports a database whose schema version differs from the one
 // this binary knows. It matches ErrSchemaMismatch with errors.Is.

@@ -353,6 +353,23 @@ func TestProjectsAndMembers(t *testing.T) {
 	if _, err := s.GetMember(ctx, m.ID, bob.ID); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("GetMember(non-member) = %v; want ErrNotFound", err)
 	}
+	// GetProjectMember agrees with GetProject and GetMember.
+	for _, c := range []struct {
+		project, account int64
+		member           bool
+	}{{p.ID, alice.ID, true}, {p.ID, bob.ID, true}, {m.ID, bob.ID, false}} {
+		wantP, _ := s.GetProject(ctx, c.project)
+		wantM, _ := s.GetMember(ctx, c.project, c.account)
+		gotP, gotM, err := s.GetProjectMember(ctx, c.project, c.account)
+		if gotP != wantP || gotM != wantM || (err == nil) != c.member ||
+			(!c.member && (!errors.Is(err, ErrNotMember) || !errors.Is(err, ErrNotFound))) {
+			t.Fatalf("GetProjectMember(%d, %d) = %+v, %+v, %v; want %+v, %+v (member %v)",
+				c.project, c.account, gotP, gotM, err, wantP, wantM, c.member)
+		}
+	}
+	if gotP, gotM, err := s.GetProjectMember(ctx, 999, alice.ID); !errors.Is(err, ErrNotFound) || errors.Is(err, ErrNotMember) || gotP != (Project{}) || gotM != (Member{}) {
+		t.Fatalf("GetProjectMember(unknown project) = %+v, %+v, %v; want ErrNotFound only", gotP, gotM, err)
+	}
 	if err := s.UpdateMember(ctx, Member{Project: p.ID, Account: bob.ID, Role: RoleMember, Trusted: true}); err != nil {
 		t.Fatal(err)
 	}
