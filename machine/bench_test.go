@@ -2,8 +2,10 @@ package machine_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +16,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/testworker"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -22,9 +27,15 @@ import (
 // os/exec doing the same. Besides latency percentiles it reports the host
 // CPU time per command: this process (gateway and worker), the machine's
 // init and every process either reaped (the commands, holders).
+//
+// The process variants run the worker in a process of its own, as in
+// production, and report its CPU time apart from this process's (the
+// gateway's).
 func BenchmarkGatewayExec(b *testing.B) {
 	b.Run("sequential", func(b *testing.B) { benchGateway(b, 1) })
 	b.Run("parallel-64", func(b *testing.B) { benchGateway(b, 64) })
+	b.Run("process-sequential", func(b *testing.B) { benchGatewayProcess(b, 1) })
+	b.Run("process-parallel-64", func(b *testing.B) { benchGatewayProcess(b, 64) })
 	b.Run("bare-sequential", func(b *testing.B) { benchBare(b, 1) })
 	b.Run("bare-parallel-64", func(b *testing.B) { benchBare(b, 64) })
 }
@@ -32,25 +43,7 @@ func BenchmarkGatewayExec(b *testing.B) {
 func benchGateway(b *testing.B, par int) {
 	// Room for 64 sessions and their holders under the pids limit.
 	in, rw := newIntegrationWith(b, func(c *worker.Config) { c.Limits.Pids = worker.DefaultPids })
-	ctx := context.Background()
-	var failed atomic.Bool
-	once := func() {
-		if failed.Load() {
-			return
-		}
-		s, err := in.g.Exec(ctx, in.req("true"))
-		if err != nil {
-			failed.Store(true)
-			b.Error(err)
-			return
-		}
-		exit, err := s.Wait()
-		s.Close()
-		if err != nil || exit.Code == nil || *exit.Code != 0 {
-			failed.Store(true)
-			b.Errorf("Wait = %+v, %v", exit, err)
-		}
-	}
+	once, failed := execTrue(b, in.g, in.req("true"))
 	once()
 	if failed.Load() {
 		b.FailNow()
@@ -72,6 +65,115 @@ func benchGateway(b *testing.B, par int) {
 	b.ReportMetric(per(self), "worker-cpu-µs/op")
 	b.ReportMetric(per(inits), "init-cpu-µs/op")
 	b.ReportMetric(per(reaped), "reaped-cpu-µs/op")
+}
+
+func benchGatewayProcess(b *testing.B, par int) {
+	if os.Geteuid() != 0 {
+		b.Skip("the real worker needs root")
+	}
+	root, err := filepath.EvalSymlinks(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ws := filepath.Join(root, "p1")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	sock := filepath.Join(b.TempDir(), "worker.sock")
+	cgParent := fmt.Sprintf("corral-machine-bench-%d-%d", os.Getpid(), time.Now().UnixNano())
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childWorkerEnv+"="+sock, childWorkerEnv+"_ROOT="+root,
+		childWorkerEnv+"_STATE="+b.TempDir(), childWorkerEnv+"_CGROUP="+cgParent,
+		childWorkerEnv+"_PIDS="+strconv.Itoa(worker.DefaultPids))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		testworker.RemoveCgroups(cgParent)
+	})
+	g := machine.New(machine.SocketTransport{Path: sock}, machine.Options{MinBackoff: 10 * time.Millisecond})
+	b.Cleanup(func() { g.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for g.Ping(ctx) != nil {
+		if ctx.Err() != nil {
+			b.Fatal("the worker did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	req := machine.ExecRequest{Project: wire.Project{ID: 1, Workspace: ws}, Argv: []string{"true"},
+		Cwd: "/workspace", Env: map[string]string{"PATH": worker.DefaultPath}}
+	once, failed := execTrue(b, g, req)
+	once()
+	if failed.Load() {
+		b.FailNow()
+	}
+	initPID := childOf(b, cmd.Process.Pid)
+	runN(par, par, once)
+	wpid := cmd.Process.Pid
+	self0, w0, init0, reaped0 := selfCPU(), procCPU(b, wpid, false), procCPU(b, initPID, false), procCPU(b, initPID, true)
+	b.ResetTimer()
+	lat := runN(b.N, par, once)
+	b.StopTimer()
+	self, wk := selfCPU()-self0, procCPU(b, wpid, false)-w0
+	inits, reaped := procCPU(b, initPID, false)-init0, procCPU(b, initPID, true)-reaped0
+	report(b, lat, self+wk+inits+reaped)
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(b.N) }
+	b.ReportMetric(per(self), "gateway-cpu-µs/op")
+	b.ReportMetric(per(wk), "worker-cpu-µs/op")
+	b.ReportMetric(per(inits), "init-cpu-µs/op")
+	b.ReportMetric(per(reaped), "reaped-cpu-µs/op")
+}
+
+// childOf returns the one child process of pid (the worker's machine init).
+func childOf(b *testing.B, pid int) int {
+	tasks, err := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var kids []string
+	for _, t := range tasks {
+		raw, _ := os.ReadFile(t)
+		kids = append(kids, strings.Fields(string(raw))...)
+	}
+	if len(kids) != 1 {
+		b.Fatalf("worker %d has children %v, want one init", pid, kids)
+	}
+	n, err := strconv.Atoi(kids[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// execTrue returns a function that runs req through g and checks that it
+// exited 0; failures are reported (once) and set failed.
+func execTrue(b *testing.B, g *machine.Gateway, req machine.ExecRequest) (once func(), failed *atomic.Bool) {
+	ctx := context.Background()
+	failed = new(atomic.Bool)
+	once = func() {
+		if failed.Load() {
+			return
+		}
+		s, err := g.Exec(ctx, req)
+		if err != nil {
+			if !failed.Swap(true) {
+				b.Error(err)
+			}
+			return
+		}
+		exit, err := s.Wait()
+		s.Close()
+		if err != nil || exit.Code == nil || *exit.Code != 0 {
+			if !failed.Swap(true) {
+				b.Errorf("Wait = %+v, %v", exit, err)
+			}
+		}
+	}
+	return once, failed
 }
 
 func benchBare(b *testing.B, par int) {

@@ -185,7 +185,11 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			close(ch)
 		}
 	case *wire.ExecAccepted:
-		c.event(m.ID, m, false)
+		if s := c.session(m.ID, false); s != nil {
+			s.accepted.Store(true)
+		} else {
+			log.Debug("frame for unknown session", "type", m.Type(), "id", m.ID)
+		}
 	case *wire.ExecStarted:
 		c.event(m.ID, m, false)
 	case *wire.ExecRejected:
@@ -297,17 +301,18 @@ func (c *conn) lose(cause error) {
 // stdioPair makes one socketpair for a session stream: the near end stays
 // here (non-blocking, in the poller), the far end is for the worker
 // (blocking, as a child's standard descriptor expects).
+//
+// The near end is wrapped while still blocking: os.NewFile then leaves it
+// out of the poller, and net.FileConn makes its own copy non-blocking and
+// registers that one. (Made non-blocking first, it was registered, made
+// blocking again by FileConn, registered again and unregistered: six more
+// system calls per stream.)
 func stdioPair() (*net.UnixConn, *os.File, error) {
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, nil, fmt.Errorf("machine: socketpair: %w", err)
 	}
 	far := os.NewFile(uintptr(fds[1]), "session-stdio")
-	if err := unix.SetNonblock(fds[0], true); err != nil {
-		unix.Close(fds[0])
-		far.Close()
-		return nil, nil, fmt.Errorf("machine: socketpair: %w", err)
-	}
 	nf := os.NewFile(uintptr(fds[0]), "session-stdio")
 	nc, err := net.FileConn(nf)
 	nf.Close()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 
 	"github.com/corral-sandbox/corral/wire"
 )
@@ -60,7 +61,7 @@ type Session struct {
 	Stderr io.ReadCloser
 
 	c      *conn
-	events chan wire.Message // start-phase frames, from the reader
+	events chan wire.Message // exec-started or a refusal, from the reader
 
 	mu       sync.Mutex
 	near     [3]*net.UnixConn // guarded by mu
@@ -68,6 +69,8 @@ type Session struct {
 
 	// startedByWorker is set by the reader on exec-started.
 	startedByWorker bool
+	// accepted is set by the reader on exec-accepted.
+	accepted atomic.Bool
 
 	done       chan struct{}
 	finishOnce sync.Once
@@ -108,10 +111,10 @@ func (s *Session) finish(e Exit, err error) {
 	})
 }
 
-// Exec starts argv in the project's machine. It sends exec-start and waits
-// for the worker's answer: a refusal is returned as a *RejectedError and
-// nothing was started. Once accepted, Exec makes three socketpairs, sends
-// the far ends with exec-attach (closing them here right after), and
+// Exec starts argv in the project's machine. It sends exec-start, makes
+// three socketpairs, sends their far ends with exec-attach (closing them
+// here right after), and waits for the worker's answer: a refusal is
+// returned as a *RejectedError and nothing was started. Once accepted, it
 // returns when the worker reports the command started (exec-started) or
 // already ended.
 //
@@ -137,10 +140,18 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if err := c.addSession(s); err != nil {
 		return nil, err
 	}
-	// Make the stdio pairs first, so that exec-attach follows exec-start at
-	// once: the worker handles a connection's frames in order and holds a
-	// pipelined attach until the session is accepted, which saves a round
-	// trip. A rejected start makes the worker close the attached ends.
+	// exec-attach follows exec-start without waiting for exec-accepted: the
+	// worker handles a connection's frames in order and holds a pipelined
+	// attach until the session is accepted, which saves a round trip (a
+	// rejected start makes the worker close the attached ends). The stdio
+	// pairs are made in between, while the worker wakes up and checks the
+	// start, which takes their cost (a few dozen system calls) off the
+	// command's path.
+	start := &wire.ExecStart{ID: id, Project: req.Project, Account: req.Account, Lease: req.Lease,
+		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env}
+	if err := s.send(start); err != nil {
+		return nil, err
+	}
 	var near [3]*net.UnixConn
 	var far [3]*os.File
 	for i := range near {
@@ -151,16 +162,11 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	}
 	s.setStreams(near)
 	if err != nil {
+		// The worker may have accepted the start: it ends the session on
+		// exec-cancel (an exec-exit follows, or the rejection did).
 		closeFiles(far[:])
 		s.closeStreams()
-		c.session(id, true)
-		return nil, err
-	}
-	start := &wire.ExecStart{ID: id, Project: req.Project, Account: req.Account, Lease: req.Lease,
-		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env}
-	if err := s.send(start); err != nil {
-		closeFiles(far[:])
-		s.closeStreams()
+		_ = s.Cancel(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	err = s.send(&wire.ExecAttach{ID: id}, far[:]...)
@@ -174,13 +180,16 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if testHookAfterAttach != nil {
 		testHookAfterAttach()
 	}
-	// Wait for exec-accepted.
-	for accepted := false; !accepted; {
+	// Wait for the start's outcome: exec-started, a refusal, or the end of
+	// the session. exec-accepted wakes no one (the reader only records it):
+	// one goroutine hand-off less per command.
+	for {
 		select {
 		case m := <-s.events:
 			switch m := m.(type) {
-			case *wire.ExecAccepted:
-				accepted = true
+			case *wire.ExecStarted:
+				s.setStdio(near)
+				return s, nil
 			case *wire.ExecRejected:
 				s.closeStreams()
 				return nil, &RejectedError{Code: m.Code, Message: m.Message}
@@ -190,48 +199,20 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 			}
 		case <-s.done:
 			// A fast command's whole life (accepted, started, exit) may be
-			// read before this loop looks: the acceptance is then still in
-			// the events.
-			if acceptedEarlier(s.events) {
-				accepted = true
-				continue
-			}
-			s.closeStreams()
-			if s.err != nil {
-				return nil, s.err
-			}
-			return nil, fmt.Errorf("machine: exec %s: worker ended the session before it was accepted", id)
-		case <-ctx.Done():
-			_ = s.Cancel(context.WithoutCancel(ctx))
-			s.closeStreams()
-			return nil, ctx.Err()
-		}
-	}
-	s.Stdin = stdinWriter{near[0]}
-	s.Stdout = near[1]
-	s.Stderr = near[2]
-
-	// Wait for exec-started (or an early end).
-	for {
-		select {
-		case m := <-s.events:
-			switch m := m.(type) {
-			case *wire.ExecStarted:
-				return s, nil
-			case *wire.Error:
-				s.closeStreams()
-				return nil, &RejectedError{Code: m.Code, Message: m.Message}
-			}
-		case <-s.done:
-			if errors.Is(s.err, ErrInterrupted) {
-				s.closeStreams()
-				return nil, s.err
-			}
+			// read before this loop looks.
 			var rej *RejectedError
-			if errors.As(s.err, &rej) {
+			switch {
+			case errors.Is(s.err, ErrInterrupted) || errors.As(s.err, &rej):
 				s.closeStreams()
 				return nil, s.err
+			case !s.accepted.Load():
+				s.closeStreams()
+				if s.err != nil {
+					return nil, s.err
+				}
+				return nil, fmt.Errorf("machine: exec %s: worker ended the session before it was accepted", id)
 			}
+			s.setStdio(near)
 			return s, nil // exited (or not started): Wait reports it
 		case <-ctx.Done():
 			_ = s.Cancel(context.WithoutCancel(ctx))
@@ -239,6 +220,13 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// setStdio exposes the near ends as the session's streams.
+func (s *Session) setStdio(near [3]*net.UnixConn) {
+	s.Stdin = stdinWriter{near[0]}
+	s.Stdout = near[1]
+	s.Stderr = near[2]
 }
 
 // send sends a frame about s. An encoding error is returned as is and the
@@ -338,21 +326,6 @@ type stdinWriter struct{ c *net.UnixConn }
 
 func (w stdinWriter) Write(p []byte) (int, error) { return w.c.Write(p) }
 func (w stdinWriter) Close() error                { return w.c.CloseWrite() }
-
-// acceptedEarlier reports whether an exec-accepted is among the start
-// events already posted, consuming those before it.
-func acceptedEarlier(events chan wire.Message) bool {
-	for {
-		select {
-		case m := <-events:
-			if _, ok := m.(*wire.ExecAccepted); ok {
-				return true
-			}
-		default:
-			return false
-		}
-	}
-}
 
 // testHookAfterAttach, if set by a test, runs between sending exec-attach
 // and looking at the worker's answers.

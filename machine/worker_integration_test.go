@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -344,7 +345,7 @@ func runChildWorker(sock string) {
 		ProjectsRoot: os.Getenv(childWorkerEnv + "_ROOT"),
 		StateDir:     os.Getenv(childWorkerEnv + "_STATE"),
 		CgroupParent: os.Getenv(childWorkerEnv + "_CGROUP"),
-		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
+		Limits:       worker.Limits{Memory: 256 << 20, Pids: childPids()},
 	})
 	if err == nil {
 		var ln *net.UnixListener
@@ -354,6 +355,15 @@ func runChildWorker(sock string) {
 	}
 	fmt.Fprintln(os.Stderr, "child worker:", err)
 	os.Exit(1)
+}
+
+// childPids is the child worker's pids limit: 128 unless the environment
+// says otherwise.
+func childPids() int64 {
+	if n, err := strconv.ParseInt(os.Getenv(childWorkerEnv+"_PIDS"), 10, 64); err == nil {
+		return n
+	}
+	return 128
 }
 
 // TestRealWorkerKilled kills -9 a worker process mid-command: every caller

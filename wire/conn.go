@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -113,6 +114,61 @@ func (c *Conn) Send(m Message, files ...*os.File) error {
 	return nil
 }
 
+// SendTimeout is Send for a sender that must not wait long for a peer that
+// does not read: when the socket's buffer is full, it waits at most d for
+// room, then fails with an error wrapping os.ErrDeadlineExceeded (the frame
+// was not sent). A frame that fits at once is sent without setting a
+// deadline, which spares the runtime a timer per frame. SendTimeout
+// overrides any write deadline set on the socket.
+func (c *Conn) SendTimeout(d time.Duration, m Message, files ...*os.File) error {
+	b, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	if want := FDCount(m); len(files) != want {
+		return fmt.Errorf("wire: send %s: %d files, want %d", m.Type(), len(files), want)
+	}
+	rc, err := c.uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("wire: send %s: %w", m.Type(), err)
+	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	err = withFDs(files, make([]int, 0, len(files)), func(fds []int) error {
+		var oob []byte
+		if len(fds) > 0 {
+			oob = unix.UnixRights(fds...)
+		}
+		var serr error
+		if err := rc.Write(func(fd uintptr) bool {
+			for {
+				serr = unix.Sendmsg(int(fd), b, oob, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+				if serr != unix.EINTR {
+					return true // one attempt: no waiting here
+				}
+			}
+		}); err != nil {
+			return err
+		}
+		if serr != unix.EAGAIN {
+			return serr
+		}
+		if err := c.uc.SetWriteDeadline(time.Now().Add(d)); err != nil {
+			return err
+		}
+		defer c.uc.SetWriteDeadline(time.Time{})
+		n, oobn, err := c.uc.WriteMsgUnix(b, oob, nil)
+		if err == nil && (n != len(b) || oobn != len(oob)) {
+			err = io.ErrShortWrite
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("wire: send %s: %w", m.Type(), err)
+	}
+	return nil
+}
+
 // withFDs calls fn with the descriptors of files, holding each file's
 // descriptor open (and without switching it to blocking mode, as File.Fd
 // would) for the duration of fn.
@@ -149,6 +205,24 @@ func withFDs(files []*os.File, fds []int, fn func([]int) error) error {
 // the connection Recv returns io.EOF. Other errors are I/O errors from the
 // socket.
 func (c *Conn) Recv() (Message, []*os.File, error) {
+	m, fds, err := c.RecvFDs()
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(fds) == 0 {
+		return m, nil, nil
+	}
+	files := make([]*os.File, len(fds))
+	for i, fd := range fds {
+		files[i] = os.NewFile(uintptr(fd), fmt.Sprintf("wire:%s[%d]", m.Type(), i))
+	}
+	return m, files, nil
+}
+
+// RecvFDs is Recv returning the packet's descriptors as descriptor numbers
+// (close-on-exec), which the caller owns and must close. It suits a caller
+// that passes them on: wrapping each in an *os.File costs a system call.
+func (c *Conn) RecvFDs() (Message, []int, error) {
 	c.recvMu.Lock()
 	defer c.recvMu.Unlock()
 	b, fds, err := c.recvPacket()
@@ -161,11 +235,7 @@ func (c *Conn) Recv() (Message, []*os.File, error) {
 		closeFDs(fds)
 		return nil, nil, err
 	}
-	files := make([]*os.File, len(fds))
-	for i, fd := range fds {
-		files[i] = os.NewFile(uintptr(fd), fmt.Sprintf("wire:%s[%d]", m.Type(), i))
-	}
-	return m, files, nil
+	return m, fds, nil
 }
 
 // recvPacket reads one packet into c's buffer (valid until the next call).

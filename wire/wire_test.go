@@ -621,3 +621,47 @@ func TestConcurrentSend(t *testing.T) {
 		}
 	}
 }
+
+// TestSendTimeout: a frame that fits is sent at once; one that finds the
+// peer's buffer full waits at most the timeout, fails with
+// os.ErrDeadlineExceeded and is not sent; once the peer reads, sending
+// works again (no deadline is left behind).
+func TestSendTimeout(t *testing.T) {
+	a, b := pair(t)
+	defer a.Close()
+	defer b.Close()
+	big := &Error{Code: "c", Message: strings.Repeat("x", 32<<10)}
+	sent := 0
+	for {
+		err := a.SendTimeout(50*time.Millisecond, big)
+		if err == nil {
+			sent++
+			continue
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("SendTimeout on a full socket: %v", err)
+		}
+		break
+	}
+	if sent == 0 {
+		t.Fatal("nothing fitted into an empty socket")
+	}
+	for range sent {
+		if _, _, err := b.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(60 * time.Millisecond) // past the deadline of the failed send
+	if err := a.SendTimeout(50*time.Millisecond, &Ping{ID: "after"}); err != nil {
+		t.Fatalf("SendTimeout after the peer read: %v", err)
+	}
+	if err := a.Send(&Ping{ID: "plain"}); err != nil {
+		t.Fatalf("Send after SendTimeout: %v", err)
+	}
+	for _, want := range []string{"after", "plain"} {
+		m, _, err := b.Recv()
+		if p, ok := m.(*Ping); err != nil || !ok || p.ID != want {
+			t.Fatalf("Recv = %#v, %v; want ping %s (the failed frame must not have been sent)", m, err, want)
+		}
+	}
+}

@@ -64,7 +64,7 @@ func (c *conn) serve() {
 	}
 	_ = uc.SetReadDeadline(time.Time{})
 	for {
-		m, files, err := c.wc.Recv()
+		m, fds, err := c.wc.RecvFDs()
 		if err != nil {
 			var pe *wire.ProtocolError
 			if errors.As(err, &pe) {
@@ -73,7 +73,7 @@ func (c *conn) serve() {
 			}
 			return
 		}
-		if !c.handle(m, files) {
+		if !c.handle(m, fds) {
 			return
 		}
 	}
@@ -98,8 +98,7 @@ func (c *conn) shutdown() {
 // the machine readers that report to it, so its connection is closed then
 // (which cancels its sessions); other failures are noticed by serve.
 func (c *conn) send(m wire.Message, files ...*os.File) {
-	_ = c.wc.UnixConn().SetWriteDeadline(time.Now().Add(sendTimeout))
-	if err := c.wc.Send(m, files...); err != nil {
+	if err := c.wc.SendTimeout(sendTimeout, m, files...); err != nil {
 		c.w.log.Debug("send failed", "type", m.Type(), "err", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.w.log.Warn("client not reading, closing its connection")
@@ -121,8 +120,9 @@ func (c *conn) finish(s *session, last wire.Message) {
 	}
 }
 
-// handle processes one frame; false closes the connection.
-func (c *conn) handle(m wire.Message, files []*os.File) bool {
+// handle processes one frame and the descriptors that came with it (which
+// it closes); false closes the connection.
+func (c *conn) handle(m wire.Message, fds []int) bool {
 	switch m := m.(type) {
 	case *wire.Ping:
 		c.send(&wire.Pong{ID: m.ID})
@@ -130,7 +130,7 @@ func (c *conn) handle(m wire.Message, files []*os.File) bool {
 	case *wire.ExecStart:
 		c.execStart(m)
 	case *wire.ExecAttach:
-		c.execAttach(m, files)
+		c.execAttach(m, fds)
 	case *wire.ExecCancel:
 		c.mu.Lock()
 		s := c.sessions[m.ID]
@@ -141,7 +141,7 @@ func (c *conn) handle(m wire.Message, files []*os.File) bool {
 	case *wire.NetDial:
 		c.netDial(m)
 	default:
-		closeAll(files)
+		closeFDs(fds)
 		c.send(&wire.Error{Code: wire.CodeBadFrame, Message: fmt.Sprintf("a client does not send %s", m.Type())})
 		return false
 	}
@@ -198,12 +198,14 @@ func (c *conn) execStart(m *wire.ExecStart) {
 	c.send(&wire.ExecAccepted{ID: m.ID})
 }
 
-func (c *conn) execAttach(m *wire.ExecAttach, stdio []*os.File) {
+func (c *conn) execAttach(m *wire.ExecAttach, stdio []int) {
 	c.mu.Lock()
 	s := c.sessions[m.ID]
 	c.mu.Unlock()
-	if s == nil || !s.m.attach(s, stdio) {
-		closeAll(stdio)
+	if s == nil {
+		closeFDs(stdio)
+	}
+	if s == nil || !s.m.attach(s, stdio) { // attach closes stdio in any case
 		c.send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: fmt.Sprintf("no session %q awaiting attach", m.ID)})
 	}
 }

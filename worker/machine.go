@@ -245,6 +245,12 @@ func (m *machine) boot() (err error) {
 	return nil
 }
 
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
+}
+
 func closeAll(fs []*os.File) {
 	for _, f := range fs {
 		f.Close()
@@ -466,8 +472,8 @@ func (m *machine) newSession(c *conn, id string, argv, env []string, cwd string)
 
 // attach starts s with stdio. It reports false if s was no longer pending
 // (then stdio are closed and nothing happens).
-func (m *machine) attach(s *session, stdio []*os.File) bool {
-	defer closeAll(stdio)
+func (m *machine) attach(s *session, stdio []int) bool {
+	defer closeFDs(stdio)
 	m.mu.Lock()
 	if s.state != statePending {
 		m.mu.Unlock()
@@ -475,7 +481,7 @@ func (m *machine) attach(s *session, stdio []*os.File) bool {
 	}
 	s.state = stateStarting
 	m.mu.Unlock()
-	err := m.ctl.Send(&ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd}, stdio...)
+	err := m.ctl.SendFDs(&ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd}, stdio...)
 	if err == nil || errors.Is(err, ctl.ErrClosed) {
 		return true // on ErrClosed the init is gone: read() ends the session
 	}

@@ -180,7 +180,12 @@ func (c *Conn) Close() error {
 
 // Send writes m with files as SCM_RIGHTS. It does not close files.
 func (c *Conn) Send(m *Msg, files ...*os.File) error {
-	b, oob, err := encode(m, files)
+	return c.SendFDs(m, fileFDs(files)...)
+}
+
+// SendFDs is Send with descriptor numbers. It does not close them.
+func (c *Conn) SendFDs(m *Msg, fds ...int) error {
+	b, oob, err := encode(m, fds)
 	if err != nil {
 		return err
 	}
@@ -254,7 +259,7 @@ func (e *Endpoint) FD() int { return e.fd }
 
 // Send writes m with files as SCM_RIGHTS. It does not close files.
 func (e *Endpoint) Send(m *Msg, files ...*os.File) error {
-	b, oob, err := encode(m, files)
+	b, oob, err := encode(m, fileFDs(files))
 	if err != nil {
 		return err
 	}
@@ -310,8 +315,8 @@ const (
 // Cwd, Signal and Message; each string is a uvarint length and its bytes.
 // Then Code (varint) and Config (a uvarint length and its JSON), each only
 // when present.
-func encode(m *Msg, files []*os.File) (b, oob []byte, err error) {
-	if len(files) != FDCount(m) {
+func encode(m *Msg, fds []int) (b, oob []byte, err error) {
+	if len(fds) != FDCount(m) {
 		return nil, nil, ErrFDMismatch
 	}
 	op, ok := opCodes[m.Op]
@@ -354,14 +359,22 @@ func encode(m *Msg, files []*os.File) (b, oob []byte, err error) {
 	if len(b) > MaxPacket {
 		return nil, nil, fmt.Errorf("ctl: packet of %d bytes exceeds %d", len(b), MaxPacket)
 	}
-	if len(files) > 0 {
-		var fds [3]int
-		for i, f := range files {
-			fds[i] = int(f.Fd())
-		}
-		oob = unix.UnixRights(fds[:len(files)]...)
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
 	}
 	return b, oob, nil
+}
+
+// fileFDs returns the descriptors of files.
+func fileFDs(files []*os.File) []int {
+	if len(files) == 0 {
+		return nil
+	}
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	return fds
 }
 
 func appendString(b []byte, s string) []byte {

@@ -137,7 +137,7 @@ func TestEncodingRoundTrip(t *testing.T) {
 		{Op: OpNotStarted, SID: 6, Message: "exec \"x\": not found"},
 		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, GID: 1000, NProc: 5, Mask: []string{"/a"}, GuestWorkspace: "/w", GuestHome: "/h"}},
 	} {
-		b, _, err := encode(m, make([]*os.File, FDCount(m)))
+		b, _, err := encode(m, make([]int, FDCount(m)))
 		if err != nil {
 			t.Fatalf("encode %+v: %v", m, err)
 		}
