@@ -164,19 +164,14 @@ func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, a
 // beyond its existence.
 func (p *Provider) tenancy(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (store.Project, store.Member, error) {
 	id := in.Project.ProjectID
-	proj, err := p.store.GetProject(ctx, id)
-	if errors.Is(err, store.ErrNotFound) {
-		return store.Project{}, store.Member{}, fmt.Errorf("provider: project %d: %w", id, sandbox.ErrNotFound)
-	}
-	if err != nil {
-		return store.Project{}, store.Member{}, fmt.Errorf("provider: look up project %d: %w", id, err)
-	}
-	member, err := p.store.GetMember(ctx, id, actor.AccountUserID)
-	if errors.Is(err, store.ErrNotFound) {
+	proj, member, err := p.store.GetProjectMember(ctx, id, actor.AccountUserID)
+	switch {
+	case errors.Is(err, store.ErrNotMember):
 		return store.Project{}, store.Member{}, fmt.Errorf("provider: account %d is not a member of project %d: %w", actor.AccountUserID, id, sandbox.ErrDenied)
-	}
-	if err != nil {
-		return store.Project{}, store.Member{}, fmt.Errorf("provider: look up membership in project %d: %w", id, err)
+	case errors.Is(err, store.ErrNotFound):
+		return store.Project{}, store.Member{}, fmt.Errorf("provider: project %d: %w", id, sandbox.ErrNotFound)
+	case err != nil:
+		return store.Project{}, store.Member{}, fmt.Errorf("provider: look up project %d and its membership: %w", id, err)
 	}
 	if string(proj.Kind) != string(in.Project.Kind) {
 		return store.Project{}, store.Member{}, fmt.Errorf("provider: project %d is a %s project, not %s", id, proj.Kind, in.Project.Kind)
