@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -108,5 +109,23 @@ func TestMigrateFromVersion1(t *testing.T) {
 	checkClockInvariant(t, s, 1, 2)
 	if err := s.DeleteProject(ctx, 1); err != nil {
 		t.Fatalf("DeleteProject after release: %v", err)
+	}
+}
+
+// The write connection checkpoints at walAutoCheckpoint pages, in WAL mode,
+// without giving up the synchronous=NORMAL durability of every commit.
+func TestWriterSettings(t *testing.T) {
+	ctx := context.Background()
+	s, _ := newTestStore(t)
+	for pragma, want := range map[string]string{
+		"wal_autocheckpoint": strconv.Itoa(walAutoCheckpoint),
+		"journal_mode":       "wal",
+		"synchronous":        "1", // NORMAL
+		"foreign_keys":       "1",
+	} {
+		var got string
+		if err := s.w.QueryRowContext(ctx, "PRAGMA "+pragma).Scan(&got); err != nil || got != want {
+			t.Errorf("PRAGMA %s = %q, %v; want %q", pragma, got, err, want)
+		}
 	}
 }

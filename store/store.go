@@ -159,7 +159,15 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	common := "&_pragma=busy_timeout(" + strconv.FormatInt(busy.Milliseconds(), 10) + ")" +
 		"&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
 
-	s.w, err = sql.Open("sqlite", base+"?mode="+mode+common+"&_pragma=journal_mode(WAL)&_txlock=immediate")
+	// wal_autocheckpoint: the commit that makes the WAL reach this many
+	// pages checkpoints, and waits for two fsyncs (a few ms). SQLite's
+	// default, 1000 pages, is every 100 or so commands, each of which
+	// writes 10 or so pages, so 1 % of commands stalled: at their p99. With
+	// 4000 (a WAL of up to 16 MiB) it is a quarter as many stalls, for
+	// about as much work each, as the hot pages are the same. Durability
+	// is unchanged (a commit is in the WAL either way).
+	s.w, err = sql.Open("sqlite", base+"?mode="+mode+common+"&_pragma=journal_mode(WAL)&_txlock=immediate"+
+		"&_pragma=wal_autocheckpoint("+strconv.Itoa(walAutoCheckpoint)+")")
 	if err != nil {
 		return nil, fmt.Errorf("store: open %s: %w", abs, err)
 	}
@@ -220,6 +228,9 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	}
 	return s, nil
 }
+
+// walAutoCheckpoint is the writer's wal_autocheckpoint, in pages.
+const walAutoCheckpoint = 4000
 
 // Close closes the database. It waits for statements in progress to finish.
 // Calling it more than once returns an error from the second call on.
