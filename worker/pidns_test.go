@@ -1,11 +1,13 @@
 package worker
 
 import (
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -76,13 +78,27 @@ func testOrphansReaped(t *testing.T, goHolders bool) {
 	if !run.started {
 		t.Fatalf("%#v", run.first)
 	}
-	// The holders are of the kind asked for.
-	for _, pid := range holderPids(t, h.machineOf(t, 1)) {
-		b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		isGo := strings.Contains(string(b), "__corral-ns-holder")
-		if isGo != goHolders {
-			t.Errorf("holder %d runs %q, want a Go holder: %v", pid, strings.ReplaceAll(string(b), "\x00", " "), goHolders)
+	// The holders are of the kind asked for. (A holder being spawned still
+	// runs the init's command line until its exec, and one being discarded
+	// has none: only a lasting mismatch counts.)
+	var wrong []string
+	m := h.machineOf(t, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		wrong = wrong[:0]
+		for _, pid := range holderPids(t, m) {
+			b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+			if isGo := strings.Contains(string(b), "__corral-ns-holder"); isGo != goHolders {
+				wrong = append(wrong, fmt.Sprintf("%d runs %q", pid, strings.ReplaceAll(string(b), "\x00", " ")))
+			}
 		}
+		if len(wrong) == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if len(wrong) > 0 {
+		t.Errorf("holders %v, want Go holders: %v", wrong, goHolders)
 	}
 	eventually(t, "the orphan to exit", func() bool {
 		r := h.run(t, c, p, "ps", "-eo", "args=")
@@ -230,6 +246,44 @@ func TestHolderPool(t *testing.T) {
 			t.Fatalf("%v", r)
 		}
 		refilled(t, "cancel")
+	})
+	t.Run("dead holders in the pool are skipped", func(t *testing.T) {
+		// Killed from outside (as the OOM killer would), the ready
+		// holders' namespaces take no process: the next session must
+		// find a live holder all the same.
+		dead := holderPids(t, m)
+		for _, pid := range dead {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, "killed holders gone", func() bool {
+			for _, pid := range dead {
+				b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+				if err == nil && !strings.Contains(string(b), ") Z ") {
+					return false
+				}
+			}
+			return true
+		})
+		for range 3 {
+			if r := h.run(t, c, p, "true"); r.code() != 0 {
+				t.Fatalf("%v", r)
+			}
+		}
+		eventually(t, "pool refilled after the kill", func() bool {
+			got := holderPids(t, m)
+			for _, pid := range dead {
+				if slices.Contains(got, pid) {
+					return false
+				}
+			}
+			if len(got) >= 2 {
+				pool = got
+				return true
+			}
+			return false
+		})
 	})
 	t.Run("concurrent sessions", func(t *testing.T) {
 		// More sessions than ready holders: the others are spawned on

@@ -268,14 +268,6 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	for _, fd := range stdio {
 		_ = setBlocking(fd)
 	}
-	h, spawned, err := in.pool.get()
-	if err != nil {
-		notStarted(err.Error())
-		return
-	}
-	if spawned {
-		in.spawned[h.pid] = true
-	}
 	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   m.Cwd,
@@ -287,12 +279,12 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 			PidFD:      &pidfd,
 		},
 	}
-	pid, err := in.forkIn(h, path, m.Argv, attr)
-	if errors.Is(err, unix.ENOMEM) && !h.alive() {
-		// The holder died (the OOM killer?) after it was checked: its
-		// namespace accepts no process. Once more with another.
-		h.discard()
-		in.pool.replenish()
+	var (
+		h   *holder
+		pid int
+	)
+	for attempt := 1; ; attempt++ {
+		var spawned bool
 		if h, spawned, err = in.pool.get(); err != nil {
 			notStarted(err.Error())
 			return
@@ -301,6 +293,16 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 			in.spawned[h.pid] = true
 		}
 		pid, err = in.forkIn(h, path, m.Argv, attr)
+		// A holder that died in the pool (the OOM killer?) takes no
+		// process into its namespace: setns through its pidfd fails
+		// (ESRCH) once it is exiting, the fork (ENOMEM) once its namespace
+		// is dead. Discard it and any other dead one, and try again.
+		if err == nil || attempt == maxForkAttempts ||
+			!errors.Is(err, unix.ESRCH) && !(errors.Is(err, unix.ENOMEM) && !h.alive()) {
+			break
+		}
+		h.discard()
+		in.pool.purge()
 	}
 	if err != nil {
 		// The child that failed to exec ran nothing of the session's
@@ -325,6 +327,9 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID})
 }
 
+// maxForkAttempts bounds the holders a start tries when they turn out dead.
+const maxForkAttempts = 3
+
 // forkIn forks and execs a child of the init inside h's pid namespace:
 // setns(CLONE_NEWPID) sets where this thread's next child goes, not the
 // thread's own namespace, so the child is an ordinary process there (not
@@ -332,7 +337,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 // init's namespace; if it cannot, the init cannot go on safely and exits
 // (the machine fails).
 func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
-	if err := unix.Setns(h.ns, unix.CLONE_NEWPID); err != nil {
+	if err := unix.Setns(h.pidfd, unix.CLONE_NEWPID); err != nil {
 		return 0, fmt.Errorf("enter the session's pid namespace: %w", err)
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)

@@ -75,9 +75,11 @@ func Holder() {
 
 // holder is the PID 1 of a session's pid namespace, as the init sees it.
 type holder struct {
-	pid    int
+	pid int
+	// pidfd also names its pid namespace for setns (one descriptor less
+	// per holder in the init's table, which every fork copies and every
+	// exec then closes).
 	pidfd  int
-	ns     int // its pid namespace
 	childs int // its /proc children file, read with pread
 	killed bool
 }
@@ -134,13 +136,10 @@ func spawnHolder(null int, goHolder bool) (*holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
 	}
-	h := &holder{pid: pid, pidfd: pidfd, ns: -1, childs: -1}
+	h := &holder{pid: pid, pidfd: pidfd, childs: -1}
 	// Opened now, off the exec path. The holder is an unreaped child: its
 	// pid cannot name another process.
-	proc := "/proc/" + strconv.Itoa(pid)
-	if h.ns, err = unix.Open(proc+"/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
-		h.childs, err = unix.Open(proc+"/task/"+strconv.Itoa(pid)+"/children", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	}
+	h.childs, err = openChildren(pid, pid)
 	if err != nil {
 		h.discard()
 		return nil, fmt.Errorf("pid namespace holder: %w", err)
@@ -177,7 +176,7 @@ func (h *holder) discard() {
 
 // close closes h's descriptors.
 func (h *holder) close() {
-	for _, fd := range []int{h.pidfd, h.ns, h.childs} {
+	for _, fd := range []int{h.pidfd, h.childs} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
@@ -247,29 +246,47 @@ func (p *holderPool) run() {
 	}
 }
 
-// get returns a live holder: a ready one, or else one spawned on the spot
+// get returns a holder: a ready one, or else one spawned on the spot
 // (spawned is then true: the holder is a child of the calling thread).
 // When it takes the last ready holder and none is on its way, it orders
-// one.
+// one. A ready holder is not checked (a poll per session): one that died
+// in the pool fails the fork into its namespace, and the caller discards
+// it, purges the pool and tries again.
 func (p *holderPool) get() (h *holder, spawned bool, err error) {
-	for {
-		p.mu.Lock()
-		if n := len(p.ready); n > 0 {
-			h, p.ready = p.ready[n-1], p.ready[:n-1]
-		}
-		if len(p.ready)+p.pending == 0 {
-			p.orderLocked(1)
-		}
-		p.mu.Unlock()
-		if h == nil {
-			h, err = spawnHolder(p.null, p.goHolder)
-			return h, err == nil, err
-		}
+	p.mu.Lock()
+	if n := len(p.ready); n > 0 {
+		h, p.ready = p.ready[n-1], p.ready[:n-1]
+	}
+	if len(p.ready)+p.pending == 0 {
+		p.orderLocked(1)
+	}
+	p.mu.Unlock()
+	if h == nil {
+		h, err = spawnHolder(p.null, p.goHolder)
+		return h, err == nil, err
+	}
+	return h, false, nil
+}
+
+// purge discards every ready holder that has died and orders
+// replacements.
+func (p *holderPool) purge() {
+	p.mu.Lock()
+	var dead []*holder
+	live := p.ready[:0]
+	for _, h := range p.ready {
 		if h.alive() {
-			return h, false, nil
+			live = append(live, h)
+		} else {
+			dead = append(dead, h)
 		}
+	}
+	clear(p.ready[len(live):])
+	p.ready = live
+	p.orderLocked(poolSize - len(p.ready) - p.pending)
+	p.mu.Unlock()
+	for _, h := range dead {
 		h.discard()
-		h = nil
 	}
 }
 
