@@ -4,8 +4,11 @@ import (
 	"context"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 func benchLeases(b *testing.B, n int) (*Store, []string) {
@@ -176,4 +179,63 @@ func BenchmarkTenancy(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkCommandLargeHistory is every store write of one command (lease
+// created, journal started and finished, lease released) in a store that
+// has run 500,000 commands: its indexes no longer fit SQLite's page cache.
+// "random-ids" gives leases version 4 UUIDs, as the store did before its
+// time-ordered ones ("store-ids").
+func BenchmarkCommandLargeHistory(b *testing.B) {
+	ctx := context.Background()
+	s, _ := benchLeases(b, 0)
+	p, err := s.ProjectByName(ctx, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const history = 500000
+	for _, q := range []string{
+		`INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at, released_at)
+			SELECT lower(hex(randomblob(16))), 1, ?1, 'terminal', '', 'pid 1 on host', 'released', 15000, x, x, x, x FROM c`,
+		`INSERT INTO journal (account, project, domain, lease, lease_kind, argv, limits, started_at, ended_at, outcome, code)
+			SELECT 1, ?1, '', lower(hex(randomblob(16))), 'terminal', '["true"]', '{}', x, x, 'exit', 0 FROM c`,
+	} {
+		q = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c LIMIT " + strconv.Itoa(history) + ") " + q
+		if _, err := s.w.ExecContext(ctx, q, p.ID); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := s.w.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)"); err != nil {
+		b.Fatal(err)
+	}
+	for _, random := range []bool{true, false} {
+		name := "store-ids"
+		if random {
+			name = "random-ids"
+		}
+		b.Run(name, func(b *testing.B) {
+			code := 0
+			b.ReportAllocs()
+			for b.Loop() {
+				var id string
+				if random {
+					id = uuid.NewString()
+				}
+				l, err := s.CreateLease(ctx, NewLease{ID: id, Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}, time.Now())
+				if err != nil {
+					b.Fatal(err)
+				}
+				j, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: p.ID, Lease: l.ID, LeaseKind: "terminal", Argv: []string{"true"}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := s.JournalFinish(ctx, j, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := s.ReleaseLease(ctx, l.ID, time.Now()); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }
