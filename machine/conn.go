@@ -298,29 +298,60 @@ func (c *conn) lose(cause error) {
 	close(c.lost)
 }
 
-// stdioPair makes one socketpair for a session stream: the near end stays
-// here (non-blocking, in the poller), the far end is for the worker
-// (blocking, as a child's standard descriptor expects).
+// stdioPairs makes a session's three socketpairs and returns their near
+// ends (stdin's, then stdout's and stderr's) and far ends (in order, for
+// the worker). On error it has closed everything it made.
 //
-// The near end is wrapped while still blocking: os.NewFile then leaves it
-// out of the poller, and net.FileConn makes its own copy non-blocking and
-// registers that one. (Made non-blocking first, it was registered, made
-// blocking again by FileConn, registered again and unregistered: six more
-// system calls per stream.)
-func stdioPair() (*net.UnixConn, *os.File, error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("machine: socketpair: %w", err)
+// Sockets are costly to make (on a VM, each system call is a few
+// microseconds), so each end gets the cheapest wrapping its use allows:
+// the far ends none (they go out as numbers); stdin's near end, which is
+// only written and shut down, an *os.File in the poller (the pair is made
+// non-blocking; the worker makes the far end blocking again); the output
+// ends, which are documented as *net.UnixConn, net.FileConn, given a
+// blocking descriptor so that os.NewFile leaves it out of the poller and
+// FileConn registers its own copy.
+func stdioPairs() (stdin *os.File, out [2]*net.UnixConn, far [3]int, err error) {
+	far = [3]int{-1, -1, -1}
+	fail := func(err error) (*os.File, [2]*net.UnixConn, [3]int, error) {
+		if stdin != nil {
+			stdin.Close()
+		}
+		for _, c := range out {
+			if c != nil {
+				c.Close()
+			}
+		}
+		closeFDs(far[:])
+		return nil, [2]*net.UnixConn{}, [3]int{-1, -1, -1}, fmt.Errorf("machine: socketpair: %w", err)
 	}
-	far := os.NewFile(uintptr(fds[1]), "session-stdio")
-	nf := os.NewFile(uintptr(fds[0]), "session-stdio")
-	nc, err := net.FileConn(nf)
-	nf.Close()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 	if err != nil {
-		far.Close()
-		return nil, nil, fmt.Errorf("machine: socketpair: %w", err)
+		return fail(err)
 	}
-	return nc.(*net.UnixConn), far, nil
+	stdin, far[0] = os.NewFile(uintptr(fds[0]), "session-stdin"), fds[1]
+	for i := range out {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return fail(err)
+		}
+		far[i+1] = fds[1]
+		nf := os.NewFile(uintptr(fds[0]), "session-stdio")
+		nc, err := net.FileConn(nf)
+		nf.Close()
+		if err != nil {
+			return fail(err)
+		}
+		out[i] = nc.(*net.UnixConn)
+	}
+	return stdin, out, far, nil
+}
+
+func closeFDs(fds []int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
 func closeFiles(files []*os.File) {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -64,7 +66,8 @@ type Session struct {
 	events chan wire.Message // exec-started or a refusal, from the reader
 
 	mu       sync.Mutex
-	near     [3]*net.UnixConn // guarded by mu
+	stdin    *os.File         // near end of stdin; guarded by mu
+	out      [2]*net.UnixConn // near ends of stdout, stderr; guarded by mu
 	finished bool             // guarded by mu
 
 	// startedByWorker is set by the reader on exec-started.
@@ -103,8 +106,8 @@ func (s *Session) finish(e Exit, err error) {
 		s.exit, s.err = e, err
 		s.mu.Lock()
 		s.finished = true
-		if s.near[0] != nil {
-			s.near[0].Close()
+		if s.stdin != nil {
+			s.stdin.Close()
 		}
 		s.mu.Unlock()
 		close(s.done)
@@ -152,25 +155,17 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if err := s.send(start); err != nil {
 		return nil, err
 	}
-	var near [3]*net.UnixConn
-	var far [3]*os.File
-	for i := range near {
-		near[i], far[i], err = stdioPair()
-		if err != nil {
-			break
-		}
-	}
-	s.setStreams(near)
+	stdin, out, far, err := stdioPairs()
+	s.setStreams(stdin, out)
 	if err != nil {
 		// The worker may have accepted the start: it ends the session on
 		// exec-cancel (an exec-exit follows, or the rejection did).
-		closeFiles(far[:])
 		s.closeStreams()
 		_ = s.Cancel(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	err = s.send(&wire.ExecAttach{ID: id}, far[:]...)
-	closeFiles(far[:])
+	err = s.sendFDs(&wire.ExecAttach{ID: id}, far[:]...)
+	closeFDs(far[:])
 	if err != nil {
 		_ = s.Cancel(context.WithoutCancel(ctx))
 		s.closeStreams()
@@ -188,7 +183,7 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 		case m := <-s.events:
 			switch m := m.(type) {
 			case *wire.ExecStarted:
-				s.setStdio(near)
+				s.setStdio(stdin, out)
 				return s, nil
 			case *wire.ExecRejected:
 				s.closeStreams()
@@ -212,7 +207,7 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 				}
 				return nil, fmt.Errorf("machine: exec %s: worker ended the session before it was accepted", id)
 			}
-			s.setStdio(near)
+			s.setStdio(stdin, out)
 			return s, nil // exited (or not started): Wait reports it
 		case <-ctx.Done():
 			_ = s.Cancel(context.WithoutCancel(ctx))
@@ -223,17 +218,20 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 }
 
 // setStdio exposes the near ends as the session's streams.
-func (s *Session) setStdio(near [3]*net.UnixConn) {
-	s.Stdin = stdinWriter{near[0]}
-	s.Stdout = near[1]
-	s.Stderr = near[2]
+func (s *Session) setStdio(stdin *os.File, out [2]*net.UnixConn) {
+	s.Stdin = stdinWriter{stdin}
+	s.Stdout = out[0]
+	s.Stderr = out[1]
 }
 
 // send sends a frame about s. An encoding error is returned as is and the
 // session forgotten; an I/O error ends the connection, and send returns
 // the session's interruption after OnInterrupted has run.
-func (s *Session) send(m wire.Message, files ...*os.File) error {
-	err := s.c.wc.Send(m, files...)
+func (s *Session) send(m wire.Message) error { return s.sendFDs(m) }
+
+// sendFDs is send with descriptors.
+func (s *Session) sendFDs(m wire.Message, fds ...int) error {
+	err := s.c.wc.SendFDs(m, fds...)
 	if err == nil {
 		return nil
 	}
@@ -253,12 +251,12 @@ func (s *Session) send(m wire.Message, files ...*os.File) error {
 
 // setStreams records the near ends; stdin's is released at once if the
 // session already ended.
-func (s *Session) setStreams(near [3]*net.UnixConn) {
+func (s *Session) setStreams(stdin *os.File, out [2]*net.UnixConn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.near = near
-	if s.finished && near[0] != nil {
-		near[0].Close()
+	s.stdin, s.out = stdin, out
+	if s.finished && stdin != nil {
+		stdin.Close()
 	}
 }
 
@@ -266,7 +264,10 @@ func (s *Session) setStreams(near [3]*net.UnixConn) {
 func (s *Session) closeStreams() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, n := range s.near {
+	if s.stdin != nil {
+		s.stdin.Close()
+	}
+	for _, n := range s.out {
 		if n != nil {
 			n.Close()
 		}
@@ -320,12 +321,26 @@ func (s *Session) Cancel(ctx context.Context) error {
 	return s.cancelErr
 }
 
-// stdinWriter is the near end of stdin; Close shuts down writing so the
-// command reads EOF.
-type stdinWriter struct{ c *net.UnixConn }
+// stdinWriter is the near end of stdin, a socket in the poller; Close
+// shuts down writing so the command reads EOF.
+type stdinWriter struct{ f *os.File }
 
-func (w stdinWriter) Write(p []byte) (int, error) { return w.c.Write(p) }
-func (w stdinWriter) Close() error                { return w.c.CloseWrite() }
+func (w stdinWriter) Write(p []byte) (int, error) { return w.f.Write(p) }
+
+func (w stdinWriter) Close() error {
+	rc, err := w.f.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("machine: close stdin: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_WR) }); err != nil {
+		return fmt.Errorf("machine: close stdin: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("machine: close stdin: %w", serr)
+	}
+	return nil
+}
 
 // testHookAfterAttach, if set by a test, runs between sending exec-attach
 // and looking at the worker's answers.

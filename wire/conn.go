@@ -114,6 +114,32 @@ func (c *Conn) Send(m Message, files ...*os.File) error {
 	return nil
 }
 
+// SendFDs is Send with descriptor numbers instead of files; the caller
+// keeps them open until SendFDs returns (and closes them when it likes).
+func (c *Conn) SendFDs(m Message, fds ...int) error {
+	b, err := Encode(m)
+	if err != nil {
+		return err
+	}
+	if want := FDCount(m); len(fds) != want {
+		return fmt.Errorf("wire: send %s: %d descriptors, want %d", m.Type(), len(fds), want)
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	c.sendMu.Lock()
+	defer c.sendMu.Unlock()
+	n, oobn, err := c.uc.WriteMsgUnix(b, oob, nil)
+	if err == nil && (n != len(b) || oobn != len(oob)) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		return fmt.Errorf("wire: send %s: %w", m.Type(), err)
+	}
+	return nil
+}
+
 // SendTimeout is Send for a sender that must not wait long for a peer that
 // does not read: when the socket's buffer is full, it waits at most d for
 // room, then fails with an error wrapping os.ErrDeadlineExceeded (the frame

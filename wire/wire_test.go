@@ -665,3 +665,37 @@ func TestSendTimeout(t *testing.T) {
 		}
 	}
 }
+
+// TestSendFDsAndRecvFDs: descriptors given as numbers arrive as the
+// packet's descriptors, in order; a wrong count sends nothing.
+func TestSendFDsAndRecvFDs(t *testing.T) {
+	a, b := pair(t)
+	defer a.Close()
+	defer b.Close()
+	r, w := pipes(t, 3)
+	defer closeAll(r)
+	if err := a.SendFDs(&ExecAttach{ID: "x"}, int(w[0].Fd()), int(w[1].Fd())); err == nil {
+		t.Fatal("SendFDs with two descriptors for exec-attach succeeded")
+	}
+	if err := a.SendFDs(&ExecAttach{ID: "x"}, int(w[0].Fd()), int(w[1].Fd()), int(w[2].Fd())); err != nil {
+		t.Fatal(err)
+	}
+	closeAll(w)
+	m, fds, err := b.RecvFDs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if at, ok := m.(*ExecAttach); !ok || at.ID != "x" || len(fds) != 3 {
+		t.Fatalf("RecvFDs = %#v, %v", m, fds)
+	}
+	for i, fd := range fds {
+		if _, err := unix.Write(fd, []byte{byte('a' + i)}); err != nil {
+			t.Fatal(err)
+		}
+		unix.Close(fd)
+		buf := make([]byte, 2)
+		if n, _ := r[i].Read(buf); n != 1 || buf[0] != byte('a'+i) {
+			t.Errorf("descriptor %d does not reach pipe %d: %q", i, i, buf[:n])
+		}
+	}
+}
