@@ -388,7 +388,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	case store.LeaseExpired:
 		return fmt.Errorf("lease %s: release: %w", l.row.ID, ErrExpired)
 	}
-	_, err := l.m.st.ReleaseLease(ctx, l.row.ID, l.m.now())
+	err := l.m.st.ReleaseHeldLease(ctx, l.row.ID, l.m.now())
 	switch {
 	case err == nil:
 		l.released()

@@ -87,15 +87,15 @@ const (
 	sqlRelease = `UPDATE leases SET state = 'released', released_at = ?2,
 				(heartbeat_at, expires_at) = (SELECT c.expires_at - c.ttl_ms, c.expires_at FROM lease_clock c WHERE c.seq = leases.seq)
 			WHERE id = ?1 AND state = 'live'
-			  AND (SELECT c.expires_at FROM lease_clock c WHERE c.seq = leases.seq) >= ?2
-			RETURNING ` + leaseColsRow
+			  AND (SELECT c.expires_at FROM lease_clock c WHERE c.seq = leases.seq) >= ?2`
+	sqlReleaseRow       = sqlRelease + " RETURNING " + leaseColsRow
 	sqlSelectForRelease = "SELECT " + leaseCols + ", l.seq" + leaseFrom + " WHERE l.id = ?"
 	sqlReleaseSeq       = `UPDATE leases SET state = 'released', released_at = ?, heartbeat_at = ?, expires_at = ? WHERE seq = ?`
 	sqlAnyDue           = "SELECT EXISTS (SELECT 1 FROM lease_clock WHERE expires_at < ?)"
 )
 
 var (
-	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlJournalStart, sqlJournalFinish}
+	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
 	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy}
 )
 
@@ -363,7 +363,7 @@ func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time)
 // An unknown lease is ErrNotFound.
 func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Lease, error) {
 	// The common case, a live lease on time, is one statement.
-	upd, err := s.writeStmt(ctx, sqlRelease)
+	upd, err := s.writeStmt(ctx, sqlReleaseRow)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -371,13 +371,40 @@ func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Leas
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return l, err
 	}
+	return s.releaseSlow(ctx, id, at)
+}
+
+// ReleaseHeldLease releases a lease as ReleaseLease does, with the same
+// outcomes and errors, but does not return the lease's row: it is for the
+// lease's holder, who has it, and costs less.
+func (s *Store) ReleaseHeldLease(ctx context.Context, id string, at time.Time) error {
+	upd, err := s.writeStmt(ctx, sqlRelease)
+	if err != nil {
+		return err
+	}
+	res, err := upd.ExecContext(ctx, id, ms(at))
+	if err != nil {
+		return fmt.Errorf("store: release lease %s: %w", id, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("store: release lease %s: %w", id, err)
+	} else if n == 1 {
+		return nil
+	}
+	_, err = s.releaseSlow(ctx, id, at)
+	return err
+}
+
+// releaseSlow is the rest of ReleaseLease when its single statement
+// released nothing.
+func (s *Store) releaseSlow(ctx context.Context, id string, at time.Time) (Lease, error) {
 	// Nothing was released: find out why, and release the lease if it
 	// became releasable in between (another process's heartbeat).
 	if testHookReleaseFallback != nil {
 		testHookReleaseFallback()
 	}
 	var out Lease
-	err = s.tx(ctx, func(tx *sql.Tx) error {
+	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var seq int64
 		l, err := scanLease(tx.QueryRowContext(ctx, sqlSelectForRelease, id), "release lease "+id, &seq)
 		if err != nil {

@@ -190,3 +190,64 @@ func TestConcurrentReleaseAcrossHandles(t *testing.T) {
 	}
 	checkClockInvariant(t, a, p.ID)
 }
+
+// ReleaseHeldLease has ReleaseLease's outcomes, and leaves the same row.
+func TestReleaseHeldLease(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p, _ := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
+	const ttl = 15 * time.Second
+	for _, tc := range []struct {
+		name string
+		// prepare returns the lease ID to release and the time to release it at.
+		prepare func(t *testing.T) (string, time.Time)
+		want    error
+	}{
+		{"live", func(t *testing.T) (string, time.Time) {
+			l, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: ttl}, c.Now())
+			return l.ID, c.Now().Add(ttl)
+		}, nil},
+		{"released", func(t *testing.T) (string, time.Time) {
+			l, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: ttl}, c.Now())
+			if _, err := s.ReleaseLease(ctx, l.ID, c.Now()); err != nil {
+				t.Fatal(err)
+			}
+			return l.ID, c.Now().Add(time.Second)
+		}, nil},
+		{"overdue", func(t *testing.T) (string, time.Time) {
+			l, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: ttl}, c.Now())
+			return l.ID, c.Now().Add(ttl + time.Millisecond)
+		}, ErrLeaseExpired},
+		{"expired", func(t *testing.T) (string, time.Time) {
+			l, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: ttl}, c.Now())
+			if _, err := s.ExpireLeases(ctx, c.Now().Add(2*ttl)); err != nil {
+				t.Fatal(err)
+			}
+			return l.ID, c.Now().Add(2 * ttl)
+		}, ErrLeaseExpired},
+		{"unknown", func(t *testing.T) (string, time.Time) { return "nope", c.Now() }, ErrNotFound},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var rows [2]Lease
+			for i, release := range []func(id string, at time.Time) error{
+				func(id string, at time.Time) error { _, err := s.ReleaseLease(ctx, id, at); return err },
+				func(id string, at time.Time) error { return s.ReleaseHeldLease(ctx, id, at) },
+			} {
+				id, at := tc.prepare(t)
+				err := release(id, at)
+				if (tc.want == nil) != (err == nil) || (tc.want != nil && !errors.Is(err, tc.want)) {
+					t.Fatalf("release #%d = %v; want %v", i, err, tc.want)
+				}
+				rows[i], _ = s.GetLease(ctx, id)
+				rows[i].ID = ""
+			}
+			if rows[0] != rows[1] {
+				t.Fatalf("rows differ: ReleaseLease left %+v, ReleaseHeldLease %+v", rows[0], rows[1])
+			}
+			if tc.want == nil && rows[1].State != LeaseReleased {
+				t.Fatalf("state after release: %+v", rows[1])
+			}
+			checkClockInvariant(t, s, p.ID)
+		})
+	}
+}
