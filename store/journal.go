@@ -70,7 +70,7 @@ type JournalEntry struct {
 // The journal's statements of every command, prepared once per Store.
 const (
 	sqlJournalStart = `INSERT INTO journal (account, project, domain, lease, lease_kind, argv, limits, started_at)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
 	sqlJournalFinish = `UPDATE journal SET ended_at = ?, outcome = ?, code = ?, signal = ?, error_kind = ?,
 			stdout_bytes = ?, stderr_bytes = ?, message = ?
 		WHERE id = ? AND outcome IS NULL`
@@ -95,9 +95,13 @@ func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, err
 	if err != nil {
 		return 0, err
 	}
-	var id int64
-	err = st.QueryRowContext(ctx,
-		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, string(argvJSON), string(limitsJSON), ms(s.now())).Scan(&id)
+	res, err := st.ExecContext(ctx,
+		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, string(argvJSON), string(limitsJSON), ms(s.now()))
+	if err != nil {
+		return 0, fmt.Errorf("store: journal start: %w", err)
+	}
+	// The driver reads the connection's last rowid as the statement ends.
+	id, err := res.LastInsertId()
 	if err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", err)
 	}
