@@ -251,3 +251,48 @@ func TestReleaseHeldLease(t *testing.T) {
 		})
 	}
 }
+
+// One ExpireLeases expires several leases at once, each with its own last
+// heartbeat and expiry, and leaves the others live.
+func TestExpireLeasesKeepsEachClock(t *testing.T) {
+	ctx := context.Background()
+	s, c := newTestStore(t)
+	p, _ := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
+	start := c.Now()
+	want := map[string]time.Time{} // expiring lease → its last heartbeat
+	for i := range 5 {
+		l, err := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: 10 * time.Second}, start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		beat := start.Add(time.Duration(i) * time.Second)
+		if err := s.HeartbeatLease(ctx, l.ID, beat); err != nil {
+			t.Fatal(err)
+		}
+		if i < 3 {
+			want[l.ID] = beat
+		}
+	}
+	keep, _ := s.CreateLease(ctx, NewLease{Project: p.ID, Kind: "files", TTL: time.Minute}, start)
+	at := start.Add(12*time.Second + time.Millisecond) // leases beaten at 0, 1, 2 s are overdue
+	exp, err := s.ExpireLeases(ctx, at)
+	if err != nil || len(exp) != len(want) {
+		t.Fatalf("ExpireLeases = %+v, %v; want %d leases", exp, err, len(want))
+	}
+	for _, l := range exp {
+		beat, ok := want[l.ID]
+		if !ok || l.State != LeaseExpired || !l.ExpiredAt.Equal(at) || !l.HeartbeatAt.Equal(beat) || !l.ExpiresAt.Equal(beat.Add(10*time.Second)) {
+			t.Fatalf("expired %+v; want heartbeat %v", l, beat)
+		}
+		if got, _ := s.GetLease(ctx, l.ID); got != l {
+			t.Fatalf("GetLease = %+v; want %+v", got, l)
+		}
+	}
+	if n, _ := s.ProjectLiveLeases(ctx, p.ID); n != 3 {
+		t.Fatalf("ProjectLiveLeases = %d; want 3", n)
+	}
+	if got, _ := s.GetLease(ctx, keep.ID); got.State != LeaseLive {
+		t.Fatalf("lease on time: %+v", got)
+	}
+	checkClockInvariant(t, s, p.ID)
+}
