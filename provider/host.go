@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"github.com/corral-sandbox/corral/confine"
@@ -124,6 +125,26 @@ func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor 
 // realDir resolves dir through symlinks and checks that it is an existing
 // directory.
 func realDir(dir string) (string, error) {
+	// The kernel resolves the path once (three system calls, where
+	// filepath.EvalSymlinks makes one per component); /proc names what it
+	// opened. Without /proc, the path is resolved component by component.
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err == unix.ENOTDIR {
+		return "", fmt.Errorf("%s is not a directory", dir)
+	}
+	if err != nil {
+		return "", &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	real, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	unix.Close(fd)
+	if err == nil && filepath.IsAbs(real) {
+		return real, nil
+	}
+	return evalDir(dir)
+}
+
+// evalDir is realDir without /proc.
+func evalDir(dir string) (string, error) {
 	real, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return "", err

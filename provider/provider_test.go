@@ -660,3 +660,35 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestRealDir: a directory reached through symlinks resolves to its
+// symlink-free path, with and without /proc; files and missing paths fail.
+func TestRealDir(t *testing.T) {
+	base, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(base, "a", "b")
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(filepath.Join(base, "a"), filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(base, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, resolve := range map[string]func(string) (string, error){"realDir": realDir, "evalDir": evalDir} {
+		got, err := resolve(filepath.Join(base, "link", "b", "..", "b"))
+		if err != nil || got != target {
+			t.Errorf("%s(link/b/../b) = %q, %v; want %q", name, got, err, target)
+		}
+		if _, err := resolve(file); err == nil || !strings.Contains(err.Error(), "not a directory") {
+			t.Errorf("%s(file) = %v, want not a directory", name, err)
+		}
+		if _, err := resolve(filepath.Join(base, "missing")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s(missing) = %v, want not exist", name, err)
+		}
+	}
+}
