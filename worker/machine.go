@@ -181,6 +181,8 @@ func (m *machine) boot() (err error) {
 		UID:      GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
 		Mask:     w.masks,
 		GoHolder: w.cfg.GoHolders,
+		// Enough holders kept for the sessions the machine admits.
+		MaxSessions: w.cfg.MaxSessions,
 	}
 	if w.pidLimit > 0 {
 		// Leave room under the pids limit for the init's own threads and

@@ -308,8 +308,8 @@ func TestHolderPool(t *testing.T) {
 			}
 			namespaces = append(namespaces, r.stdout)
 		}
-		// Their holders come back to the pool (at most 64 are kept): the
-		// next burst reuses them.
+		// Their holders come back to the pool (as many are kept as the
+		// machine admits sessions, and a few): the next burst reuses them.
 		eventually(t, "holders back in the pool", func() bool { n := len(holderPids(t, m)); return n >= 4 && n <= 64 })
 		again := h.start(t, c, p, "true")
 		if r := again.wait(t); r.code() != 0 {

@@ -92,6 +92,9 @@ type Config struct {
 	// GoHolder makes session namespace holders corral's own binary rather
 	// than env and sleep from the host.
 	GoHolder bool `json:"goHolder,omitempty"`
+	// MaxSessions is how many sessions the worker admits at once; the init
+	// keeps as many unused namespace holders (and a few). Zero: unknown.
+	MaxSessions int `json:"maxSessions,omitempty"`
 }
 
 // Msg is one control packet.

@@ -182,7 +182,7 @@ func (in *pid1) preparePidNS() error {
 	if err != nil {
 		return err
 	}
-	in.pool = newHolderPool(null, in.cfg.GoHolder)
+	in.pool = newHolderPool(null, in.cfg.GoHolder, retainFor(in.cfg.MaxSessions))
 	return nil
 }
 

@@ -37,12 +37,25 @@ const HolderArg = "__corral-ns-holder"
 // poolSize is how many ready holders a machine spawns ahead of need.
 const poolSize = 2
 
-// retainSize is how many unused holders a machine keeps when sessions give
-// them back: after a burst of concurrent sessions, the next burst reuses
+// defaultRetain is how many unused holders a machine keeps when sessions
+// give them back, unless the worker says how many sessions it admits (see
+// retainFor): after a burst of concurrent sessions, the next burst reuses
 // them instead of re-executing a holder per session (each costs a process
 // start). An idle holder (sleep) costs well under 1 MB and one task of the
 // pids limit.
-const retainSize = 64
+const defaultRetain = 64
+
+// retainFor returns how many unused holders to keep for a machine that
+// admits maxSessions sessions (0: unknown): that many and the
+// ahead-of-need few. With less, a steady load at the limit churns: the
+// pool runs dry when every holder is in use, a holder is ordered, and the
+// one too many is discarded when the sessions give theirs back.
+func retainFor(maxSessions int) int {
+	if maxSessions <= 0 {
+		return defaultRetain
+	}
+	return maxSessions + poolSize
+}
 
 // holderEnv keeps a holder's Go runtime small and silent: one P (fewer
 // threads, each of which counts against the machine's pids limit) and no
@@ -190,6 +203,7 @@ type holderPool struct {
 	null int
 	// goHolder makes every holder this binary (Config.GoHolder).
 	goHolder bool
+	retain   int           // unused holders kept (retainFor)
 	retry    time.Duration // wait after a failed spawn (at the pids limit)
 	wake     chan struct{} // wakes the spawner; capacity 1
 
@@ -198,8 +212,8 @@ type holderPool struct {
 	pending int // spawns ordered and not yet delivered
 }
 
-func newHolderPool(null int, goHolder bool) *holderPool {
-	p := &holderPool{null: null, goHolder: goHolder, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+func newHolderPool(null int, goHolder bool, retain int) *holderPool {
+	p := &holderPool{null: null, goHolder: goHolder, retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
 	p.mu.Lock()
 	p.orderLocked(poolSize)
 	p.mu.Unlock()
@@ -235,7 +249,11 @@ func (p *holderPool) run() {
 			}
 			p.mu.Lock()
 			p.pending--
-			if len(p.ready) < poolSize {
+			// Kept as any returned holder is: under steady concurrency the
+			// pool touches empty now and then, and a holder discarded
+			// because sessions gave theirs back meanwhile was a wasted
+			// spawn, repeated at the next touch.
+			if len(p.ready) < p.retain {
 				p.ready, h = append(p.ready, h), nil
 			}
 			p.mu.Unlock()
@@ -291,10 +309,10 @@ func (p *holderPool) purge() {
 }
 
 // put returns an unused holder (its namespace empty) to the pool, or
-// discards it if the pool already keeps retainSize.
+// discards it if the pool already keeps p.retain.
 func (p *holderPool) put(h *holder) {
 	p.mu.Lock()
-	if len(p.ready) < retainSize {
+	if len(p.ready) < p.retain {
 		p.ready, h = append(p.ready, h), nil
 	}
 	p.mu.Unlock()
