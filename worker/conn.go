@@ -69,7 +69,7 @@ func (c *conn) serve() {
 			var pe *wire.ProtocolError
 			if errors.As(err, &pe) {
 				c.w.log.Warn("protocol error, closing connection", "code", pe.Code, "err", pe.Message)
-				_ = c.wc.Send(pe.Frame())
+				c.send(pe.Frame()) // bounded: the client may not be reading
 			}
 			return
 		}
