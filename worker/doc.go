@@ -61,9 +61,10 @@
 //
 // A pid namespace whose PID 1 has died accepts no process, so a killed
 // holder is replaced. The init keeps two ready holders, spawned by a
-// goroutine of its own, off the exec path, and keeps up to 64 that sessions
-// gave back, so that a burst of concurrent sessions reuses them; a session
-// that finds none spawns one on the spot. A sleep holder is one thread and
+// goroutine of its own, off the exec path, and keeps as many as the machine
+// admits sessions (Config.MaxSessions, and the two) that sessions gave
+// back, so that a burst of concurrent sessions reuses them; a session that
+// finds none spawns one on the spot. A sleep holder is one thread and
 // well under a megabyte; the Go fallback is this binary's runtime and
 // package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
 // anonymous and four or five threads, which count against the pids limit.
