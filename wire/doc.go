@@ -8,9 +8,11 @@
 // The transport is a Unix SOCK_SEQPACKET socket ("unixpacket" in Go). One
 // packet is one frame: one JSON object of at most [MaxFrame] bytes whose
 // "type" member names the message. A larger packet would be truncated by the
-// kernel; the receiver peeks at every packet with MSG_PEEK|MSG_TRUNC first,
-// so an oversized packet is detected and reported as a protocol error
-// ("too-large") instead of being silently cut.
+// kernel; the receiver learns every packet's full length (this package
+// receives with MSG_TRUNC, which reports it; peeking with
+// MSG_PEEK|MSG_TRUNC first does the same), so an oversized packet is
+// detected and reported as a protocol error ("too-large") instead of being
+// silently cut.
 //
 // File descriptors ride as SCM_RIGHTS ancillary data on the packet that
 // declares them with "fds": n, and the packet must carry exactly n of them.
@@ -70,7 +72,10 @@
 // # Go API
 //
 // [Encode] and [Decode] convert between messages and frames and perform no
-// I/O; they are what the fuzz targets exercise. [Conn] sends and receives
+// I/O; they are what the fuzz targets exercise. Frames whose strings need
+// no escaping are encoded and decoded by hand, byte for byte as
+// encoding/json would (see fast.go); the others go through encoding/json.
+// [Conn] sends and receives
 // frames with their descriptors over a connected socket. [Listen], [Dial],
 // [ClientHello] and [ServerHello] set up connections. Decode returns pointers
 // to the message structs (*Hello, *ExecStart, ...), so receivers type-switch
