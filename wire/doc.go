@@ -72,12 +72,10 @@
 // # Go API
 //
 // [Encode] and [Decode] convert between messages and frames and perform no
-// I/O; they are what the fuzz targets exercise. Frames whose strings need
-// no escaping are encoded and decoded by hand, byte for byte as
-// encoding/json would (see fast.go); the others go through encoding/json.
-// [Conn] sends and receives
-// frames with their descriptors over a connected socket. [Listen], [Dial],
-// [ClientHello] and [ServerHello] set up connections. Decode returns pointers
+// I/O, through encoding/json; they are what the fuzz targets exercise.
+// [Conn] sends and receives frames with their descriptors over a connected
+// socket. [Listen], [Dial], [ClientHello] and [ServerHello] set up
+// connections. Decode returns pointers
 // to the message structs (*Hello, *ExecStart, ...), so receivers type-switch
 // on pointer types; Send and Encode accept values or pointers.
 package wire

@@ -355,12 +355,9 @@ func Encode(m Message) ([]byte, error) {
 	if err := validate(p); err != nil {
 		return nil, err
 	}
-	b, ok := appendFrame(make([]byte, 0, 128), p)
-	if !ok {
-		var err error
-		if b, err = encodeJSON(p); err != nil {
-			return nil, err
-		}
+	b, err := encodeJSON(p)
+	if err != nil {
+		return nil, err
 	}
 	if len(b) > MaxFrame {
 		return nil, protoErr(CodeTooLarge, "%s frame is %d bytes, limit %d", m.Type(), len(b), MaxFrame)
@@ -368,8 +365,8 @@ func Encode(m Message) ([]byte, error) {
 	return b, nil
 }
 
-// encodeJSON is Encode's general path, through encoding/json, for a
-// validated message p (a pointer).
+// encodeJSON is Encode's body, through encoding/json, for a validated
+// message p (a pointer).
 func encodeJSON(p Message) ([]byte, error) {
 	body, err := json.Marshal(p)
 	if err != nil {
@@ -405,13 +402,10 @@ func Decode(b []byte, nfds int) (Message, error) {
 	if len(b) > MaxFrame {
 		return nil, protoErr(CodeTooLarge, "frame is %d bytes, limit %d", len(b), MaxFrame)
 	}
-	if m, ok := decodeFast(b, nfds); ok {
-		return m, nil
-	}
 	return decodeJSON(b, nfds)
 }
 
-// decodeJSON is Decode's general path, through encoding/json.
+// decodeJSON is Decode's body, through encoding/json.
 func decodeJSON(b []byte, nfds int) (Message, error) {
 	var env map[string]json.RawMessage
 	if err := json.Unmarshal(b, &env); err != nil {
