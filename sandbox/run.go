@@ -184,10 +184,14 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 	}
 
 	if failure == nil {
-		// The main process ended. Leave nothing running, then drain.
+		// The main process ended. Leave nothing running, then drain —
+		// unless the session was lost: then its streams may stay open
+		// until a slow teardown, and the failure path drains briefly.
 		proc.ended()
-		r.drain(proc)
 		exit, err := proc.exit()
+		if err == nil || errors.Is(err, ErrNotStarted) {
+			r.drain(proc)
+		}
 		switch {
 		case r.cap.overflowed():
 			failure = r.overflowError()

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -362,5 +363,45 @@ func TestConfinementChecked(t *testing.T) {
 				t.Fatalf("lease %v not released exactly once", l)
 			}
 		})
+	}
+}
+
+// TestLostSessionSettlesPromptly: a managed session that settles with a
+// lost transport while its streams stay open (its machine not torn down
+// yet) fails as transport with the output read so far, after the short
+// failure drain, not after ControlOptions.DrainTimeout.
+func TestLostSessionSettlesPromptly(t *testing.T) {
+	var keep []*os.File
+	defer func() {
+		for _, f := range keep {
+			f.Close()
+		}
+	}()
+	p := &sandboxtest.Provider{Mutate: func(prep sandbox.Prepared) {
+		m := prep.(*sandbox.ManagedPrepared)
+		m.Start = func(context.Context) (*sandbox.ManagedExecutionSession, error) {
+			inR, inW, _ := os.Pipe()
+			outR, outW, _ := os.Pipe()
+			errR, errW, _ := os.Pipe()
+			keep = append(keep, inR, outW, errW)
+			s, settle := sandbox.NewManagedSession(inW, outR, errR)
+			outW.WriteString("partial")
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				settle(sandbox.Exit{}, fmt.Errorf("%w: connection to the worker lost", sandbox.ErrTransport))
+			}()
+			return s, nil
+		}
+		m.Cancel = func(context.Context) error { return nil }
+	}}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{DrainTimeout: 10 * time.Second})
+	begin := time.Now()
+	_, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectManaged, "true"), &actor, nil)
+	var ce *sandbox.CommandError
+	if !errors.As(err, &ce) || ce.Kind != sandbox.KindTransport || ce.Stdout != "partial" {
+		t.Fatalf("err = %#v, want a transport error with the partial output", err)
+	}
+	if d := time.Since(begin); d > 2*time.Second {
+		t.Fatalf("settled after %v: drained as if the command had exited", d)
 	}
 }
