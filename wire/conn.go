@@ -98,20 +98,29 @@ func (c *Conn) Send(m Message, files ...*os.File) error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	err = withFDs(files, make([]int, 0, len(files)), func(fds []int) error {
-		var oob []byte
-		if len(fds) > 0 {
-			oob = unix.UnixRights(fds...)
-		}
-		n, oobn, err := c.uc.WriteMsgUnix(b, oob, nil)
-		if err == nil && (n != len(b) || oobn != len(oob)) {
-			err = io.ErrShortWrite
-		}
-		return err
+		return c.write(b, rights(fds))
 	})
 	if err != nil {
 		return fmt.Errorf("wire: send %s: %w", m.Type(), err)
 	}
 	return nil
+}
+
+// rights is the control message carrying fds (none for none).
+func rights(fds []int) []byte {
+	if len(fds) == 0 {
+		return nil
+	}
+	return unix.UnixRights(fds...)
+}
+
+// write sends one packet; the caller holds sendMu.
+func (c *Conn) write(b, oob []byte) error {
+	n, oobn, err := c.uc.WriteMsgUnix(b, oob, nil)
+	if err == nil && (n != len(b) || oobn != len(oob)) {
+		err = io.ErrShortWrite
+	}
+	return err
 }
 
 // SendFDs is Send with descriptor numbers instead of files; the caller
@@ -124,17 +133,9 @@ func (c *Conn) SendFDs(m Message, fds ...int) error {
 	if want := FDCount(m); len(fds) != want {
 		return fmt.Errorf("wire: send %s: %d descriptors, want %d", m.Type(), len(fds), want)
 	}
-	var oob []byte
-	if len(fds) > 0 {
-		oob = unix.UnixRights(fds...)
-	}
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
-	n, oobn, err := c.uc.WriteMsgUnix(b, oob, nil)
-	if err == nil && (n != len(b) || oobn != len(oob)) {
-		err = io.ErrShortWrite
-	}
-	if err != nil {
+	if err := c.write(b, rights(fds)); err != nil {
 		return fmt.Errorf("wire: send %s: %w", m.Type(), err)
 	}
 	return nil
@@ -161,10 +162,7 @@ func (c *Conn) SendTimeout(d time.Duration, m Message, files ...*os.File) error 
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	err = withFDs(files, make([]int, 0, len(files)), func(fds []int) error {
-		var oob []byte
-		if len(fds) > 0 {
-			oob = unix.UnixRights(fds...)
-		}
+		oob := rights(fds)
 		var serr error
 		if err := rc.Write(func(fd uintptr) bool {
 			for {
@@ -183,11 +181,7 @@ func (c *Conn) SendTimeout(d time.Duration, m Message, files ...*os.File) error 
 			return err
 		}
 		defer c.uc.SetWriteDeadline(time.Time{})
-		n, oobn, err := c.uc.WriteMsgUnix(b, oob, nil)
-		if err == nil && (n != len(b) || oobn != len(oob)) {
-			err = io.ErrShortWrite
-		}
-		return err
+		return c.write(b, oob)
 	})
 	if err != nil {
 		return fmt.Errorf("wire: send %s: %w", m.Type(), err)
