@@ -303,47 +303,26 @@ func (c *conn) lose(cause error) {
 // the worker). On error it has closed everything it made.
 //
 // Sockets are costly to make (on a VM, each system call is a few
-// microseconds), so each end gets the cheapest wrapping its use allows:
-// the far ends none (they go out as numbers); stdin's near end, which is
-// only written and shut down, an *os.File in the poller (the pair is made
-// non-blocking; the worker makes the far end blocking again); the output
-// ends, which are documented as *net.UnixConn, net.FileConn, given a
-// blocking descriptor so that os.NewFile leaves it out of the poller and
-// FileConn registers its own copy.
-func stdioPairs() (stdin *os.File, out [2]*net.UnixConn, far [3]int, err error) {
+// microseconds), so each end gets the cheapest wrapping its use allows: the
+// far ends none (they go out as numbers); the near ends an *os.File in the
+// runtime's poller, which os.NewFile registers because the pairs are made
+// non-blocking (the worker makes the far ends blocking again). Reads and
+// writes then wait in the poller and honour deadlines, without the
+// descriptor duplication and socket queries of net.FileConn.
+func stdioPairs() (stdin *os.File, out [2]*os.File, far [3]int, err error) {
 	far = [3]int{-1, -1, -1}
-	fail := func(err error) (*os.File, [2]*net.UnixConn, [3]int, error) {
-		if stdin != nil {
-			stdin.Close()
-		}
-		for _, c := range out {
-			if c != nil {
-				c.Close()
-			}
-		}
-		closeFDs(far[:])
-		return nil, [2]*net.UnixConn{}, [3]int{-1, -1, -1}, fmt.Errorf("machine: socketpair: %w", err)
-	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
-	if err != nil {
-		return fail(err)
-	}
-	stdin, far[0] = os.NewFile(uintptr(fds[0]), "session-stdin"), fds[1]
-	for i := range out {
-		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	var near [3]*os.File
+	names := [3]string{"session-stdin", "session-stdout", "session-stderr"}
+	for i := range near {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 		if err != nil {
-			return fail(err)
+			closeFiles(near[:])
+			closeFDs(far[:])
+			return nil, [2]*os.File{}, [3]int{-1, -1, -1}, fmt.Errorf("machine: socketpair: %w", err)
 		}
-		far[i+1] = fds[1]
-		nf := os.NewFile(uintptr(fds[0]), "session-stdio")
-		nc, err := net.FileConn(nf)
-		nf.Close()
-		if err != nil {
-			return fail(err)
-		}
-		out[i] = nc.(*net.UnixConn)
+		near[i], far[i] = os.NewFile(uintptr(fds[0]), names[i]), fds[1]
 	}
-	return stdin, out, far, nil
+	return near[0], [2]*os.File{near[1], near[2]}, far, nil
 }
 
 func closeFDs(fds []int) {

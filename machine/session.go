@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -56,7 +55,7 @@ type Session struct {
 	// is released when the session ends or on Session.Close.
 	Stdin io.WriteCloser
 	// Stdout and Stderr are the command's output streams (their dynamic
-	// type is *net.UnixConn, for deadlines). They reach EOF when every
+	// type is *os.File, in the runtime's poller: deadlines work). They reach EOF when every
 	// process holding the far end has ended; they stay readable after the
 	// session ends until closed. The caller closes them, or calls Close.
 	Stdout io.ReadCloser
@@ -66,9 +65,9 @@ type Session struct {
 	events chan wire.Message // exec-started or a refusal, from the reader
 
 	mu       sync.Mutex
-	stdin    *os.File         // near end of stdin; guarded by mu
-	out      [2]*net.UnixConn // near ends of stdout, stderr; guarded by mu
-	finished bool             // guarded by mu
+	stdin    *os.File    // near end of stdin; guarded by mu
+	out      [2]*os.File // near ends of stdout, stderr; guarded by mu
+	finished bool        // guarded by mu
 
 	// startedByWorker is set by the reader on exec-started.
 	startedByWorker bool
@@ -218,7 +217,7 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 }
 
 // setStdio exposes the near ends as the session's streams.
-func (s *Session) setStdio(stdin *os.File, out [2]*net.UnixConn) {
+func (s *Session) setStdio(stdin *os.File, out [2]*os.File) {
 	s.Stdin = stdinWriter{stdin}
 	s.Stdout = out[0]
 	s.Stderr = out[1]
@@ -251,7 +250,7 @@ func (s *Session) sendFDs(m wire.Message, fds ...int) error {
 
 // setStreams records the near ends; stdin's is released at once if the
 // session already ended.
-func (s *Session) setStreams(stdin *os.File, out [2]*net.UnixConn) {
+func (s *Session) setStreams(stdin *os.File, out [2]*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stdin, s.out = stdin, out

@@ -227,7 +227,20 @@ func TestRealWorkerNotStartedRejectedCancel(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	time.Sleep(50 * time.Millisecond)
+	// The output streams honour read deadlines.
+	dl, ok := s.Stdout.(interface{ SetReadDeadline(time.Time) error })
+	if !ok {
+		t.Fatalf("stdout is a %T, without read deadlines", s.Stdout)
+	}
+	if err := dl.SetReadDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Stdout.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read past the deadline of a silent command: %v, want a deadline error", err)
+	}
+	if err := dl.SetReadDeadline(time.Time{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := s.Cancel(ctx); err != nil {
 		t.Fatal(err)
 	}
