@@ -5,10 +5,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"golang.org/x/sys/unix"
 )
 
 func benchLeases(b *testing.B, n int) (*Store, []string) {
@@ -238,4 +241,66 @@ func BenchmarkCommandLargeHistory(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkCommandParallel is every store write of one command (lease
+// created, journal started and finished, lease released) run by N
+// goroutines at once, as the daemon runs N commands in parallel. ns/op is
+// wall time per command; cpu-µs/op is the process's CPU time (user and
+// system, getrusage) per command, which is what N parallel commands on a
+// few cores are bound by.
+func BenchmarkCommandParallel(b *testing.B) {
+	for _, n := range []int{1, 8, 64} {
+		b.Run("N="+strconv.Itoa(n), func(b *testing.B) {
+			ctx := context.Background()
+			s, _ := benchLeases(b, 100)
+			p, err := s.ProjectByName(ctx, "p")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ReportAllocs()
+			b.ResetTimer()
+			cpu0 := cpuTime(b)
+			for range n {
+				wg.Go(func() {
+					code := 0
+					for next.Add(1) <= int64(b.N) {
+						l, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}, time.Now())
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						j, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: p.ID, Lease: l.ID, LeaseKind: "terminal", Argv: []string{"true"}})
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if err := s.JournalFinish(ctx, j, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
+							b.Error(err)
+							return
+						}
+						if err := s.ReleaseHeldLease(ctx, l.ID, time.Now()); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			cpu := cpuTime(b) - cpu0
+			b.StopTimer()
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+		})
+	}
+}
+
+// cpuTime returns the process's user and system CPU time so far.
+func cpuTime(b *testing.B) time.Duration {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -95,17 +95,12 @@ func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, err
 	if err != nil {
 		return 0, err
 	}
-	res, err := st.ExecContext(ctx,
+	r := s.exec(ctx, st,
 		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, string(argvJSON), string(limitsJSON), ms(s.now()))
-	if err != nil {
-		return 0, fmt.Errorf("store: journal start: %w", err)
+	if r.err != nil {
+		return 0, fmt.Errorf("store: journal start: %w", r.err)
 	}
-	// The driver reads the connection's last rowid as the statement ends.
-	id, err := res.LastInsertId()
-	if err != nil {
-		return 0, fmt.Errorf("store: journal start: %w", err)
-	}
-	return id, nil
+	return r.lastID, nil
 }
 
 // JournalFinish records how the command of entry id ended. An unknown or
@@ -122,13 +117,13 @@ func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) err
 	if err != nil {
 		return err
 	}
-	res, err := st.ExecContext(ctx,
+	r := s.exec(ctx, st,
 		ms(s.now()), string(end.Outcome), code, end.Signal, end.ErrorKind,
 		end.StdoutBytes, end.StderrBytes, end.Message, id)
-	if err != nil {
-		return fmt.Errorf("store: journal finish %d: %w", id, err)
+	if r.err != nil {
+		return fmt.Errorf("store: journal finish %d: %w", id, r.err)
 	}
-	if n, _ := res.RowsAffected(); n == 0 {
+	if r.rows == 0 {
 		return fmt.Errorf("store: journal finish %d: no running entry: %w", id, ErrNotFound)
 	}
 	return nil

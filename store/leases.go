@@ -147,8 +147,8 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 	}
 	// One statement: SQLite runs it in a transaction of its own, which
 	// takes the write lock before it reads (no upgrade, as BEGIN IMMEDIATE).
-	if _, err := ins.ExecContext(ctx, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); err != nil {
-		return Lease{}, classify(err, fmt.Sprintf("create lease for project %d", n.Project))
+	if r := s.exec(ctx, ins, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
+		return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
 	}
 	return l, nil
 }
@@ -382,13 +382,11 @@ func (s *Store) ReleaseHeldLease(ctx context.Context, id string, at time.Time) e
 	if err != nil {
 		return err
 	}
-	res, err := upd.ExecContext(ctx, id, ms(at))
-	if err != nil {
-		return fmt.Errorf("store: release lease %s: %w", id, err)
+	r := s.exec(ctx, upd, id, ms(at))
+	if r.err != nil {
+		return fmt.Errorf("store: release lease %s: %w", id, r.err)
 	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("store: release lease %s: %w", id, err)
-	} else if n == 1 {
+	if r.rows == 1 {
 		return nil
 	}
 	_, err = s.releaseSlow(ctx, id, at)

@@ -6,8 +6,11 @@
 // shared by every corral process on the machine: the daemon and each runner
 // open the same file and see each other's rows. Within a process, writes go
 // through a single connection, so they queue in Go instead of spinning on
-// SQLite's busy handler; reads use a small pool of read-only connections and
-// never wait for a writer. Between processes, writers wait for each other for
+// SQLite's busy handler, and the hot single-statement writes of commands
+// (leases created and released, the journal) that queued meanwhile are
+// committed together, in one transaction (a write whose context ends
+// while it waits returns the context's error and makes no change); reads
+// use a small pool of read-only connections and never wait for a writer. Between processes, writers wait for each other for
 // up to Options.BusyTimeout, and every write transaction takes the write lock
 // when it begins (BEGIN IMMEDIATE), so two processes never deadlock upgrading
 // a read transaction.
@@ -121,6 +124,8 @@ type Store struct {
 	stmtMu sync.Mutex
 	wStmts map[string]*sql.Stmt
 	rStmts map[string]*sql.Stmt
+
+	wr writer // the group commit of the hot writes (exec)
 }
 
 // Open opens (and with opts.Migrate, creates and migrates) the database at
