@@ -441,6 +441,15 @@ func TestRealWorkerKilled(t *testing.T) {
 	}
 
 	if n := countProcs(t, "sleep\x00"+unique); n != len(sessions) {
+		for _, s := range sessions {
+			select {
+			case <-s.Done():
+				exit, err := s.Wait()
+				t.Logf("session %s already ended: %+v, %v", s.ID, exit, err)
+			default:
+				t.Logf("session %s running", s.ID)
+			}
+		}
 		t.Fatalf("%d session processes visible before the kill, want %d", n, len(sessions))
 	}
 	killed := time.Now()
