@@ -437,6 +437,19 @@ func TestRealWorkerKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close()
+		select {
+		case <-s.Done():
+			// Not what this test is about (a start that failed on a
+			// loaded host, say), but it must run to be interrupted:
+			// another takes its place.
+			exit, err := s.Wait()
+			t.Logf("session %s ended before the kill (%+v, %v); starting another", s.ID, exit, err)
+			if time.Now().After(deadline) {
+				t.Fatal("no session stayed running")
+			}
+			continue
+		default:
+		}
 		sessions = append(sessions, s)
 	}
 
