@@ -120,6 +120,12 @@ func (s *Store) CreateToken(ctx context.Context, account int64, name string) (st
 	return plaintext, t, nil
 }
 
+// sqlAuthenticate finds a live token's account by the token's hash; every
+// daemon request runs it.
+const sqlAuthenticate = `SELECT a.id, a.name, a.created_at, t.id, t.last_used_at
+	FROM tokens t JOIN accounts a ON a.id = t.account
+	WHERE t.hash = ? AND t.revoked_at IS NULL`
+
 // Authenticate returns the account a live bearer token belongs to. A token
 // that is unknown or revoked is ErrNotFound; the error never says which.
 // The token is looked up by its hash, so the plaintext is never compared.
@@ -134,11 +140,11 @@ func (s *Store) Authenticate(ctx context.Context, plaintext string) (Account, er
 		created  int64
 		lastUsed sql.NullInt64
 	)
-	err := s.r.QueryRowContext(ctx, `
-		SELECT a.id, a.name, a.created_at, t.id, t.last_used_at
-		FROM tokens t JOIN accounts a ON a.id = t.account
-		WHERE t.hash = ? AND t.revoked_at IS NULL`, HashToken(plaintext)).
-		Scan(&a.ID, &a.Name, &created, &tokenID, &lastUsed)
+	st, err := s.readStmt(ctx, sqlAuthenticate)
+	if err != nil {
+		return Account{}, err
+	}
+	err = st.QueryRowContext(ctx, HashToken(plaintext)).Scan(&a.ID, &a.Name, &created, &tokenID, &lastUsed)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Account{}, fmt.Errorf("store: authenticate: %w", ErrNotFound)
 	}

@@ -96,7 +96,7 @@ const (
 
 var (
 	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
-	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy}
+	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate}
 )
 
 // scanLease scans leaseCols, then extra.
