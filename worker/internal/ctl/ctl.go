@@ -458,6 +458,9 @@ func unmarshal(b []byte) (*Msg, error) {
 	}
 	m := &Msg{Op: opNames[b[0]]}
 	bits := b[1]
+	if bits&^(hasCode|hasConfig) != 0 {
+		return nil, errMalformed
+	}
 	r := &reader{b: b[2:]}
 	m.SID = r.uvarint()
 	m.Argv = r.strings()

@@ -161,9 +161,42 @@ func TestEncodingRoundTrip(t *testing.T) {
 	if _, _, err := encode(&Msg{Op: "bogus"}, nil); err == nil {
 		t.Error("unknown op encoded")
 	}
-	for _, b := range [][]byte{nil, {0, 0, 0}, {9, 0, 0}, {byte(len(opNames)), 0, 0}} {
+	for _, b := range [][]byte{nil, {0, 0, 0}, {9, 0, 0}, {byte(len(opNames)), 0, 0}, {2, 0x80, 0}} {
 		if _, err := unmarshal(b); err == nil {
 			t.Errorf("%v accepted", b)
 		}
 	}
+}
+
+// FuzzUnmarshal: the worker decodes whatever a machine's init sends; no
+// packet makes it panic or over-allocate, and whatever it accepts is a
+// message that encodes and decodes back to itself.
+func FuzzUnmarshal(f *testing.F) {
+	code := 7
+	for _, m := range []*Msg{
+		{Op: OpReady},
+		{Op: OpStart, SID: 9, Argv: []string{"sh", "-c", "x"}, Env: []string{"A=b"}, Cwd: "/workspace"},
+		{Op: OpExit, SID: 3, Code: &code},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000}},
+	} {
+		b, _, err := encode(m, make([]int, FDCount(m)))
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := unmarshal(b)
+		if err != nil {
+			return
+		}
+		enc, _, err := encode(m, make([]int, FDCount(m)))
+		if err != nil {
+			t.Fatalf("accepted %q but cannot encode %+v: %v", b, m, err)
+		}
+		again, err := unmarshal(enc)
+		if err != nil || !reflect.DeepEqual(again, m) {
+			t.Fatalf("accepted %q as %+v, which encodes to %q and decodes as %+v, %v", b, m, enc, again, err)
+		}
+	})
 }
