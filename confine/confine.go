@@ -1,10 +1,16 @@
-// Package confine is corral's Landlock confinement helper.
+// Package confine is corral's Landlock confinement: a helper process, and
+// the same restriction applied from a thread of the caller.
 //
-// A confined host command is not started directly: core starts corral's own
-// executable with [Arg] as its first argument (see [Command]), and that small
-// helper, running in the process that will become the command, restricts
-// itself with Landlock and then execve's the command. The restriction is
-// inherited across execve and by every descendant, and cannot be lifted.
+// A confined host command is started in one of two ways. [Start] forks it
+// from an OS thread of the caller on which the restriction is enforced and
+// that is discarded afterwards; RunCommand does this, since it costs about
+// what a plain start does. Or the caller starts corral's own executable with
+// [Arg] as its first argument (see [Command]), and that small helper,
+// running in the process that will become the command, restricts itself
+// with Landlock and then execve's the command; starters that only take an
+// argv (a Launch run by someone other than RunCommand) use this, at the
+// price of a Go runtime's start. Either way the restriction is inherited
+// across execve and by every descendant, and cannot be lifted.
 //
 // Under confinement a command may read and execute everything, and may write
 // (create, modify, truncate, remove, rename, link, make directories, fifos,
@@ -25,9 +31,6 @@
 //
 // Core reports a message on fd 3 as a start failure, never as exit code 127.
 // The command inherits file descriptors 0-2 only.
-//
-// [Start] applies the same confinement to an exec.Cmd without the helper
-// process, from a restricted, disposable OS thread of the caller.
 package confine
 
 import (
