@@ -27,14 +27,8 @@ import (
 	"github.com/corral-sandbox/corral/wire"
 )
 
-const (
-	// handshakeTimeout bounds how long a new connection may take to say
-	// hello.
-	handshakeTimeout = 10 * time.Second
-	// sendTimeout bounds how long a frame may wait for the client to make
-	// room for it.
-	sendTimeout = 5 * time.Second
-)
+// handshakeTimeout bounds how long a new connection may take to say hello.
+const handshakeTimeout = 10 * time.Second
 
 // conn serves one protocol-2 connection. Its frames are handled in order
 // by one goroutine (serve); the machines' readers send exec-started and
@@ -94,11 +88,11 @@ func (c *conn) shutdown() {
 	}
 }
 
-// send sends m. A client that does not read for sendTimeout would stall
+// send sends m. A client that does not read for Config.SendTimeout would stall
 // the machine readers that report to it, so its connection is closed then
 // (which cancels its sessions); other failures are noticed by serve.
 func (c *conn) send(m wire.Message, files ...*os.File) {
-	if err := c.wc.SendTimeout(sendTimeout, m, files...); err != nil {
+	if err := c.wc.SendTimeout(c.w.cfg.SendTimeout, m, files...); err != nil {
 		c.w.log.Debug("send failed", "type", m.Type(), "err", err)
 		if errors.Is(err, os.ErrDeadlineExceeded) {
 			c.w.log.Warn("client not reading, closing its connection")

@@ -25,6 +25,9 @@ import (
 // Defaults for zero Config fields.
 const (
 	DefaultIdleGrace   = time.Minute
+	// DefaultSendTimeout bounds how long a frame may wait for a client
+	// that does not read.
+	DefaultSendTimeout = 5 * time.Second
 	DefaultMaxSessions = 64
 	DefaultMemory      = 1 << 30
 	DefaultPids        = 512
@@ -78,6 +81,11 @@ type Config struct {
 	// machine; more are rejected with "too-many-sessions". Zero means
 	// DefaultMaxSessions.
 	MaxSessions int
+	// SendTimeout bounds how long a frame to a client may wait for the
+	// client to read: a connection whose client does not read for that long
+	// is closed (which cancels its sessions), so that it cannot stall the
+	// machines reporting to it. Zero means DefaultSendTimeout.
+	SendTimeout time.Duration
 	// Limits are every machine's resource limits.
 	Limits Limits
 	// UIDBase is the first host id of the ranges mapped into machines:
@@ -217,6 +225,9 @@ func New(cfg Config) (*Worker, error) {
 	}
 	if cfg.MaxSessions == 0 {
 		cfg.MaxSessions = DefaultMaxSessions
+	}
+	if cfg.SendTimeout <= 0 {
+		cfg.SendTimeout = DefaultSendTimeout
 	}
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = DefaultUIDBase

@@ -1226,3 +1226,43 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 			len(holderPids(t, h.machineOf(t, 1))) <= holders
 	})
 }
+
+// TestClientNotReadingIsDisconnected: a client that stops reading while the
+// worker has frames for it is disconnected after Config.SendTimeout (its
+// sessions cancelled), and other clients are served meanwhile.
+func TestClientNotReadingIsDisconnected(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.SendTimeout = 200 * time.Millisecond })
+	stuck := h.dial(t)
+	p := h.project(t, 1)
+	run := h.start(t, stuck, p, "sleep", "100")
+	m := h.machineOf(t, 1)
+	eventually(t, "sleep running", func() bool { return len(sessionPids(t, m)) == 1 })
+	pid := sessionPids(t, m)[0]
+
+	// Pings whose pongs are never read fill the socket; the worker, blocked
+	// sending a pong, stops reading, so the pings block too until the
+	// worker closes the connection.
+	flooded := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			if err := stuck.Send(&wire.Ping{ID: strconv.Itoa(i)}); err != nil {
+				flooded <- err
+				return
+			}
+		}
+	}()
+	eventually(t, "the stuck client's sleep killed", func() bool { return !alive(pid) })
+	select {
+	case <-flooded:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stuck client's connection was not closed")
+	}
+
+	other := h.dial(t)
+	if r := h.run(t, other, p, "echo", "served"); r.stdout != "served\n" || r.code() != 0 {
+		t.Fatalf("another client after the disconnect: %+v", r)
+	}
+	run.stdinW.Close()
+	<-run.out
+	<-run.errOut
+}
