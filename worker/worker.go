@@ -25,8 +25,6 @@ import (
 // Defaults for zero Config fields.
 const (
 	DefaultIdleGrace   = time.Minute
-	// DefaultSendTimeout bounds how long a frame may wait for a client
-	// that does not read.
 	DefaultSendTimeout = 5 * time.Second
 	DefaultMaxSessions = 64
 	DefaultMemory      = 1 << 30
