@@ -285,7 +285,13 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	)
 	for attempt := 1; ; attempt++ {
 		var spawned bool
-		if h, spawned, err = in.pool.get(); err != nil {
+		if attempt == 1 {
+			h, spawned, err = in.pool.get()
+		} else {
+			h, err = in.pool.fresh()
+			spawned = err == nil
+		}
+		if err != nil {
 			notStarted(err.Error())
 			return
 		}
@@ -294,11 +300,13 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 		}
 		pid, err = in.forkIn(h, path, m.Argv, attr)
 		// A holder that died in the pool (the OOM killer?) takes no
-		// process into its namespace: setns through its pidfd fails
-		// (ESRCH) once it is exiting, the fork (ENOMEM) once its namespace
-		// is dead. Discard it and any other dead one, and try again.
+		// process into its namespace: setns through its pidfd fails once
+		// it is exiting (ESRCH, or EPERM while its exit is under way), the
+		// fork (ENOMEM) once its namespace is dead. Discard it and any
+		// other dead one, and try once more with a holder spawned for
+		// this session: the pool's others may be dying too.
 		if err == nil || attempt == maxForkAttempts ||
-			!errors.Is(err, unix.ESRCH) && !(errors.Is(err, unix.ENOMEM) && !h.alive()) {
+			!errors.Is(err, errEnter) && !(errors.Is(err, unix.ENOMEM) && !h.alive()) {
 			break
 		}
 		h.discard()
@@ -327,8 +335,13 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID})
 }
 
-// maxForkAttempts bounds the holders a start tries when they turn out dead.
-const maxForkAttempts = 3
+// maxForkAttempts bounds the holders a start tries when they turn out
+// dead: one from the pool, then one spawned for it.
+const maxForkAttempts = 2
+
+// errEnter marks a failure to enter a holder's pid namespace: the holder
+// is unusable, whatever the reason.
+var errEnter = errors.New("enter the session's pid namespace")
 
 // forkIn forks and execs a child of the init inside h's pid namespace:
 // setns(CLONE_NEWPID) sets where this thread's next child goes, not the
@@ -338,7 +351,7 @@ const maxForkAttempts = 3
 // (the machine fails).
 func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
 	if err := unix.Setns(h.pidfd, unix.CLONE_NEWPID); err != nil {
-		return 0, fmt.Errorf("enter the session's pid namespace: %w", err)
+		return 0, fmt.Errorf("%w: %w", errEnter, err)
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
 	if serr := unix.Setns(in.ownNS, unix.CLONE_NEWPID); serr != nil {

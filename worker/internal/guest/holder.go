@@ -286,6 +286,13 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 	return h, false, nil
 }
 
+// fresh spawns a holder for the caller alone, bypassing the pool (whose
+// ready holders may all be dead or dying); it is a child of the calling
+// thread.
+func (p *holderPool) fresh() (*holder, error) {
+	return spawnHolder(p.null, p.goHolder)
+}
+
 // purge discards every ready holder that has died and orders
 // replacements.
 func (p *holderPool) purge() {
