@@ -68,32 +68,11 @@ func benchGateway(b *testing.B, par int) {
 }
 
 func benchGatewayProcess(b *testing.B, par int) {
-	if os.Geteuid() != 0 {
-		b.Skip("the real worker needs root")
-	}
-	root, err := filepath.EvalSymlinks(b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	ws := filepath.Join(root, "p1")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		b.Fatal(err)
-	}
+	root, ws := projectsRoot(b)
 	sock := filepath.Join(b.TempDir(), "worker.sock")
 	cgParent := fmt.Sprintf("corral-machine-bench-%d-%d", os.Getpid(), time.Now().UnixNano())
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childWorkerEnv+"="+sock, childWorkerEnv+"_ROOT="+root,
-		childWorkerEnv+"_STATE="+b.TempDir(), childWorkerEnv+"_CGROUP="+cgParent,
-		childWorkerEnv+"_PIDS="+strconv.Itoa(worker.DefaultPids))
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		testworker.RemoveCgroups(cgParent)
-	})
+	b.Cleanup(func() { testworker.RemoveCgroups(cgParent) }) // after the worker's kill
+	cmd := startChildWorker(b, root, sock, cgParent, os.Stderr, childWorkerEnv+"_PIDS="+strconv.Itoa(worker.DefaultPids))
 	g := machine.New(machine.SocketTransport{Path: sock}, machine.Options{MinBackoff: 10 * time.Millisecond})
 	b.Cleanup(func() { g.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

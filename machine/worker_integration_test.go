@@ -135,17 +135,7 @@ func newIntegration(t testing.TB) (*integration, *realWorker) {
 // changed by mod.
 func newIntegrationWith(t testing.TB, mod func(*worker.Config)) (*integration, *realWorker) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("the real worker needs root: it creates user namespaces, cgroups and idmapped mounts")
-	}
-	root, err := filepath.EvalSymlinks(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws := filepath.Join(root, "p1")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	root, ws := projectsRoot(t)
 	in := &integration{root: root, sock: filepath.Join(t.TempDir(), "worker.sock"),
 		project: wire.Project{ID: 1, Workspace: ws}}
 	rw := startWorkerWith(t, root, in.sock, mod)
@@ -350,6 +340,42 @@ func TestRealWorkerDial(t *testing.T) {
 
 const childWorkerEnv = "CORRAL_MACHINE_TEST_CHILD_WORKER"
 
+// startChildWorker starts this test binary as a worker process (see
+// runChildWorker) serving sock, with workspaces under root and machine
+// cgroups under cgParent, its stderr going to stderr; extra adds to its
+// environment. The process is killed at cleanup.
+func startChildWorker(t testing.TB, root, sock, cgParent string, stderr io.Writer, extra ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childWorkerEnv+"="+sock, childWorkerEnv+"_ROOT="+root,
+		childWorkerEnv+"_STATE="+t.TempDir(), childWorkerEnv+"_CGROUP="+cgParent)
+	cmd.Env = append(cmd.Env, extra...)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd
+}
+
+// projectsRoot makes a projects root (symlink-free) holding the workspace
+// p1, for a real worker.
+func projectsRoot(t testing.TB) (root, ws string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the real worker needs root: it creates user namespaces, cgroups and idmapped mounts")
+	}
+	root, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws = filepath.Join(root, "p1")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return root, ws
+}
+
 // runChildWorker is the body of a worker process started by
 // TestRealWorkerKilled: argv carries nothing, the environment the socket,
 // projects root, state directory and cgroup parent.
@@ -383,29 +409,11 @@ func childPids() int64 {
 // gets a transport error within a second, OnInterrupted first; the next
 // command, served by a new worker, succeeds.
 func TestRealWorkerKilled(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the real worker needs root")
-	}
-	root, err := filepath.EvalSymlinks(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ws := filepath.Join(root, "p1")
-	os.Mkdir(ws, 0o755)
+	root, ws := projectsRoot(t)
 	sock := filepath.Join(t.TempDir(), "worker.sock")
 	cgParent := fmt.Sprintf("corral-machine-kill-%d", os.Getpid())
 	t.Cleanup(func() { testworker.RemoveCgroups(cgParent) })
-	startChild := func() *exec.Cmd {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), childWorkerEnv+"="+sock, childWorkerEnv+"_ROOT="+root,
-			childWorkerEnv+"_STATE="+t.TempDir(), childWorkerEnv+"_CGROUP="+cgParent)
-		cmd.Stderr = tWriter{t}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		return cmd
-	}
+	startChild := func() *exec.Cmd { return startChildWorker(t, root, sock, cgParent, tWriter{t}) }
 	child := startChild()
 	unique := fmt.Sprintf("1000.%d", os.Getpid()) // recognisable in /proc
 
