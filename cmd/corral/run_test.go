@@ -171,6 +171,31 @@ func TestRunInterruptAborts(t *testing.T) {
 	sandboxtest.AssertNoProcesses(t, "sleep "+tok)
 }
 
+// TestInheritedDescriptorsNotPassedOn: descriptors corral inherited
+// without close-on-exec (from a shell, a service manager) do not reach the
+// commands it runs.
+func TestInheritedDescriptorsNotPassedOn(t *testing.T) {
+	state, dir := t.TempDir(), t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	cmd := exec.Command(os.Args[0], "run", "--state", state, "--json", "--host", dir, "--",
+		"sh", "-c", `for f in 3 4; do [ -e /proc/$$/fd/$f ] && echo "fd $f open"; done; echo checked`)
+	cmd.Env = append(os.Environ(), "CORRAL_TEST_AS_MAIN=1")
+	cmd.ExtraFiles = []*os.File{r, w} // fds 3 and 4 of corral, without close-on-exec
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("corral: %v (%s)", err, out)
+	}
+	var body struct{ Stdout string }
+	if err := json.Unmarshal(out, &body); err != nil || body.Stdout != "checked\n" {
+		t.Fatalf("the command saw corral's inherited descriptors: %q (%v)", out, err)
+	}
+}
+
 func readCmdlines() string {
 	var sb strings.Builder
 	ents, _ := os.ReadDir("/proc")
