@@ -14,7 +14,6 @@ import (
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // subject is one way of running `true`, measured per call.
@@ -205,7 +204,7 @@ const (
 // gatewayTrue runs `true` in the warm machine through the gateway alone.
 func (cr *corral) gatewayTrue(ctx context.Context) error {
 	s, err := cr.core.Gateway().Exec(ctx, machine.ExecRequest{
-		Project: wire.Project{ID: cr.managed.ID, Workspace: cr.managed.Root},
+		Project: machine.Project{ID: cr.managed.ID, Workspace: cr.managed.Root},
 		Account: cr.alice.AccountUserID,
 		Argv:    []string{"true"},
 		Cwd:     "/workspace",

@@ -5,11 +5,13 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
-func wireProject(p store.Project) wire.Project { return wire.Project{ID: p.ID, Workspace: p.Root} }
+func wireProject(p store.Project) machine.Project {
+	return machine.Project{ID: p.ID, Workspace: p.Root}
+}
 
 func procCmdlines() []string {
 	var out []string

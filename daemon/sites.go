@@ -16,7 +16,6 @@ import (
 	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // siteHostSuffix marks the upstream host names the gateway's transport
@@ -82,7 +81,7 @@ func (g *sitesGateway) dial(ctx context.Context, _, addr string) (net.Conn, erro
 	if err != nil {
 		return nil, err
 	}
-	return g.a.core.Gateway().Dial(ctx, wire.Project{ID: p.ID, Workspace: p.Root}, port)
+	return g.a.core.Gateway().Dial(ctx, machine.Project{ID: p.ID, Workspace: p.Root}, port)
 }
 
 // dialError translates a proxy failure.

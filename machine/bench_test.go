@@ -18,7 +18,6 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -83,7 +82,7 @@ func benchGatewayProcess(b *testing.B, par int) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	req := machine.ExecRequest{Project: wire.Project{ID: 1, Workspace: ws}, Argv: []string{"true"},
+	req := machine.ExecRequest{Project: machine.Project{ID: 1, Workspace: ws}, Argv: []string{"true"},
 		Cwd: "/workspace", Env: map[string]string{"PATH": worker.DefaultPath}}
 	once, failed := execTrue(b, g, req)
 	once()

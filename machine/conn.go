@@ -17,9 +17,9 @@ import (
 // flight on it. Its reader (serve) runs on the gateway's connection
 // goroutine and is the only goroutine that receives.
 type conn struct {
-	g      *Gateway
-	wc     *wire.Conn
-	worker string
+	g     *Gateway
+	wc    *wire.Conn
+	hello *wire.Hello // the worker's: its name and features
 
 	ended chan struct{} // closed when serve returns
 	lost  chan struct{} // closed when lose has finished every request
@@ -40,11 +40,11 @@ type dialResult struct {
 	err  error
 }
 
-func newConn(g *Gateway, wc *wire.Conn, worker string) *conn {
+func newConn(g *Gateway, wc *wire.Conn, hello *wire.Hello) *conn {
 	return &conn{
 		g:        g,
 		wc:       wc,
-		worker:   worker,
+		hello:    hello,
 		ended:    make(chan struct{}),
 		lost:     make(chan struct{}),
 		sessions: make(map[string]*Session),
@@ -213,7 +213,7 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			code := *m.Code
 			s.finish(Exit{Code: &code}, nil)
 		default:
-			s.finish(Exit{Signal: m.Signal}, nil)
+			s.finish(Exit{Signal: m.Signal, OOMKilled: m.OOMKilled}, nil)
 		}
 	case *wire.NetDialed:
 		w := c.takeDial(m.ID)

@@ -280,7 +280,7 @@ func (g *Gateway) run() {
 		g.cur = c
 		g.signalLocked()
 		g.mu.Unlock()
-		g.log.Info("connected to worker", "worker", c.worker)
+		g.log.Info("connected to worker", "worker", c.hello.Worker)
 
 		if g.opts.PingInterval > 0 {
 			g.wg.Add(1)
@@ -343,7 +343,7 @@ func (g *Gateway) connect() (*conn, error) {
 		wc.Close()
 		return nil, fmt.Errorf("machine: worker handshake: %w", err)
 	}
-	return newConn(g, wc, h.Worker), nil
+	return newConn(g, wc, h), nil
 }
 
 // keepalive pings the worker every PingInterval and ends the connection
@@ -406,8 +406,12 @@ func (g *Gateway) newID(kind string) string {
 // caller closes it. A worker refusal is a *RejectedError (code
 // wire.CodeDialFailed when nothing listens); a lost connection wraps
 // ErrInterrupted; ctx bounds the whole call.
-func (g *Gateway) Dial(ctx context.Context, project wire.Project, port int) (net.Conn, error) {
+func (g *Gateway) Dial(ctx context.Context, p Project, port int) (net.Conn, error) {
 	c, err := g.connection(ctx)
+	if err != nil {
+		return nil, err
+	}
+	project, err := p.wire(c.hello)
 	if err != nil {
 		return nil, err
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/corral-sandbox/corral/wire"
 )
 
-var project = wire.Project{ID: 7, Workspace: "/srv/projects/7"}
+var project = Project{ID: 7, Workspace: "/srv/projects/7"}
 
 func req(argv ...string) ExecRequest {
 	return ExecRequest{Project: project, Account: 1, Lease: "lease-1", Argv: argv, Cwd: "/workspace"}

@@ -19,8 +19,8 @@ type ExecRequest struct {
 	// ID names the session on the connection. Empty means a fresh random
 	// id. An id still in use on the connection is refused.
 	ID string
-	// Project is the machine's project; Workspace is its absolute host path.
-	Project wire.Project
+	// Project is the machine's project.
+	Project Project
 	// Account is the account the command runs for; Lease the lease id
 	// covering it. Both are recorded by the worker.
 	Account int64
@@ -33,6 +33,11 @@ type ExecRequest struct {
 	Cwd string
 	// Env is the command's complete environment; nil means empty.
 	Env map[string]string
+	// User is who the command runs as: a user name of the machine's image
+	// or a numeric uid. Empty means the image's default user. A worker that
+	// does not support users refuses a non-empty User (ErrUnsupported); an
+	// unknown user is a *RejectedError with code "bad-user".
+	User string
 }
 
 // Exit is a session's observed outcome: exactly one of Code (the exit
@@ -42,6 +47,9 @@ type ExecRequest struct {
 type Exit struct {
 	Code   *int
 	Signal string
+	// OOMKilled is set with Signal when the kernel's OOM killer killed the
+	// command (the machine ran out of memory).
+	OOMKilled bool
 }
 
 // Session is a command running in a machine. Its three streams are the
@@ -138,6 +146,13 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if id == "" {
 		id = newSessionID()
 	}
+	project, err := req.Project.wire(c.hello)
+	if err != nil {
+		return nil, err
+	}
+	if req.User != "" && !c.hello.Has(wire.FeatureUser) {
+		return nil, fmt.Errorf("%w: a session user (feature %q)", ErrUnsupported, wire.FeatureUser)
+	}
 	s := newSession(id, c)
 	if err := c.addSession(s); err != nil {
 		return nil, err
@@ -149,8 +164,8 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	// pairs are made in between, while the worker wakes up and checks the
 	// start, which takes their cost (a few dozen system calls) off the
 	// command's path.
-	start := &wire.ExecStart{ID: id, Project: req.Project, Account: req.Account, Lease: req.Lease,
-		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env}
+	start := &wire.ExecStart{ID: id, Project: project, Account: req.Account, Lease: req.Lease,
+		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env, User: req.User}
 	if err := s.send(start); err != nil {
 		return nil, err
 	}

@@ -119,7 +119,7 @@ func (w tWriter) Write(p []byte) (int, error) {
 
 type integration struct {
 	root, sock string
-	project    wire.Project
+	project    machine.Project
 	g          *machine.Gateway
 
 	mu          sync.Mutex
@@ -137,7 +137,7 @@ func newIntegrationWith(t testing.TB, mod func(*worker.Config)) (*integration, *
 	t.Helper()
 	root, ws := projectsRoot(t)
 	in := &integration{root: root, sock: filepath.Join(t.TempDir(), "worker.sock"),
-		project: wire.Project{ID: 1, Workspace: ws}}
+		project: machine.Project{ID: 1, Workspace: ws}}
 	rw := startWorkerWith(t, root, in.sock, mod)
 	in.g = machine.New(machine.SocketTransport{Path: in.sock}, machine.Options{
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
@@ -432,7 +432,7 @@ func TestRealWorkerKilled(t *testing.T) {
 	})
 	defer g.Close()
 	ctx := ctxT(t)
-	req := machine.ExecRequest{Project: wire.Project{ID: 1, Workspace: ws}, Argv: []string{"sleep", unique},
+	req := machine.ExecRequest{Project: machine.Project{ID: 1, Workspace: ws}, Argv: []string{"sleep", unique},
 		Cwd: "/workspace", Env: map[string]string{"PATH": worker.DefaultPath}}
 	var sessions []*machine.Session
 	for deadline := time.Now().Add(10 * time.Second); len(sessions) < 3; {

@@ -12,7 +12,6 @@ import (
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // GuestHome is a managed machine's home directory, as the guest sees it.
@@ -48,34 +47,31 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	req := machine.ExecRequest{
+		Project: machine.Project{ID: proj.ID, Workspace: proj.Root},
+		Account: actor.AccountUserID,
+		// The session is named after its lease (set below): one lease
+		// covers one execution, and an interruption names what it covered.
+		ID:    "00000000-0000-0000-0000-000000000000",
+		Lease: "00000000-0000-0000-0000-000000000000",
+		Argv:  in.Command.Argv(),
+		Cwd:   cwd,
+		Env:   env,
+	}
 	// The request must fit in one protocol frame; refuse it here, before a
-	// lease exists, rather than fail at start. Below frameCheck bytes of
-	// strings it fits whatever JSON escaping does, and is not encoded twice.
-	if requestBytes(in.Command.Argv(), cwd, env) > frameCheck {
-		b, err := wire.Encode(&wire.ExecStart{ID: "00000000-0000-0000-0000-000000000000", Project: wire.Project{ID: proj.ID, Workspace: proj.Root},
-			Account: actor.AccountUserID, Lease: "00000000-0000-0000-0000-000000000000", Argv: in.Command.Argv(), Cwd: cwd, Env: env})
-		if err != nil || len(b) > wire.MaxFrame {
-			return nil, fmt.Errorf("provider: project %d: command line too large for a machine (%d bytes of argv; a request must fit in %d KiB)",
-				proj.ID, requestBytes(in.Command.Argv(), "", nil), wire.MaxFrame>>10)
-		}
+	// lease exists, rather than fail at start.
+	if err := req.CheckSize(); err != nil {
+		return nil, fmt.Errorf("provider: project %d: command line too large for a machine (%d bytes of argv): %w",
+			proj.ID, requestBytes(in.Command.Argv(), "", nil), err)
 	}
 	l, err := p.mintLease(ctx, in, actor)
 	if err != nil {
 		return nil, err
 	}
+	req.ID, req.Lease = l.ID(), l.ID()
 	m := &managedExec{
-		gw: p.gateway,
-		req: machine.ExecRequest{
-			// The session is named after its lease: one lease covers one
-			// execution, and an interruption names what it covered.
-			ID:      l.ID(),
-			Project: wire.Project{ID: proj.ID, Workspace: proj.Root},
-			Account: actor.AccountUserID,
-			Lease:   l.ID(),
-			Argv:    in.Command.Argv(),
-			Cwd:     cwd,
-			Env:     env,
-		},
+		gw:    p.gateway,
+		req:   req,
 		lease: l,
 	}
 	// Work under an expired lease is cancelled, even if its holder died.
@@ -92,10 +88,6 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Cancel: m.cancel,
 	}, nil
 }
-
-// frameCheck is the size of a request's strings below which its exec-start
-// frame fits in wire.MaxFrame even if every byte were escaped as \uXXXX.
-const frameCheck = (wire.MaxFrame - 4096) / 6
 
 // requestBytes adds up the strings of an exec request.
 func requestBytes(argv []string, cwd string, env map[string]string) int {

@@ -388,7 +388,7 @@ func TestCore(t *testing.T) {
 	if _, ok := c.Registry().Owner(plugin.DomainSites); ok {
 		t.Error("the sites domain has an owner in a runner core")
 	}
-	if _, err := c.Gateway().Dial(ctx, wire.Project{ID: 1, Workspace: "/nonexistent"}, 80); !errors.Is(err, machine.ErrNoPrivilegedTransport) {
+	if _, err := c.Gateway().Dial(ctx, machine.Project{ID: 1, Workspace: "/nonexistent"}, 80); !errors.Is(err, machine.ErrNoPrivilegedTransport) {
 		t.Errorf("gateway without a transport: %v", err)
 	}
 	if c.Leases().TTL() != lease.DefaultTTL {

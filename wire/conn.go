@@ -380,11 +380,11 @@ func ClientHello(c *Conn) (*Hello, error) {
 
 // ServerHello performs the worker's side of the handshake: it reads the
 // first frame and, if it is hello{protocol:2}, answers hello{protocol:2,
-// worker}. Otherwise it sends an error frame — "unsupported-protocol" for
+// worker, features}. Otherwise it sends an error frame — "unsupported-protocol" for
 // another protocol version, "bad-frame" for a first frame that is not a
 // hello, the violation's code for an invalid frame — and returns a
 // *ProtocolError (or the I/O error); the caller then closes c.
-func ServerHello(c *Conn, worker string) error {
+func ServerHello(c *Conn, worker string, features ...string) error {
 	m, files, err := c.Recv()
 	if err != nil {
 		var pe *ProtocolError
@@ -405,7 +405,7 @@ func ServerHello(c *Conn, worker string) error {
 		_ = c.Send(pe.Frame())
 		return pe
 	}
-	return c.Send(&Hello{Protocol: Protocol, Worker: worker})
+	return c.Send(&Hello{Protocol: Protocol, Worker: worker, Features: features})
 }
 
 func closeFiles(files []*os.File) {

@@ -64,6 +64,22 @@
 //	  │── (close) ──────────────────────────────────►│  cancels all of the connection's
 //	  │                                              │  sessions
 //
+// # Announced extensions
+//
+// The worker's hello may list "features" (the Feature constants). A client
+// sends a feature's optional members only to a worker that announced it,
+// and a worker sends a feature's optional members only where it announced
+// it; a frame without them means what it meant before. The features so far:
+//
+//	feature        member                              in
+//	user           "user": name or numeric uid         exec-start
+//	machine-spec   project."image": image name         exec-start, net-dial
+//	               project."limits": {memory, pids,
+//	                 cpuMillis, disk, tmp}
+//	oom-killed     "oomKilled": true (with "signal")   exec-exit
+//
+// New rejection codes of these features: "bad-user", "bad-image".
+//
 // Session ids are chosen by the client and are unique per connection; every
 // frame about a session carries its id. An error frame about one request
 // carries that request's id; an error frame without an id is about the

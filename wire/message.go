@@ -54,6 +54,8 @@ const (
 	CodeUnknownSession  = "unknown-session"
 	CodeMachineFailed   = "machine-failed"
 	CodeDialFailed      = "dial-failed"
+	CodeBadUser         = "bad-user"
+	CodeBadImage        = "bad-image"
 	CodeInternal        = "internal"
 )
 
@@ -64,11 +66,51 @@ type Message interface {
 	Type() string
 }
 
+// Features a worker may announce in its hello ([Hello.Features]). A client
+// sends a feature's optional fields only to a worker that announced it; a
+// worker ignores them otherwise (encoding/json skips unknown members), so
+// every frame without them stays valid for every worker.
+const (
+	// FeatureUser: exec-start may carry "user" (a name or numeric uid in
+	// the machine's image); an unknown user is exec-rejected "bad-user".
+	FeatureUser = "user"
+	// FeatureMachineSpec: the project of exec-start and net-dial may carry
+	// "image" and "limits" (see [Project]): what the machine is built from
+	// when this request starts it. The worker applies changed limits to a
+	// running machine; a changed image takes effect at its next start.
+	FeatureMachineSpec = "machine-spec"
+	// FeatureOOMKilled: exec-exit may carry "oomKilled": true beside
+	// "signal" when the kernel's OOM killer killed the session.
+	FeatureOOMKilled = "oom-killed"
+)
+
 // Project identifies a project's machine.
 type Project struct {
 	ID int64 `json:"id"`
 	// Workspace is the absolute host path of the project's workspace.
 	Workspace string `json:"workspace"`
+	// Image names the image the machine's root filesystem is made from
+	// (FeatureMachineSpec). Empty means the worker's default, "base".
+	Image string `json:"image,omitempty"`
+	// Limits are the machine's resource limits (FeatureMachineSpec). Nil,
+	// or a zero field, means the worker's default for that limit.
+	Limits *Limits `json:"limits,omitempty"`
+}
+
+// Limits are a machine's resource limits (FeatureMachineSpec). A zero field
+// means the worker's default; a negative one means no limit.
+type Limits struct {
+	// Memory is in bytes (swap included where the kernel accounts it).
+	Memory int64 `json:"memory,omitempty"`
+	// Pids bounds the machine's tasks (threads count).
+	Pids int64 `json:"pids,omitempty"`
+	// CPU is in thousandths of a CPU (1500 is one and a half CPUs).
+	CPU int64 `json:"cpuMillis,omitempty"`
+	// Disk bounds, in bytes, what the machine writes to its persistent
+	// storage (workspace, home, upper layer).
+	Disk int64 `json:"disk,omitempty"`
+	// Tmp bounds /tmp and /dev/shm together, in bytes; charged to Memory.
+	Tmp int64 `json:"tmp,omitempty"`
 }
 
 // Hello is the first frame in each direction.
@@ -77,6 +119,19 @@ type Hello struct {
 	// Worker identifies the worker implementation, e.g. "corral/<version>";
 	// empty in the client's hello.
 	Worker string `json:"worker,omitempty"`
+	// Features are the protocol extensions the worker supports (the
+	// Feature constants); empty in the client's hello.
+	Features []string `json:"features,omitempty"`
+}
+
+// Has reports whether h announces feature f.
+func (h *Hello) Has(f string) bool {
+	for _, x := range h.Features {
+		if x == f {
+			return true
+		}
+	}
+	return false
 }
 
 // Error reports a failure. With an ID it answers that request (for example
@@ -107,6 +162,9 @@ type ExecStart struct {
 	Argv    []string          `json:"argv"`
 	Cwd     string            `json:"cwd"`
 	Env     map[string]string `json:"env,omitempty"`
+	// User is who the session runs as (FeatureUser): a user name of the
+	// machine's image or a numeric uid. Empty means the image's default.
+	User string `json:"user,omitempty"`
 }
 
 // ExecAccepted answers an ExecStart the worker will run once attached.
@@ -143,6 +201,9 @@ type ExecExit struct {
 	Signal     string `json:"signal,omitempty"`
 	NotStarted bool   `json:"notStarted,omitempty"`
 	Message    string `json:"message,omitempty"`
+	// OOMKilled accompanies Signal when the kernel's OOM killer killed the
+	// session (FeatureOOMKilled).
+	OOMKilled bool `json:"oomKilled,omitempty"`
 }
 
 // ExecCancel asks the worker to kill the session's whole process tree. It is
@@ -312,6 +373,9 @@ func validate(m Message) error {
 		}
 		if n != 1 {
 			return protoErr(CodeBadField, "exec-exit: %d outcomes, want exactly one of code, signal, notStarted", n)
+		}
+		if m.OOMKilled && m.Signal == "" {
+			return protoErr(CodeBadField, "exec-exit: oomKilled without signal")
 		}
 		id = m.ID
 	case *ExecCancel:

@@ -225,12 +225,39 @@ func TestDecodeErrors(t *testing.T) {
 }
 
 func TestDecodeIgnoresUnknownMembers(t *testing.T) {
-	m, err := Decode([]byte(`{"type":"hello","protocol":2,"worker":"other/1","features":["x"]}`), 0)
+	m, err := Decode([]byte(`{"type":"hello","protocol":2,"worker":"other/1","features":["x"],"later":{"a":1}}`), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := m.(*Hello); h.Protocol != 2 || h.Worker != "other/1" {
+	if h := m.(*Hello); h.Protocol != 2 || h.Worker != "other/1" || !h.Has("x") || h.Has(FeatureUser) {
 		t.Errorf("got %#v", h)
+	}
+}
+
+// The announced extensions: their members decode, and frames without them
+// encode exactly as before (the pinned bytes stay valid for every worker).
+func TestFeatureMembers(t *testing.T) {
+	m, err := Decode([]byte(`{"type":"exec-start","id":"1","project":{"id":3,"workspace":"/w","image":"deb","limits":{"memory":1024,"cpuMillis":500}},"account":1,"lease":"l","argv":["true"],"cwd":"","user":"root"}`), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := m.(*ExecStart)
+	if s.User != "root" || s.Project.Image != "deb" || s.Project.Limits == nil || s.Project.Limits.Memory != 1024 || s.Project.Limits.CPU != 500 {
+		t.Errorf("got %#v", s)
+	}
+	b, err := Encode(&ExecStart{ID: "1", Project: Project{ID: 3, Workspace: "/w"}, Argv: []string{"true"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"type":"exec-start","id":"1","project":{"id":3,"workspace":"/w"},"account":0,"lease":"","argv":["true"],"cwd":""}`; string(b) != want {
+		t.Errorf("encoded\n%s\nwant\n%s", b, want)
+	}
+	m, err = Decode([]byte(`{"type":"exec-exit","id":"1","signal":"SIGKILL","oomKilled":true}`), 0)
+	if err != nil || !m.(*ExecExit).OOMKilled {
+		t.Errorf("oomKilled exit: %v %#v", err, m)
+	}
+	if _, err := Decode([]byte(`{"type":"exec-exit","id":"1","code":0,"oomKilled":true}`), 0); err == nil {
+		t.Error("oomKilled without signal accepted")
 	}
 }
 
