@@ -1,0 +1,86 @@
+package worker
+
+import (
+	"errors"
+
+	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
+)
+
+// Session states, guarded by machine.mu.
+const (
+	statePending  = iota // accepted, not attached
+	stateStarting        // start sent to the init
+	stateRunning         // started
+	stateDone            // exit (or an error) sent or being sent
+)
+
+// session is one accepted exec.
+type session struct {
+	id    string // the client's
+	sid   uint64 // the machine's
+	c     *conn
+	m     *machine
+	argv  []string
+	env   []string
+	cwd   string
+	state int
+}
+
+// newSession registers an accepted session on m (which holds a session
+// reference for it).
+func (m *machine) newSession(c *conn, id string, argv, env []string, cwd string) *session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.nextSID++
+	s := &session{id: id, sid: m.nextSID, c: c, m: m, argv: argv, env: env, cwd: cwd}
+	m.bySID[s.sid] = s
+	return s
+}
+
+// attach starts s with stdio. It reports false if s was no longer pending
+// (then stdio are closed and nothing happens).
+func (m *machine) attach(s *session, stdio []int) bool {
+	defer closeFDs(stdio)
+	m.mu.Lock()
+	if s.state != statePending {
+		m.mu.Unlock()
+		return false
+	}
+	s.state = stateStarting
+	m.mu.Unlock()
+	err := m.ctl.SendFDs(&ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd}, stdio...)
+	if err == nil || errors.Is(err, ctl.ErrClosed) {
+		return true // on ErrClosed the init is gone: read() ends the session
+	}
+	m.mu.Lock()
+	if s.state != stateStarting {
+		m.mu.Unlock()
+		return true
+	}
+	delete(m.bySID, s.sid)
+	s.state = stateDone
+	m.releaseLocked(true)
+	m.mu.Unlock()
+	s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cannot pass the command to the machine: " + err.Error()})
+	return true
+}
+
+// cancel kills s's process tree, or ends it if it was not started. An
+// exit follows either way (or has been sent already). Idempotent.
+func (m *machine) cancel(s *session) {
+	m.mu.Lock()
+	switch s.state {
+	case statePending:
+		delete(m.bySID, s.sid)
+		s.state = stateDone
+		m.releaseLocked(true)
+		m.mu.Unlock()
+		s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cancelled before it was attached"})
+	case stateStarting, stateRunning:
+		m.mu.Unlock()
+		_ = m.ctl.Send(&ctl.Msg{Op: ctl.OpKill, SID: s.sid})
+	default:
+		m.mu.Unlock()
+	}
+}
