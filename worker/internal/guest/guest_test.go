@@ -3,6 +3,7 @@ package guest
 import (
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -60,8 +61,20 @@ func TestPoolSteadyAtLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Never unlocked: spawning on the spot enters holders' namespaces.
+	runtime.LockOSThread()
+	if err := unshareFS(); err != nil {
+		t.Fatal(err)
+	}
+	home, err := openNSHome()
+	if err != nil {
+		t.Fatal(err)
+	}
 	const limit = 3
-	p := newHolderPool(null, false, retainFor(limit))
+	p, err := newHolderPool(null, home, func(err error) { t.Error(err) }, false, retainFor(limit))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var all []*holder
 	t.Cleanup(func() {
 		for _, h := range all {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -124,22 +125,25 @@ var holderCommand = sync.OnceValues(func() (string, []string) {
 	return env, []string{"corral-ns-holder", "--ignore-signal=CHLD", sleep, "infinity"}
 })
 
-// spawnHolder starts a holder in a new pid namespace. null is /dev/null,
-// given to it as stdio; every other descriptor of the init is
-// close-on-exec.
-func spawnHolder(null int, goHolder bool) (*holder, error) {
+// spawn starts a holder in a new pid namespace and a new mount namespace,
+// whose /proc it replaces by one of the holder's pid namespace
+// (sessionProc). p.null is given to it as stdio; every other descriptor
+// of the init is close-on-exec. It must run on a locked thread that has
+// unshared its fs (unshareFS), in the init's namespaces: the init's loop
+// or the pool's spawner.
+func (p *holderPool) spawn() (*holder, error) {
 	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   holderEnv,
-		Files: []uintptr{uintptr(null), uintptr(null), uintptr(null)},
+		Files: []uintptr{uintptr(p.null), uintptr(p.null), uintptr(p.null)},
 		Sys: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWPID,
+			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
 			PidFD:      &pidfd,
 		},
 	}
 	path, argv := holderCommand()
-	if goHolder {
+	if p.goHolder {
 		path, argv = "/proc/self/exe", goHolderArgv
 	}
 	if path != "/proc/self/exe" {
@@ -157,6 +161,13 @@ func spawnHolder(null int, goHolder bool) (*holder, error) {
 		h.discard()
 		return nil, fmt.Errorf("pid namespace holder: %w", err)
 	}
+	if err := sessionProc(h, p.home, p.fail); err != nil {
+		h.discard()
+		return nil, fmt.Errorf("pid namespace holder's /proc: %w", err)
+	}
+	// Per-holder settings made from outside (such as oom_score_adj, which
+	// the limits of a machine may set on its holders) belong here: the
+	// holder is not yet in the pool, and no session is in its namespace.
 	return h, nil
 }
 
@@ -201,6 +212,8 @@ func (h *holder) close() {
 // a fork and an exec of the init's binary stay off the exec path.
 type holderPool struct {
 	null int
+	home nsHome      // the init's namespaces, to return to after a spawn
+	fail func(error) // reports a fatal error before the init exits
 	// goHolder makes every holder this binary (Config.GoHolder).
 	goHolder bool
 	retain   int           // unused holders kept (retainFor)
@@ -212,13 +225,20 @@ type holderPool struct {
 	pending int // spawns ordered and not yet delivered
 }
 
-func newHolderPool(null int, goHolder bool, retain int) *holderPool {
-	p := &holderPool{null: null, goHolder: goHolder, retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+// newHolderPool starts a pool and its spawner, and orders poolSize
+// holders. It fails if the spawner's thread cannot be made ready to enter
+// holders' mount namespaces.
+func newHolderPool(null int, home nsHome, fail func(error), goHolder bool, retain int) (*holderPool, error) {
+	p := &holderPool{null: null, home: home, fail: fail, goHolder: goHolder, retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+	ready := make(chan error, 1)
+	go p.run(ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
 	p.mu.Lock()
 	p.orderLocked(poolSize)
 	p.mu.Unlock()
-	go p.run()
-	return p
+	return p, nil
 }
 
 // orderLocked orders n more holders. Called with p.mu held.
@@ -233,7 +253,15 @@ func (p *holderPool) orderLocked(n int) {
 	}
 }
 
-func (p *holderPool) run() {
+// run is the spawner. Its thread stays locked (and so is never reused by
+// the runtime): spawning enters holders' mount namespaces.
+func (p *holderPool) run(ready chan<- error) {
+	runtime.LockOSThread()
+	if err := unshareFS(); err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
 	for range p.wake {
 		for {
 			p.mu.Lock()
@@ -242,7 +270,7 @@ func (p *holderPool) run() {
 			if n == 0 {
 				break
 			}
-			h, err := spawnHolder(p.null, p.goHolder)
+			h, err := p.spawn()
 			if err != nil {
 				time.Sleep(p.retry)
 				continue
@@ -280,7 +308,7 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 	}
 	p.mu.Unlock()
 	if h == nil {
-		h, err = spawnHolder(p.null, p.goHolder)
+		h, err = p.spawn()
 		return h, err == nil, err
 	}
 	return h, false, nil
@@ -290,7 +318,7 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 // ready holders may all be dead or dying); it is a child of the calling
 // thread.
 func (p *holderPool) fresh() (*holder, error) {
-	return spawnHolder(p.null, p.goHolder)
+	return p.spawn()
 }
 
 // purge discards every ready holder that has died and orders
