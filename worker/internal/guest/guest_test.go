@@ -50,46 +50,69 @@ func TestEnvPath(t *testing.T) {
 	}
 }
 
+// testPool starts a holder pool for a test running on a thread it locks
+// (never unlocked: spawning on the spot enters holders' namespaces). Its
+// cleanup waits for the spawner to be idle, then kills and reaps every
+// ready holder, so that none outlives the test as an orphan on the host.
+func testPool(tb testing.TB, retain int) (*holderPool, nsHome) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("holders are made in new pid namespaces, which needs root")
+	}
+	runtime.LockOSThread()
+	if err := unshareFS(); err != nil {
+		tb.Fatal(err)
+	}
+	home, err := openNSHome()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	null, err := openNull()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := newHolderPool(null, home, func(err error) { tb.Error(err) }, false, retain)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		for {
+			p.mu.Lock()
+			idle := p.pending == 0
+			if idle {
+				for _, h := range p.ready {
+					if !h.killed {
+						h.discard()
+					}
+				}
+				p.ready = nil
+			}
+			p.mu.Unlock()
+			if idle {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		for {
+			if pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil); err != nil || pid <= 0 {
+				break
+			}
+		}
+	})
+	return p, home
+}
+
 // TestPoolSteadyAtLimit: a steady load of as many concurrent sessions as
 // the machine admits reuses the same holders, round after round: the pool
 // neither spawns nor discards any once warm.
 func TestPoolSteadyAtLimit(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("holders are made in new pid namespaces, which needs root")
-	}
-	null, err := openNull()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Never unlocked: spawning on the spot enters holders' namespaces.
-	runtime.LockOSThread()
-	if err := unshareFS(); err != nil {
-		t.Fatal(err)
-	}
-	home, err := openNSHome()
-	if err != nil {
-		t.Fatal(err)
-	}
 	const limit = 3
-	p, err := newHolderPool(null, home, func(err error) { t.Error(err) }, false, retainFor(limit))
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _ := testPool(t, retainFor(limit))
 	var all []*holder
 	t.Cleanup(func() {
 		for _, h := range all {
-			h.discard()
-		}
-		p.mu.Lock()
-		for _, h := range p.ready {
-			if !h.killed { // most were in all, already discarded
+			if !h.killed {
 				h.discard()
-			}
-		}
-		p.mu.Unlock()
-		for {
-			if pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil); err != nil || pid <= 0 {
-				break
 			}
 		}
 	})
@@ -129,4 +152,73 @@ func TestPoolSteadyAtLimit(t *testing.T) {
 			t.Errorf("holder %d discarded under a steady load", h.pid)
 		}
 	}
+}
+
+// BenchmarkEnterHolder measures what a session's fork adds for entering
+// its holder's namespaces and returning: the pid namespace alone (before
+// sessions had a /proc of their own) and the pid and mount namespaces.
+func BenchmarkEnterHolder(b *testing.B) {
+	p, home := testPool(b, 1)
+	h, err := p.fresh()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		h.discard()
+		_, _ = unix.Wait4(h.pid, nil, 0, nil)
+	}()
+	// Each benchmark function runs in a goroutine of its own.
+	lock := func(b *testing.B) {
+		runtime.LockOSThread()
+		if err := unshareFS(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("pid", func(b *testing.B) {
+		lock(b)
+		for b.Loop() {
+			if err := unix.Setns(h.pidfd, unix.CLONE_NEWPID); err != nil {
+				b.Fatal(err)
+			}
+			if err := unix.Setns(home.pid, unix.CLONE_NEWPID); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("pid+mnt", func(b *testing.B) {
+		lock(b)
+		for b.Loop() {
+			if err := enterHolder(h); err != nil {
+				b.Fatal(err)
+			}
+			if err := home.restore(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkHolderLifecycle measures a holder's spawn (with its /proc) and,
+// separately, its end: SIGKILL until reaped, which tears down its pid and
+// mount namespaces. Both are off the exec path; the end is on the path of
+// a cancel and of a session that left processes behind.
+func BenchmarkHolderLifecycle(b *testing.B) {
+	p, _ := testPool(b, 1)
+	var spawn, end time.Duration
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		h, err := p.fresh()
+		if err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		h.discard()
+		if _, err := unix.Wait4(h.pid, nil, 0, nil); err != nil {
+			b.Fatal(err)
+		}
+		spawn += t1.Sub(t0)
+		end += time.Since(t1)
+	}
+	b.ReportMetric(float64(spawn.Microseconds())/float64(b.N), "spawn-µs")
+	b.ReportMetric(float64(end.Microseconds())/float64(b.N), "end-µs")
 }
