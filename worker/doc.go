@@ -115,9 +115,11 @@
 // a process holding a user namespace of its own mount an unmasked one.
 //
 // A holder's mount namespace (about 15 mounts) costs about 0.2 ms more to
-// spawn, off the exec path, and about 0.1 ms more to tear down when the
-// holder is killed (after a cancel, or a session that left processes
-// behind), before that session's exit is reported.
+// spawn, off the exec path. Its teardown (about 0.2 ms, an RCU grace
+// period) would delay the exit of a killed holder, and so the report of a
+// cancelled session or of one that left processes behind: the init holds
+// the namespace by a descriptor and drops it on another thread after the
+// holder is reaped.
 //
 // # Workspace ownership
 //

@@ -199,26 +199,38 @@ func BenchmarkEnterHolder(b *testing.B) {
 }
 
 // BenchmarkHolderLifecycle measures a holder's spawn (with its /proc) and,
-// separately, its end: SIGKILL until reaped, which tears down its pid and
-// mount namespaces. Both are off the exec path; the end is on the path of
-// a cancel and of a session that left processes behind.
+// separately, its end: SIGKILL until reaped, which tears down its pid
+// namespace. Both are off the exec path; the end is on the path of a
+// cancel and of a session that left processes behind. "held" is the
+// init's way, the mount namespace held until close; "unheld" lets the
+// holder's exit tear it down.
 func BenchmarkHolderLifecycle(b *testing.B) {
-	p, _ := testPool(b, 1)
-	var spawn, end time.Duration
-	for i := 0; i < b.N; i++ {
-		t0 := time.Now()
-		h, err := p.fresh()
-		if err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		h.discard()
-		if _, err := unix.Wait4(h.pid, nil, 0, nil); err != nil {
-			b.Fatal(err)
-		}
-		spawn += t1.Sub(t0)
-		end += time.Since(t1)
+	for _, held := range []bool{true, false} {
+		b.Run(map[bool]string{true: "held", false: "unheld"}[held], func(b *testing.B) {
+			p, _ := testPool(b, 1)
+			var spawn, end time.Duration
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				h, err := p.fresh()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !held {
+					unix.Close(h.mntns)
+					h.mntns = -1
+				}
+				// As for a session's killed holder: reaped, then closed.
+				t1 := time.Now()
+				h.kill()
+				if _, err := unix.Wait4(h.pid, nil, 0, nil); err != nil {
+					b.Fatal(err)
+				}
+				spawn += t1.Sub(t0)
+				end += time.Since(t1)
+				h.close()
+			}
+			b.ReportMetric(float64(spawn.Microseconds())/float64(b.N), "spawn-µs")
+			b.ReportMetric(float64(end.Microseconds())/float64(b.N), "end-µs")
+		})
 	}
-	b.ReportMetric(float64(spawn.Microseconds())/float64(b.N), "spawn-µs")
-	b.ReportMetric(float64(end.Microseconds())/float64(b.N), "end-µs")
 }

@@ -95,6 +95,11 @@ type holder struct {
 	// exec then closes).
 	pidfd  int
 	childs int // its /proc children file, read with pread
+	// mntns holds its mount namespace, so that the namespace's teardown
+	// (its mounts, its /proc) is not part of the holder's exit, which a
+	// session's exit report may wait for, but of close, after the report,
+	// on another thread.
+	mntns  int
 	killed bool
 }
 
@@ -153,10 +158,13 @@ func (p *holderPool) spawn() (*holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
 	}
-	h := &holder{pid: pid, pidfd: pidfd, childs: -1}
+	h := &holder{pid: pid, pidfd: pidfd, childs: -1, mntns: -1}
 	// Opened now, off the exec path. The holder is an unreaped child: its
 	// pid cannot name another process.
 	h.childs, err = openChildren(pid, pid)
+	if err == nil {
+		h.mntns, err = unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		h.discard()
 		return nil, fmt.Errorf("pid namespace holder: %w", err)
@@ -198,12 +206,17 @@ func (h *holder) discard() {
 	h.close()
 }
 
-// close closes h's descriptors.
+// close closes h's descriptors. The last reference to a dead holder's
+// mount namespace is dropped by another goroutine, so that its teardown
+// (an RCU grace period, about 0.1 ms) does not hold up the caller.
 func (h *holder) close() {
 	for _, fd := range []int{h.pidfd, h.childs} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
+	}
+	if h.mntns >= 0 {
+		go unix.Close(h.mntns)
 	}
 }
 
