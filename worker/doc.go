@@ -97,7 +97,9 @@
 // init mounts it from outside, off the exec path, through procfs's pidns
 // option (Linux 6.17; fsopen, fsconfig, fsmount, then move_mount from
 // inside the holder's mount namespace), so a holder still runs nothing but
-// sleep. A session thus sees its own pid namespace: $$, ps, kill and
+// sleep. Where procfs lacks that option, every holder is this binary,
+// which mounts its own /proc before it reports ready (a Go start per
+// holder, and the Go holder's threads and memory). A session thus sees its own pid namespace: $$, ps, kill and
 // /proc/PID agree, /proc/self/fd holds the session's own descriptors, and
 // PID 1 is the holder. The machine's /proc (of its pid namespace, mounted
 // by the init; the host's is never in a machine) stays in the init's mount

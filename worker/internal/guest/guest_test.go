@@ -1,15 +1,27 @@
 package guest
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// TestMain runs this binary as a Go holder when a test's pool re-executes
+// it as one.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == HolderArg {
+		Holder()
+	}
+	os.Exit(m.Run())
+}
 
 func TestLookPath(t *testing.T) {
 	dir := t.TempDir()
@@ -231,6 +243,56 @@ func BenchmarkHolderLifecycle(b *testing.B) {
 			}
 			b.ReportMetric(float64(spawn.Microseconds())/float64(b.N), "spawn-µs")
 			b.ReportMetric(float64(end.Microseconds())/float64(b.N), "end-µs")
+		})
+	}
+}
+
+// A holder that mounts its /proc itself (where procfs lacks the pidns
+// option) gives its sessions the same view as one the init mounts for.
+func TestSelfMountingHolder(t *testing.T) {
+	for _, self := range []bool{false, true} {
+		t.Run(map[bool]string{false: "byInit", true: "selfMount"}[self], func(t *testing.T) {
+			p, home := testPool(t, 1)
+			q := &holderPool{null: p.null, home: home, fail: p.fail, goHolder: true, selfMount: self}
+			h, err := q.spawn()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				h.discard()
+				_, _ = unix.Wait4(h.pid, nil, 0, nil)
+			}()
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer r.Close()
+			attr := &syscall.ProcAttr{Files: []uintptr{uintptr(p.null), w.Fd(), w.Fd()}}
+			const script = `echo $$ $(cat /proc/$$/comm) $(tr '\0' ' ' < /proc/1/cmdline)$(wc -c < /proc/cmdline)`
+			if err := enterHolder(h); err != nil {
+				t.Fatal(err)
+			}
+			pid, ferr := syscall.ForkExec("/bin/sh", []string{"sh", "-c", script}, attr)
+			if err := home.restore(); err != nil {
+				t.Fatal(err)
+			}
+			w.Close()
+			if ferr != nil {
+				t.Fatal(ferr)
+			}
+			out, _ := io.ReadAll(r)
+			if _, err := unix.Wait4(pid, nil, 0, nil); err != nil {
+				t.Fatal(err)
+			}
+			f := strings.Fields(string(out))
+			want := []string{"sh", "corral-ns-holder", HolderArg}
+			if self {
+				want = append(want, holderMountArg)
+			}
+			want = append(want, "0") // /proc/cmdline masked
+			if len(f) < 1 || f[0] == "1" || !slices.Equal(f[1:], want) {
+				t.Fatalf("got %q, want a pid and %q", out, want)
+			}
 		})
 	}
 }

@@ -2,7 +2,9 @@ package guest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"runtime"
@@ -71,7 +73,19 @@ var holderEnv = []string{"GOMAXPROCS=1", "GOGC=off"}
 // was set (the runtime starts with a handler) are reaped once. The holder
 // then blocks until it is killed. Signals from the session cannot reach
 // it: it runs as guest root and the session as the guest user.
+//
+// Started with holderMountArg, it first replaces its mount namespace's
+// /proc by its own pid namespace's (ownProc) and reports holderMounted, or
+// the error, on descriptor 3, which it then closes.
 func Holder() {
+	if len(os.Args) > 2 && os.Args[2] == holderMountArg {
+		if err := ownProc(); err != nil {
+			_, _ = unix.Write(3, []byte(err.Error()))
+			os.Exit(1)
+		}
+		_, _ = unix.Write(3, []byte(holderMounted))
+		unix.Close(3)
+	}
 	signal.Ignore(syscall.SIGCHLD)
 	for {
 		pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
@@ -116,6 +130,13 @@ type holder struct {
 // path is not visible in the machine.
 var goHolderArgv = []string{"corral-ns-holder", HolderArg}
 
+// holderMountArg makes a Go holder mount its own /proc and report
+// holderMounted, or an error (see Holder).
+const (
+	holderMountArg = "mount-proc"
+	holderMounted  = "ok"
+)
+
 var holderCommand = sync.OnceValues(func() (string, []string) {
 	self := goHolderArgv
 	env, sleep := "/usr/bin/env", "/bin/sleep"
@@ -151,10 +172,24 @@ func (p *holderPool) spawn() (*holder, error) {
 	if p.goHolder {
 		path, argv = "/proc/self/exe", goHolderArgv
 	}
+	// A self-mounting holder reports on a pipe (see Holder).
+	var report, w *os.File
+	if p.selfMount {
+		var err error
+		if report, w, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
+		}
+		defer report.Close()
+		path, argv = "/proc/self/exe", append(goHolderArgv[:len(goHolderArgv):len(goHolderArgv)], holderMountArg)
+		attr.Files = append(attr.Files, w.Fd())
+	}
 	if path != "/proc/self/exe" {
 		attr.Env = nil
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
+	if w != nil {
+		w.Close()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
 	}
@@ -169,7 +204,12 @@ func (p *holderPool) spawn() (*holder, error) {
 		h.discard()
 		return nil, fmt.Errorf("pid namespace holder: %w", err)
 	}
-	if err := sessionProc(h, p.home, p.fail); err != nil {
+	if report != nil {
+		err = holderReport(report)
+	} else {
+		err = sessionProc(h, p.home, p.fail)
+	}
+	if err != nil {
 		h.discard()
 		return nil, fmt.Errorf("pid namespace holder's /proc: %w", err)
 	}
@@ -177,6 +217,21 @@ func (p *holderPool) spawn() (*holder, error) {
 	// the limits of a machine may set on its holders) belong here: the
 	// holder is not yet in the pool, and no session is in its namespace.
 	return h, nil
+}
+
+// holderReport waits for a self-mounting holder's report on r.
+func holderReport(r *os.File) error {
+	b, err := io.ReadAll(r)
+	switch {
+	case err != nil:
+		return err
+	case string(b) != holderMounted:
+		if len(b) == 0 {
+			return errors.New("holder exited before it mounted its /proc")
+		}
+		return errors.New(string(b))
+	}
+	return nil
 }
 
 // alive reports whether h has not exited (a holder of the pool may have
@@ -229,9 +284,14 @@ type holderPool struct {
 	fail func(error) // reports a fatal error before the init exits
 	// goHolder makes every holder this binary (Config.GoHolder).
 	goHolder bool
-	retain   int           // unused holders kept (retainFor)
-	retry    time.Duration // wait after a failed spawn (at the pids limit)
-	wake     chan struct{} // wakes the spawner; capacity 1
+	// selfMount makes every holder this binary, mounting its own /proc:
+	// where procfs lacks the pidns option (pidnsOption), the mount must be
+	// made from inside the pid namespace. It costs a Go start per holder
+	// and the Go holder's threads and memory.
+	selfMount bool
+	retain    int           // unused holders kept (retainFor)
+	retry     time.Duration // wait after a failed spawn (at the pids limit)
+	wake      chan struct{} // wakes the spawner; capacity 1
 
 	mu      sync.Mutex
 	ready   []*holder
@@ -242,7 +302,7 @@ type holderPool struct {
 // holders. It fails if the spawner's thread cannot be made ready to enter
 // holders' mount namespaces.
 func newHolderPool(null int, home nsHome, fail func(error), goHolder bool, retain int) (*holderPool, error) {
-	p := &holderPool{null: null, home: home, fail: fail, goHolder: goHolder, retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+	p := &holderPool{null: null, home: home, fail: fail, goHolder: goHolder, selfMount: !pidnsOption(), retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
 	ready := make(chan error, 1)
 	go p.run(ready)
 	if err := <-ready; err != nil {

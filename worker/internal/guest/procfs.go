@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -99,29 +100,38 @@ func (home nsHome) restore() error {
 	return nil
 }
 
-// errNoPidnsOption reports a kernel whose procfs lacks the pidns option.
-var errNoPidnsOption = errors.New("procfs has no pidns option (Linux 6.17 or later)")
-
-// procFor returns a detached procfs mount (nosuid, nodev, noexec) that
-// shows h's pid namespace. It is made in the init's mount namespace, where
-// the machine's /proc is fully visible (the kernel requires one before it
-// mounts a procfs in a user namespace).
-func procFor(h *holder) (int, error) {
-	ns, err := unix.Open("/proc/"+strconv.Itoa(h.pid)+"/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+// pidnsOption reports whether procfs takes the pidns option (Linux 6.17).
+// Where it does not, a holder mounts its /proc itself (see
+// holderPool.selfMount).
+var pidnsOption = sync.OnceValue(func() bool {
+	ns, err := unix.Open("/proc/thread-self/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("open holder's pid namespace: %w", err)
+		return false
 	}
 	defer unix.Close(ns)
+	fs, err := unix.Fsopen("proc", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fs)
+	return unix.FsconfigSetFd(fs, "pidns", ns) == nil
+})
+
+// newProc returns a detached procfs mount (nosuid, nodev, noexec) showing
+// the pid namespace open as pidns, or, if pidns is negative, the caller's
+// own. The kernel requires a fully visible procfs in the caller's mount
+// namespace before it mounts one in a user namespace: the machine's /proc,
+// still attached.
+func newProc(pidns int) (int, error) {
 	fs, err := unix.Fsopen("proc", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("fsopen proc: %w", err)
 	}
 	defer unix.Close(fs)
-	if err := unix.FsconfigSetFd(fs, "pidns", ns); err != nil {
-		if err == unix.EINVAL {
-			return -1, errNoPidnsOption
+	if pidns >= 0 {
+		if err := unix.FsconfigSetFd(fs, "pidns", pidns); err != nil {
+			return -1, fmt.Errorf("procfs pidns: %w", err)
 		}
-		return -1, fmt.Errorf("procfs pidns: %w", err)
 	}
 	if err := unix.FsconfigCreate(fs); err != nil {
 		return -1, fmt.Errorf("create procfs: %w", err)
@@ -131,6 +141,28 @@ func procFor(h *holder) (int, error) {
 		return -1, fmt.Errorf("fsmount proc: %w", err)
 	}
 	return mnt, nil
+}
+
+// procFor returns a detached procfs mount of h's pid namespace, made from
+// the init's mount namespace.
+func procFor(h *holder) (int, error) {
+	ns, err := unix.Open("/proc/"+strconv.Itoa(h.pid)+"/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open holder's pid namespace: %w", err)
+	}
+	defer unix.Close(ns)
+	return newProc(ns)
+}
+
+// ownProc is what a holder that mounts its /proc itself (a Go holder where
+// procfs lacks the pidns option) runs first, as PID 1 of its namespaces.
+func ownProc() error {
+	mnt, err := newProc(-1)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(mnt)
+	return replaceProc(mnt)
 }
 
 // sessionProc replaces the /proc of h's mount namespace by a procfs of
