@@ -20,10 +20,12 @@ import (
 // holder: this binary re-executed (see Holder) as guest root, with its
 // stdio on /dev/null and nothing else open. The session's main process is
 // an ordinary process of that namespace, forked by the init after it
-// pointed its thread's pid_ns_for_children at the holder's namespace, so
-// that it keeps the init as its parent (which reaps it and reports its
-// real exit) and ordinary signal semantics. Killing the holder makes the
-// kernel kill every process of the namespace: the tree kill.
+// pointed its thread's pid_ns_for_children at the holder's namespace and
+// entered the holder's mount namespace, whose /proc is the holder's pid
+// namespace's (see procfs.go), so that it keeps the init as its parent
+// (which reaps it and reports its real exit) and ordinary signal
+// semantics. Killing the holder makes the kernel kill every process of
+// the namespace: the tree kill.
 //
 // A session that leaves nothing behind (see pid1.nsEmpty) returns its
 // holder to the pool; one that does, or is cancelled, has its holder

@@ -19,7 +19,8 @@ import (
 // mounts it itself: procfs's "pidns" option (Linux 6.17) names the pid
 // namespace to show, which otherwise is the mounter's own, so nothing has
 // to run inside the new namespace first and a holder stays a one-thread
-// sleep. The fork of a session enters both of its holder's namespaces
+// sleep. Where procfs lacks that option, a holder is this binary, which
+// mounts its own (ownProc) before it reports ready. The fork of a session enters both of its holder's namespaces
 // (enterHolder), so the session's $$, ps, kill and /proc/PID agree, and
 // /proc/self/fd is its own. The machine's /proc (its pid namespace's)
 // remains in the init's mount namespace, which no session is in.
@@ -51,7 +52,9 @@ var (
 // unshareFS gives the calling thread a root and working directory of its
 // own, which setns into a mount namespace requires. The thread must be
 // locked (runtime.LockOSThread) and never unlocked: Go would otherwise
-// run other goroutines on it, in the namespaces it last entered.
+// run other goroutines on it with that root, or in the namespaces it last
+// entered. Any such thread may then fork sessions (enterHolder, fork,
+// nsHome.restore) and spawn holders (holderPool.spawn).
 func unshareFS() error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare fs: %w", err)
