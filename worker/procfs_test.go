@@ -209,3 +209,21 @@ func readOnlyPresent(t *testing.T) []string {
 	}
 	return ro
 }
+
+// A process that gained a user namespace of its own (while nested ones
+// are allowed) cannot mount an unmasked procfs: the kernel refuses a new
+// procfs as too revealing unless one in the mount namespace is fully
+// visible, and the masks cover the session's (locked, in the nested
+// namespace's copy).
+func TestProcMasksNotBypassedByNewProc(t *testing.T) {
+	if _, err := os.Stat("/proc/interrupts"); err != nil {
+		t.Skip("no /proc/interrupts on this kernel")
+	}
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	r := h.run(t, c, p, "sh", "-c", `unshare -rpfm sh -c 'mount -t proc proc /proc && wc -c < /proc/interrupts || echo refused' 2>&1 || echo refused`)
+	if r.code() != 0 || !strings.HasSuffix(r.stdout, "refused\n") {
+		t.Fatalf("%v", r)
+	}
+}

@@ -190,10 +190,11 @@ func sessionProc(h *holder, home nsHome, fail func(error)) error {
 }
 
 // replaceProc, in a holder's mount namespace, detaches the machine's
-// /proc and attaches mnt there, masked. Detached rather than covered: a
-// covered procfs without masks would still count, for the kernel, as a
-// fully visible one, which lets a process that gained a user namespace of
-// its own mount an unmasked procfs.
+// /proc and attaches mnt there, masked. Detached rather than covered, so
+// that the machine's procfs (every process of the machine) is in no
+// session's mount table. The masks also keep the kernel from mounting an
+// unmasked procfs for a process that gained a user namespace of its own:
+// it requires a fully visible procfs in the mount namespace first.
 func replaceProc(mnt int) error {
 	// A machine's mounts are all private already; this keeps a holder's
 	// changes its own wherever it was spawned from (a copy of a mount
