@@ -105,9 +105,9 @@ func testOrphansReaped(t *testing.T, goHolders bool) {
 	eventually(t, "the orphan to exit", func() bool {
 		return !strings.Contains(describe(machinePids(t, m)), `"sleep\x000.1\x00"`)
 	})
-	if z := zombies(t, m); len(z) > 0 {
-		t.Errorf("zombies in the machine: %s", describe(z))
-	}
+	// A process shows as a zombie for an instant while it exits, even
+	// when its parent ignores SIGCHLD: only a lasting one counts.
+	eventually(t, "no zombie in the machine", func() bool { return len(zombies(t, m)) == 0 })
 	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
 		t.Fatal(err)
 	}

@@ -50,14 +50,17 @@ func testSessionProc(t *testing.T, goHolders bool) {
 		}
 	})
 	t.Run("a pid from ps or /proc works with kill", func(t *testing.T) {
+		// Each search waits for the child to have exec'd sleep.
 		const script = `
 sleep 100 &
-p=$(ps -o pid=,comm= --ppid $$ | awk '$2 == "sleep" { print $1 }')
+while p=$(ps -o pid=,comm= --ppid $$ | awk '$2 == "sleep" { print $1 }'); [ -z "$p" ]; do :; done
 [ "$p" = "$!" ] || echo "ps says $p, \$! is $!"
 kill "$p"; wait "$p"; echo "ps: $?"
 sleep 100 &
-for d in /proc/[0-9]*; do
-	[ "$(cat $d/comm 2>/dev/null)" = sleep ] && [ "$(awk '/^PPid:/ { print $2 }' $d/status)" = $$ ] && q=${d#/proc/}
+while [ -z "$q" ]; do
+	for d in /proc/[0-9]*; do
+		[ "$(cat $d/comm 2>/dev/null)" = sleep ] && [ "$(awk '/^PPid:/ { print $2 }' $d/status 2>/dev/null)" = $$ ] && q=${d#/proc/}
+	done
 done
 [ "$q" = "$!" ] || echo "/proc says $q, \$! is $!"
 kill "$q"; wait "$q"; echo "proc: $?"
