@@ -296,3 +296,12 @@ func TestSelfMountingHolder(t *testing.T) {
 		})
 	}
 }
+
+func TestTmpfsOptions(t *testing.T) {
+	if got := tmpfsOptions("mode=1777", 0); got != "mode=1777" {
+		t.Errorf("unsized: %q", got)
+	}
+	if got := tmpfsOptions("mode=1777", 64<<20); got != "mode=1777,size=67108864" {
+		t.Errorf("sized: %q", got)
+	}
+}
