@@ -347,9 +347,9 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 // dead: one from the pool, then one spawned for it.
 const maxForkAttempts = 2
 
-// errEnter marks a failure to enter a holder's pid namespace: the holder
+// errEnter marks a failure to enter a holder's namespaces: the holder
 // is unusable, whatever the reason.
-var errEnter = errors.New("enter the session's pid namespace")
+var errEnter = errors.New("enter the session's namespaces")
 
 // forkIn forks and execs a child of the init inside h's namespaces:
 // enterHolder moves this thread into h's mount namespace (the child sees
