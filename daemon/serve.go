@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -100,10 +101,28 @@ func Serve(ctx context.Context, h http.Handler, lns []net.Listener, log *slog.Lo
 	return serveErr
 }
 
+// StateDirMode is the mode of the daemon's state directory: only the
+// daemon's uid (and root) may enter it, whatever the modes of the files
+// inside (the database, the sockets, workspaces).
+const StateDirMode os.FileMode = 0o700
+
+// PrepareStateDir creates dir (and its parents) if missing and gives it
+// StateDirMode, also when it existed with another mode.
+func PrepareStateDir(dir string) error {
+	if err := os.MkdirAll(dir, StateDirMode); err != nil {
+		return fmt.Errorf("daemon: state directory: %w", err)
+	}
+	if err := os.Chmod(dir, StateDirMode); err != nil {
+		return fmt.Errorf("daemon: state directory: %w", err)
+	}
+	return nil
+}
+
 // Config configures Run: the whole daemon process.
 type Config struct {
 	// StateDir holds corral.db, corral.sock, projects/ and worker/.
-	// Required; it is created (mode 0711) if missing.
+	// Required; it is created if missing and made mode 0700 (StateDirMode)
+	// either way.
 	StateDir string
 	// Listen, if non-empty, is a TCP address served besides the socket.
 	Listen string
@@ -157,8 +176,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	if err := os.MkdirAll(state, 0o711); err != nil {
-		return fmt.Errorf("daemon: %w", err)
+	if err := PrepareStateDir(state); err != nil {
+		return err
 	}
 	metrics := NewMetrics()
 
@@ -182,8 +201,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("daemon: %w", err)
 		}
 		sup = StartSupervisor(SupervisorOptions{
-			Exe:     exe,
-			Args:    []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker")},
+			Exe: exe,
+			Args: []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
+				"--allow-uid", strconv.Itoa(os.Geteuid())},
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,
 			Metrics: metrics,

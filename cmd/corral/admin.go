@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"text/tabwriter"
@@ -27,8 +26,8 @@ func openState(ctx context.Context, flag string) (string, *store.Store, error) {
 	if dir, err = filepath.Abs(dir); err != nil {
 		return "", nil, err
 	}
-	if err := os.MkdirAll(dir, 0o711); err != nil {
-		return "", nil, fmt.Errorf("state directory: %w", err)
+	if err := daemon.PrepareStateDir(dir); err != nil {
+		return "", nil, err
 	}
 	st, err := store.Open(ctx, filepath.Join(dir, "corral.db"), store.Options{Migrate: true})
 	if err != nil {
