@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -269,7 +269,7 @@ func copyFile(dst, src string, perm fs.FileMode) error {
 // credentials never appear in the error.
 func gitClone(ctx context.Context, url, dir, protocols string) error {
 	if strings.HasPrefix(url, "-") {
-		return fmt.Errorf("%w: git URL %q", ErrInvalidProject, core.RedactURL(url))
+		return fmt.Errorf("%w: git URL %q", ErrInvalidProject, redact.String(url))
 	}
 	ctx, cancel := context.WithTimeout(ctx, CloneTimeout)
 	defer cancel()
@@ -285,7 +285,7 @@ func gitClone(ctx context.Context, url, dir, protocols string) error {
 		if len(msg) > 2048 {
 			msg = msg[:2048]
 		}
-		return fmt.Errorf("%w: git clone %s: %v: %s", ErrInvalidProject, core.RedactURL(url), err, core.RedactURL(msg))
+		return fmt.Errorf("%w: git clone %s: %v: %s", ErrInvalidProject, redact.String(url), err, redact.String(msg))
 	}
 	return nil
 }

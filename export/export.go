@@ -52,6 +52,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -438,18 +439,18 @@ func redactURL(u *url.URL) string {
 	return c.String()
 }
 
-var userinfo = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`) })
-
-// redactText removes from s the raw remote, the token and the user
-// information of anything URL-like.
+// redactText removes secrets from s (corral's redactor), and the token
+// and the raw remote's password wherever they occur (a password shorter
+// than 8 bytes only within URLs, lest every occurrence of a common word
+// go).
 func redactText(s, rawRemote, token string) string {
-	if token != "" {
-		s = strings.ReplaceAll(s, token, "[REDACTED]")
-	}
+	known := []string{token}
 	if rawRemote != "" {
 		if u, err := url.Parse(rawRemote); err == nil && u.User != nil {
-			s = strings.ReplaceAll(s, rawRemote, redactURL(u))
+			if p, ok := u.User.Password(); ok && len(p) >= 8 {
+				known = append(known, p)
+			}
 		}
 	}
-	return userinfo().ReplaceAllString(s, "${1}[REDACTED]@")
+	return redact.New(known...).String(s)
 }
