@@ -140,8 +140,11 @@ type Config struct {
 	// Admins and AllowHostPaths are passed to AppOptions.
 	Admins         []string
 	AllowHostPaths bool
-	// Export configures GitHub export (the host-side push credential).
+	// Export configures GitHub export (the host-side push credential, the
+	// allowed remotes).
 	Export export.Options
+	// GitImport configures clones of projects created from git URLs.
+	GitImport GitImportOptions
 	// LSPServers configures language servers by name (core.Options).
 	LSPServers map[string][]string
 	// DisabledPlugins names built-in plugins not to load (their domains
@@ -236,7 +239,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, SessionHeartbeat: beat})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, SessionHeartbeat: beat})
 	if err != nil {
 		return err
 	}
