@@ -126,12 +126,12 @@ func testLogger(t testing.TB) *slog.Logger {
 
 // fakeSandbox registers p as the sandbox plugin.
 func fakeSandbox(p *sandboxtest.Provider) core.PluginFactory {
-	return func(core.Deps) plugin.Registration {
+	return core.Plugin(func(core.Deps) plugin.Registration {
 		return plugin.Registration{
 			Manifest: plugin.Manifest{Name: "sandbox", Provides: []plugin.Domain{plugin.DomainSandbox}},
 			Register: func(c *plugin.Context) error { return c.Provide(plugin.DomainSandbox, p) },
 		}
-	}
+	})
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
