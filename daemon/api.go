@@ -264,13 +264,14 @@ type MemberRequest struct {
 	Account string `json:"account"`
 	// Role is "member" (the default) or "owner".
 	Role string `json:"role,omitempty"`
-	// Trusted members run host commands unconfined (AllowHostPaths only).
+	// Trusted members run host commands unconfined (AllowHostPaths, and
+	// only an owner granted host paths may grant it).
 	Trusted bool `json:"trusted,omitempty"`
 }
 
 // addMember serves POST /v1/projects/{id}/members (owners only).
 func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
-	_, p, m, err := a.projectMember(r)
+	caller, p, m, err := a.projectMember(r)
 	if err != nil {
 		return err
 	}
@@ -281,8 +282,15 @@ func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
-	if req.Trusted && !a.opts.AllowHostPaths {
-		return apiErr(http.StatusForbidden, KindForbidden, "trusted members are not granted over HTTP by this daemon (use the corral CLI)")
+	if req.Trusted {
+		// A trusted member's host commands run unconfined: granting that is
+		// a host-path permission of the granting owner.
+		if !a.opts.AllowHostPaths {
+			return apiErr(http.StatusForbidden, KindForbidden, "trusted members are not granted over HTTP by this daemon (use the corral CLI)")
+		}
+		if err := a.requireHostPaths(r.Context(), caller); err != nil {
+			return err
+		}
 	}
 	switch store.Role(req.Role) {
 	case "", store.RoleMember, store.RoleOwner:

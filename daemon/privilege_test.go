@@ -81,6 +81,35 @@ func TestHostPathGrants(t *testing.T) {
 			t.Errorf("Create host %s: %v", root, err)
 		}
 	}
+	// Trusted members (unconfined host commands) are granted only by an
+	// owner holding host paths.
+	_, _ = e.account("dave")
+	members := fmt.Sprintf("/v1/projects/%d/members", box.ID)
+	if err := e.st.SetHostPaths(ctx, carol.ID, false); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := e.do(ctx, "POST", members, tok, map[string]any{"account": "dave", "trusted": true}); status != 403 {
+		t.Errorf("trusted member by a non-granted owner: %d %s", status, body)
+	}
+	if err := e.st.SetHostPaths(ctx, carol.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	if status, body := e.do(ctx, "POST", members, tok, map[string]any{"account": "dave", "trusted": true}); status != 201 {
+		t.Errorf("trusted member by a granted owner: %d %s", status, body)
+	}
+	// Export remotes given at creation are checked and stored.
+	if status, body := e.do(ctx, "POST", "/v1/projects", tok, map[string]any{"name": name(), "exportRemotes": []string{"https://github.com/x/*"}}); status != 400 {
+		t.Errorf("bad export remote pattern: %d %s", status, body)
+	}
+	status, body := e.do(ctx, "POST", "/v1/projects", tok, map[string]any{"name": "exp", "exportRemotes": []string{"github.com/org/*"}})
+	if status != 201 {
+		t.Fatalf("project with export remotes: %d %s", status, body)
+	}
+	if exp, err := e.st.ProjectByName(ctx, "exp"); err != nil {
+		t.Fatal(err)
+	} else if got, err := e.st.ExportRemotes(ctx, exp.ID); err != nil || len(got) != 1 || got[0] != "github.com/org/*" {
+		t.Errorf("stored export remotes %q %v", got, err)
+	}
 	// Revoked: refused again.
 	if err := e.st.SetHostPaths(ctx, carol.ID, false); err != nil {
 		t.Fatal(err)
