@@ -30,6 +30,7 @@ import (
 //     (100.64.0.0/10), unspecified, multicast, benchmark, reserved and
 //     broadcast addresses are refused unless the operator allows a range
 //     (GitImportOptions.AllowCIDRs, corral daemon --git-import-allow-cidr);
+//     a host in a numeric shorthand (2130706433, 0x7f.1, 127.1) is refused;
 //   - pins the address it checked (http.curloptResolve) so that a name
 //     rebinding between the check and the connection cannot switch it,
 //     and follows no redirect;
@@ -141,6 +142,10 @@ func (o GitImportOptions) pin(ctx context.Context, u *url.URL) (netip.Addr, int,
 	var addrs []netip.Addr
 	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
+	} else if numericLike(host) {
+		// 2130706433, 0x7f.1, 127.1: curl reads these as addresses that
+		// the check above did not see.
+		return netip.Addr{}, 0, fmt.Errorf("%w: host %q is neither a name nor an address in canonical form", ErrGitImport, host)
 	} else {
 		var res Resolver = net.DefaultResolver
 		if o.Resolver != nil {
@@ -156,6 +161,35 @@ func (o GitImportOptions) pin(ctx context.Context, u *url.URL) (netip.Addr, int,
 		}
 	}
 	return netip.Addr{}, 0, fmt.Errorf("%w: %s resolves to a loopback, private, link-local or other non-public address (the operator may allow a range with --git-import-allow-cidr)", ErrGitImport, host)
+}
+
+// numericLike reports whether host's last label is numeric (all digits, or
+// 0x and hex digits): no DNS name ends so, but C resolvers and curl read
+// such hosts as IPv4 addresses in a shorthand.
+func numericLike(host string) bool {
+	host = strings.TrimSuffix(host, ".")
+	last := host[strings.LastIndexByte(host, '.')+1:]
+	if last == "" {
+		return true
+	}
+	if h, ok := strings.CutPrefix(strings.ToLower(last), "0x"); ok {
+		last = h
+		if last == "" {
+			return true
+		}
+		for _, c := range last {
+			if !strings.ContainsRune("0123456789abcdef", c) {
+				return false
+			}
+		}
+		return true
+	}
+	for _, c := range last {
+		if c < '0' || c > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // gitClone clones the git URL src into the empty directory dir on the
@@ -203,9 +237,12 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string) error {
 			a = "[" + a + "]"
 		}
 		p.logger().Info("git import", "url", shown, "address", a, "port", port)
-		args = append(args,
-			"-c", "protocol."+u.Scheme+".allow=always",
-			"-c", "http.curloptResolve="+u.Hostname()+":"+strconv.Itoa(port)+":"+a)
+		args = append(args, "-c", "protocol."+u.Scheme+".allow=always")
+		if _, err := netip.ParseAddr(u.Hostname()); err != nil {
+			// A name: git (curl) connects to the address checked, whatever
+			// the name resolves to by then.
+			args = append(args, "-c", "http.curloptResolve="+u.Hostname()+":"+strconv.Itoa(port)+":"+a)
+		}
 	}
 	args = append(args, "clone", "--quiet", "--no-recurse-submodules", "--", src, dir)
 	cmd := exec.CommandContext(ctx, "git", args...)
