@@ -10,7 +10,7 @@
 //     (https://bob:p@ss@example.com/x becomes
 //     https://[REDACTED]@example.com/x);
 //   - values of secret-named query parameters (access_token=, token=,
-//     password=, api_key=, signature=, ... after '?', '&' or ';');
+//     password=, api_key=, signature=, ... after '?' or '&');
 //   - the value of an Authorization or Proxy-Authorization header, to the
 //     end of its line, and the credential after "Bearer ";
 //   - corral bearer tokens (store.TokenPrefix followed by the token's
@@ -67,7 +67,7 @@ var (
 	})
 	// queryParam matches a secret-named parameter's value in a query string.
 	queryParam = sync.OnceValue(func() *regexp.Regexp {
-		return regexp.MustCompile(`(?i)([?&;](?:[a-z0-9_.-]*(?:token|password|passwd|secret|api[-_]?key|signature|credential)[a-z0-9_.-]*|sig|key|code)=)[^&#;\s"'<>]+`)
+		return regexp.MustCompile(`(?i)([?&](?:[a-z0-9_.-]*(?:token|password|passwd|secret|api[-_]?key|signature|credential)[a-z0-9_.-]*|sig|key|code)=)[^&#;\s"'<>]+`)
 	})
 	// corralToken matches a corral bearer token.
 	corralToken = sync.OnceValue(func() *regexp.Regexp {
