@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"net/url"
@@ -194,8 +195,9 @@ func numericLike(host string) bool {
 
 // gitClone clones the git URL src into the empty directory dir on the
 // host, as described above. The URL's credentials never appear in the
-// error.
-func (p *Projects) gitClone(ctx context.Context, src, dir string) error {
+// error. progress, if non-nil, receives git's progress lines (redacted),
+// only once a connection was made.
+func (p *Projects) gitClone(ctx context.Context, src, dir string, progress func(string)) error {
 	if strings.HasPrefix(src, "-") {
 		return fmt.Errorf("%w: git URL %q", ErrInvalidProject, redact.String(src))
 	}
@@ -244,7 +246,12 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string) error {
 			args = append(args, "-c", "http.curloptResolve="+u.Hostname()+":"+strconv.Itoa(port)+":"+a)
 		}
 	}
-	args = append(args, "clone", "--quiet", "--no-recurse-submodules", "--", src, dir)
+	clone := []string{"clone", "--quiet"}
+	if progress != nil {
+		clone = []string{"clone", "--progress"}
+	}
+	args = append(args, clone...)
+	args = append(args, "--no-recurse-submodules", "--", src, dir)
 	cmd := exec.CommandContext(ctx, "git", args...)
 	cmd.Env = []string{
 		"HOME=" + empty,
@@ -261,6 +268,11 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string) error {
 	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &limitedBuffer{b: &stderr, n: 64 << 10}
+	if progress != nil {
+		pw := &progressWriter{f: progress}
+		defer pw.flush()
+		cmd.Stderr = io.MultiWriter(cmd.Stderr, pw)
+	}
 	if err := cmd.Run(); err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: cannot clone %s: %w", ErrInvalidProject, shown, ctx.Err())
@@ -293,6 +305,33 @@ func cloneFailure(stderr string) string {
 		}
 	}
 	return "git failed"
+}
+
+// progressWriter splits git's progress output (lines ended by '\r' or
+// '\n') into redacted lines for f.
+type progressWriter struct {
+	f   func(string)
+	buf []byte
+}
+
+func (w *progressWriter) Write(p []byte) (int, error) {
+	for _, c := range p {
+		if c == '\r' || c == '\n' {
+			w.flush()
+			continue
+		}
+		if len(w.buf) < 512 {
+			w.buf = append(w.buf, c)
+		}
+	}
+	return len(p), nil
+}
+
+func (w *progressWriter) flush() {
+	if line := strings.TrimSpace(string(w.buf)); line != "" && !strings.HasPrefix(line, "fatal:") && !strings.HasPrefix(line, "error:") {
+		w.f(redact.String(line))
+	}
+	w.buf = w.buf[:0]
 }
 
 // limitedBuffer keeps at most n bytes and discards the rest.

@@ -219,10 +219,12 @@ func TestGitImportSSRF(t *testing.T) {
 	e := newEnv(t, envOpts{})
 	ctx := context.Background()
 	n := 0
+	var progress []string
 	create := func(o GitImportOptions, url string) (store.Project, error) {
 		n++
 		ps := &Projects{Store: e.st, StateDir: e.dir, GitImport: o}
-		return ps.Create(ctx, ProjectSpec{Name: fmt.Sprintf("g%d", n), Kind: store.ProjectManaged, Git: url})
+		return ps.Create(ctx, ProjectSpec{Name: fmt.Sprintf("g%d", n), Kind: store.ProjectManaged, Git: url,
+			Progress: func(l string) { progress = append(progress, l) }})
 	}
 	loopbackByName := fakeResolver{"repo.corral.test": netip.MustParseAddr("127.0.0.1"), "private.corral.test": netip.MustParseAddr("10.0.0.1")}
 	for _, url := range []string{
@@ -250,8 +252,8 @@ func TestGitImportSSRF(t *testing.T) {
 			t.Errorf("%s: %v, want ErrGitImport", url, err)
 		}
 	}
-	if reqs, _ := srv.seen(); reqs != 0 {
-		t.Fatalf("refused imports reached the server %d times", reqs)
+	if reqs, _ := srv.seen(); reqs != 0 || len(progress) != 0 {
+		t.Fatalf("refused imports reached the server %d times, progress %q", reqs, progress)
 	}
 	// Over HTTP: 403.
 	_, tok := e.account("mallory")
@@ -274,6 +276,9 @@ func TestGitImportSSRF(t *testing.T) {
 			t.Errorf("%s: cloned README %q %v", url, b, err)
 		}
 	}
+	if !strings.Contains(strings.Join(progress, "\n"), "objects") {
+		t.Errorf("no clone progress reported: %q", progress)
+	}
 	if reqs, auths := srv.seen(); reqs == 0 || len(auths) != 0 {
 		t.Errorf("%d requests; the host's credentials were sent: %q", reqs, auths)
 	}
@@ -281,7 +286,8 @@ func TestGitImportSSRF(t *testing.T) {
 	if _, err := create(allow, "http://private.corral.test/r.git"); !errors.Is(err, ErrGitImport) {
 		t.Errorf("private name: %v", err)
 	}
-	// Network failures do not tell how a port answered.
+	// Network failures do not tell how a port answered (nor does progress).
+	progress = nil
 	ln, err := netListenClosed()
 	if err != nil {
 		t.Fatal(err)
@@ -289,6 +295,11 @@ func TestGitImportSSRF(t *testing.T) {
 	_, err = create(allow, "http://"+ln+"/r.git")
 	if err == nil || !strings.Contains(err.Error(), "connection failed") || strings.Contains(strings.ToLower(err.Error()), "refused") {
 		t.Errorf("closed port: %v", err)
+	}
+	for _, l := range progress {
+		if strings.Contains(strings.ToLower(l), "refused") || strings.Contains(strings.ToLower(l), "failed to connect") {
+			t.Errorf("progress tells the network failure: %q", l)
+		}
 	}
 }
 

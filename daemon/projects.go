@@ -45,6 +45,10 @@ type ProjectSpec struct {
 	From  string
 	Git   string
 	Owner int64
+	// Progress, if non-nil, receives a clone's progress lines (git's
+	// "Receiving objects: 50% (1/2)", redacted) as it goes; errors are not
+	// progress, they are Create's result.
+	Progress func(line string)
 	// ExportRemotes, if non-empty, are the project's export remote
 	// patterns (export.ValidRemotePattern), narrowing the daemon's.
 	ExportRemotes []string
@@ -166,7 +170,7 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 				return store.Project{}, fmt.Errorf("daemon: copy %s into the workspace: %w", from, err)
 			}
 		case spec.Git != "":
-			if err := p.gitClone(ctx, spec.Git, root); err != nil {
+			if err := p.gitClone(ctx, spec.Git, root, spec.Progress); err != nil {
 				return store.Project{}, err
 			}
 		}

@@ -236,6 +236,7 @@ host). --host DIR makes a host project rooted at the existing directory DIR.`,
 					}
 				}
 				spec.ExportRemotes = exportRemotes
+				spec.Progress = func(line string) { fmt.Fprintln(cmd.ErrOrStderr(), line) }
 				p, err := (&daemon.Projects{Store: st, StateDir: dir}).Create(ctx, spec)
 				if err != nil {
 					return err
