@@ -32,6 +32,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
@@ -65,7 +66,7 @@ func (c *conn) serve() {
 		return
 	}
 	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	if err := wire.ServerHello(c.wc, c.w.cfg.Name); err != nil {
+	if err := wire.ServerHello(c.wc, c.w.cfg.Name, wire.FeatureUser); err != nil {
 		c.w.log.Debug("handshake failed", "err", err)
 		return
 	}
@@ -215,6 +216,10 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(code, "%s", msg)
 		return
 	}
+	if code, msg := checkUser(m.User); code != "" {
+		reject(code, "%s", msg)
+		return
+	}
 	cwd := m.Cwd
 	if cwd == "" {
 		cwd = GuestWorkspace
@@ -240,8 +245,21 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		}
 		return
 	}
-	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0])
-	s := mach.newSession(c, m.ID, m.Argv, env, cwd)
+	var cred *ctl.Cred
+	if m.User != "" {
+		if cred, err = mach.lookupUser(m.User); err != nil {
+			mach.release(true)
+			var r *rejection
+			if errors.As(err, &r) {
+				reject(r.code, "%s", r.msg)
+			} else {
+				reject(wire.CodeMachineFailed, "%v", err)
+			}
+			return
+		}
+	}
+	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0], "user", m.User)
+	s := mach.newSession(c, m.ID, m.Argv, env, cwd, cred)
 	c.mu.Lock()
 	c.sessions[m.ID] = s
 	c.mu.Unlock()
@@ -301,17 +319,25 @@ func checkArgv(argv []string) (code, msg string) {
 	return "", ""
 }
 
-// buildEnv returns a session's environment: PATH and HOME, overridden or
-// extended by the request's variables.
+// maxUser bounds the length of exec-start's user.
+const maxUser = 256
+
+// checkUser validates the syntax of a requested user (the machine's init
+// says whether it exists).
+func checkUser(user string) (code, msg string) {
+	if len(user) > maxUser || strings.ContainsAny(user, "\x00\n") {
+		return wire.CodeBadUser, fmt.Sprintf("user %.40q is not a user name or uid", user)
+	}
+	return "", ""
+}
+
+// buildEnv returns a session's environment: PATH, overridden or extended
+// by the request's variables. The init adds HOME, the session user's,
+// unless the request sets it.
 func buildEnv(req map[string]string) (env []string, code, msg string) {
 	env = make([]string, 0, len(req)+2)
-	_, hasPath := req["PATH"]
-	_, hasHome := req["HOME"]
-	if !hasPath {
+	if _, hasPath := req["PATH"]; !hasPath {
 		env = append(env, "PATH="+DefaultPath)
-	}
-	if !hasHome {
-		env = append(env, "HOME="+GuestHome)
 	}
 	for k, v := range req {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
