@@ -99,11 +99,11 @@ const (
 type op int
 
 const (
-	opEqual      op = iota // arg == value
-	opNotEqual             // arg != value
-	opLess                 // arg < value (unsigned)
-	opNoneSet              // arg & value == 0
-	opAnySetLow            // low 32 bits of arg & value != 0
+	opEqual     op = iota // arg == value
+	opNotEqual            // arg != value
+	opLess                // arg < value (unsigned)
+	opNoneSet             // arg & value == 0
+	opAnySetLow           // low 32 bits of arg & value != 0
 )
 
 // cond compares argument arg with value.

@@ -77,11 +77,13 @@ func readIDFile(path string, group bool) ([]idEntry, error) {
 		switch {
 		case group && len(f) >= 4 && f[3] != "":
 			e.members = strings.Split(f[3], ",")
-		case !group && len(f) >= 6:
+		case !group && len(f) >= 4:
 			if gid, err := strconv.ParseUint(f[3], 10, 32); err == nil {
 				e.gid = uint32(gid)
 			}
-			e.home = f[5]
+			if len(f) >= 6 {
+				e.home = f[5]
+			}
 		}
 		out = append(out, e)
 	}
