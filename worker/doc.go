@@ -183,9 +183,14 @@
 // EPERM, no new user namespace (unshare, clone; clone3 answers ENOSYS so
 // that libc falls back to clone), no mount API, keyctl, bpf,
 // perf_event_open, userfaultfd, kernel modules, clock setting, io_uring
-// (ENOSYS), personality beyond Docker's values; ptrace only of what the
-// session may already control (a holder has more capabilities than guest
-// root, so no session can attach to one). The 32-bit ABIs are refused.
+// (ENOSYS), personality beyond Docker's values. ptrace is allowed, as in
+// Docker: a session sees only its own pid namespace, and the kernel's
+// checks (same uid, a capability subset, no CAP_SYS_PTRACE for anyone)
+// leave a session the processes of its own user there — and, for guest
+// root, its holder when that holder was spawned on demand by a forking
+// thread (then with no more capabilities than root and the same filter;
+// holders spawned ahead hold all of the machine's capabilities and cannot
+// be attached). The 32-bit ABIs are refused.
 //
 // Nothing a guest does is charged to another machine: before it builds
 // the filesystem, the init sets its user namespace's /proc/sys/user
