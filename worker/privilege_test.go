@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
 	"github.com/corral-sandbox/corral/worker/internal/guest"
 )
 
@@ -298,5 +299,32 @@ sys.stdin.read()
 	r = h.run(t, c, other, "cat", "/proc/sys/user/max_inotify_instances", "/proc/sys/user/max_user_namespaces")
 	if r.stdout != fmt.Sprintf("%d\n0\n", guest.MaxInotifyInstances) {
 		t.Errorf("limits: %v", r)
+	}
+}
+
+// TestDefaultUserRoot: a machine whose default user is root (as an image
+// without a user says) runs its default sessions as root with Docker's
+// capabilities, and named non-root users with none: the two forking
+// threads swap classes.
+func TestDefaultUserRoot(t *testing.T) {
+	h := newHarness(t, nil)
+	h.w.configHook = func(c *ctl.Config) { c.DefaultUser = "root" }
+	c := h.dial(t)
+	p := h.project(t, 1)
+	root := fmt.Sprintf("%016x", guest.RootCapMask())
+	for _, tt := range []struct{ user, want string }{
+		{"", "0 /root " + root},
+		{"root", "0 /root " + root},
+		{"nobody", "65534 /nonexistent 0000000000000000"},
+		{strconv.Itoa(GuestUID), fmt.Sprintf("%d * 0000000000000000", GuestUID)}, // HOME: its passwd entry's
+	} {
+		r := h.runAs(t, c, p, tt.user, "sh", "-c", `echo $(id -u) $HOME $(grep CapBnd /proc/self/status | cut -f2)`)
+		got := strings.Fields(r.stdout)
+		if len(got) == 3 && strings.Fields(tt.want)[1] == "*" {
+			got[1] = "*"
+		}
+		if r.code() != 0 || strings.Join(got, " ") != tt.want {
+			t.Errorf("user %q: %v, want %q", tt.user, r, tt.want)
+		}
 	}
 }
