@@ -71,7 +71,7 @@
 // goroutine of its own, off the exec path, and keeps as many as the machine
 // admits sessions (Config.MaxSessions, and the two) that sessions gave
 // back, so that a burst of concurrent sessions reuses them; a session that
-// finds none spawns one on the spot. A sleep holder is one thread and
+// finds none has that goroutine's thread spawn one at once. A sleep holder is one thread and
 // well under a megabyte; the Go fallback is this binary's runtime and
 // package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
 // anonymous and four or five threads, which count against the pids limit.
@@ -186,11 +186,10 @@
 // (ENOSYS), personality beyond Docker's values. ptrace is allowed, as in
 // Docker: a session sees only its own pid namespace, and the kernel's
 // checks (same uid, a capability subset, no CAP_SYS_PTRACE for anyone)
-// leave a session the processes of its own user there — and, for guest
-// root, its holder when that holder was spawned on demand by a forking
-// thread (then with no more capabilities than root and the same filter;
-// holders spawned ahead hold all of the machine's capabilities and cannot
-// be attached). The 32-bit ABIs are refused.
+// leave a session the processes of its own user there. Holders are
+// spawned by the pool's thread only, never by a forking thread, so they
+// hold all of the machine's capabilities: no session, root's included,
+// can attach to one. The 32-bit ABIs are refused.
 //
 // Nothing a guest does is charged to another machine: before it builds
 // the filesystem, the init sets its user namespace's /proc/sys/user

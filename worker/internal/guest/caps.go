@@ -121,6 +121,10 @@ func newForkThread(keep []int) (*forkThread, error) {
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread dies with the init
 		t.tid = unix.Gettid()
+		if err := unshareFS(); err != nil { // it enters holders' mount namespaces
+			ready <- err
+			return
+		}
 		if err := restrictThread(keep); err != nil {
 			ready <- err
 			return

@@ -211,9 +211,10 @@ type pid1 struct {
 	byPID map[int]*session // running sessions by pid of main process and of holder
 	bySID map[uint64]*session
 	poll  []unix.PollFd
-	// spawned are the holders this thread spawned (when the pool was
-	// empty), until reaped: they are, with the sessions' main processes,
-	// the children this thread knows of.
+	// spawned are the holders spawned for a session (when the pool was
+	// empty), until reaped. They are children of the pool's spawner
+	// thread (spawnNow), not of this one; kept so that nsEmpty would not
+	// take one for a stray were it ever spawned here.
 	spawned map[int]bool
 	// strays are children of this thread that it did not fork: processes
 	// a session made with clone(CLONE_PARENT), by pidfd. They are polled
