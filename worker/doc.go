@@ -174,9 +174,12 @@
 // no_new_privs and the syscall policy installed, all inherited by what it
 // forks; the loop hands a fork of the other class to that thread over a
 // channel. A re-exec trampoline would have cost a Go start per command.
-// The default user's warm exec is unchanged: go test -bench WarmExec, base
-// against this, interleaved on a loaded 2-core host: p50 1006 µs against
-// 964 µs sequential, 952 against 931 µs pipelined (noise is ±10%).
+// The default user's warm exec is unchanged: go test -bench WarmExec,
+// before against after, five interleaved runs on a loaded 2-core host,
+// median p50s 865 against 688 µs sequential, 754 against 737 µs pipelined
+// (the spread between runs is ±20%). A named user costs the lookup round
+// trip and the other thread's wake-up: sequential-root, median p50
+// 1008 µs in the same runs.
 //
 // The syscall policy is Docker's default seccomp profile (see
 // internal/guest's seccomp.go for the differences): default deny with
