@@ -28,15 +28,14 @@ import (
 //     struct; glibc falls back to clone, whose flags are checked, as in
 //     Docker), openat2 (mode in a struct) and io_uring_* (which performs
 //     opens itself and which Docker no longer allows).
-//   - Namespaces. clone and unshare may not create a user namespace, nor
-//     unshare any other (Docker's rule for a container without
-//     CAP_SYS_ADMIN); clone may create pid and mount namespaces, and setns
-//     (which Docker allows only with CAP_SYS_ADMIN) may enter them, because
-//     the init's forking thread, under the same filter, spawns namespace
-//     holders and enters their namespaces. No session can use either: the
-//     kernel requires CAP_SYS_ADMIN, which no session holds (see
-//     rootCaps), and the machine's max_pid_namespaces and
-//     max_mnt_namespaces bound what the init makes.
+//   - setns, which Docker allows only with CAP_SYS_ADMIN, may enter pid
+//     and mount namespaces (never a user namespace, nor "any type"): the
+//     init's forking threads, under the same filter, enter their holders'
+//     namespaces for each fork. No session can: the kernel requires
+//     CAP_SYS_ADMIN, which no session holds (see rootCaps).
+//
+// Namespaces are otherwise Docker's: clone may create none (the flags are
+// checked), unshare is refused, clone3 answers ENOSYS.
 //
 // Everything else is Docker's: a call not allowed fails with EPERM (no
 // mount, umount2, pivot_root, move_mount, open_tree, fsopen, fsmount,
@@ -77,15 +76,9 @@ var sessionPolicy = sync.OnceValues(func() ([]bpf.Instruction, error) {
 
 const (
 	setIDBits = unix.S_ISUID | unix.S_ISGID
-	// namespaceFlags are the CLONE_NEW* flags of clone and unshare that
-	// Docker refuses without CAP_SYS_ADMIN.
-	namespaceFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC | unix.CLONE_NEWUSER |
-		unix.CLONE_NEWPID | unix.CLONE_NEWNET | unix.CLONE_NEWCGROUP
-	// initNamespaces are the namespaces the init's forking thread creates
-	// (clone) and enters (setns): those of session holders.
+	// initNamespaces are the namespaces the init's forking threads enter
+	// (setns): those of session holders.
 	initNamespaces = unix.CLONE_NEWPID | unix.CLONE_NEWNS
-	// cloneFlagsArg is clone's flags argument (1 on s390 only).
-	cloneFlagsArg = 0
 )
 
 // Verdicts.
@@ -175,10 +168,6 @@ func assemblePolicy() (prog []bpf.Instruction, skipped []string, err error) {
 		p.add(r.name, rule{conds: []cond{{r.arg, opAnySetLow, setIDBits}}, verdict: retEPERM})
 		p.add(r.name, rule{verdict: retAllow})
 	}
-	p.add("clone", rule{conds: []cond{{cloneFlagsArg, opNoneSet, namespaceFlags &^ initNamespaces}}, verdict: retAllow})
-	p.add("clone", rule{verdict: retEPERM})
-	p.add("unshare", rule{conds: []cond{{0, opNoneSet, namespaceFlags}}, verdict: retAllow})
-	p.add("unshare", rule{verdict: retEPERM})
 	p.add("setns", rule{conds: []cond{{1, opNoneSet, ^uint64(initNamespaces)}, {1, opNotEqual, 0}}, verdict: retAllow})
 	p.add("setns", rule{verdict: retEPERM})
 	for _, n := range enosys {
