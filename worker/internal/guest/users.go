@@ -19,7 +19,8 @@ import (
 // own /etc/passwd and /etc/group: the machine's image says who its users
 // are, and the worker, as host root, never reads a file a guest may have
 // written. A user is "NAME" or "UID", optionally followed by ":GROUP" or
-// ":GID" (an image config's syntax). A name must be in /etc/passwd; a
+// ":GID" (an image config's syntax). A name must be in /etc/passwd (but
+// root, uid 0, is root without an entry too); a
 // numeric uid need not be (its group is then its passwd entry's primary
 // group or, without one, the number itself). Supplementary groups are
 // those of /etc/group that list the user's name. A uid or gid outside
@@ -160,11 +161,16 @@ func (db *userDB) resolve(spec string, fallbackGID int64) (*ctl.Cred, error) {
 		}
 	} else {
 		i := slices.IndexFunc(db.passwd, func(e idEntry) bool { return e.name == userPart })
-		if i < 0 || userPart == "" {
+		switch {
+		case i >= 0:
+			pw = &db.passwd[i]
+			c.UID = pw.id
+		case userPart == "root":
+			// uid 0 is root without a passwd entry too (an image
+			// without /etc/passwd).
+		default:
 			return nil, fmt.Errorf("%w %q: not in the machine's /etc/passwd", ErrUnknownUser, userPart)
 		}
-		pw = &db.passwd[i]
-		c.UID = pw.id
 	}
 	switch {
 	case pw != nil:

@@ -61,6 +61,11 @@ func TestResolveUser(t *testing.T) {
 			t.Errorf("resolve(%q) = %+v, %v; want %+v", tt.spec, got, err, tt.want)
 		}
 	}
+	// Without /etc/passwd, root is uid 0 all the same.
+	empty := &userDB{maxID: 65535}
+	if got, err := empty.resolve("root", -1); err != nil || !reflect.DeepEqual(got, &ctl.Cred{Home: "/root"}) {
+		t.Errorf("root without passwd: %+v, %v", got, err)
+	}
 	// A FIFO in place of /etc/passwd does not block the init.
 	fifo := filepath.Join(dir, "fifo")
 	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
