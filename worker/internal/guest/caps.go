@@ -22,10 +22,11 @@ import (
 // inheritable sets are empty, and it has no_new_privs and the syscall
 // policy (seccomp.go), all inherited by what it forks. Its effective and
 // permitted sets stay whole, for what the init does there itself (setns
-// into holders' namespaces, spawning holders, setgroups and setuid in the
-// child before exec). A child that becomes a non-root user loses every
-// capability at setuid; one that stays root gets its thread's bounding set
-// at exec.
+// into holders' namespaces, setgroups and setuid in the child before
+// exec). A child that becomes a non-root user loses every capability at
+// setuid; one that stays root gets its thread's bounding set at exec.
+// Holders are spawned by the pool's thread, which has none of these
+// restrictions (see spawnNow).
 //
 // The Go runtime never clones a new thread from a locked one: from a
 // locked thread it asks its template thread, started by the first
