@@ -25,6 +25,7 @@ import (
 	"net"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -246,7 +247,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		return
 	}
 	var cred *ctl.Cred
-	if m.User != "" {
+	if m.User != "" && !alwaysKnown(m.User) {
 		if cred, err = mach.lookupUser(m.User); err != nil {
 			mach.release(true)
 			var r *rejection
@@ -259,7 +260,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		}
 	}
 	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0], "user", m.User)
-	s := mach.newSession(c, m.ID, m.Argv, env, cwd, cred)
+	s := mach.newSession(c, m.ID, m.Argv, env, cwd, m.User, cred)
 	c.mu.Lock()
 	c.sessions[m.ID] = s
 	c.mu.Unlock()
@@ -329,6 +330,20 @@ func checkUser(user string) (code, msg string) {
 		return wire.CodeBadUser, fmt.Sprintf("user %.40q is not a user name or uid", user)
 	}
 	return "", ""
+}
+
+// alwaysKnown reports whether every machine knows user, so that no lookup
+// is needed before accepting the session (the init resolves it at the
+// start): root, and a bare uid that the machine maps.
+func alwaysKnown(user string) bool {
+	if user == "root" {
+		return true
+	}
+	if user == "" || strings.TrimLeft(user, "0123456789") != "" || len(user) > 5 {
+		return false
+	}
+	uid, err := strconv.Atoi(user)
+	return err == nil && uid < RangeSize
 }
 
 // buildEnv returns a session's environment: PATH, overridden or extended

@@ -154,10 +154,11 @@
 // feature, announced in the worker's hello): a name or numeric uid,
 // optionally ":group", resolved by the init against the machine's own
 // /etc/passwd and /etc/group (supplementary groups from /etc/group; a
-// numeric uid need not be in passwd). The worker asks the init before it
-// accepts the session (a lookup on the control channel, one round trip,
-// only for named users); an unknown user, or an id outside the machine's
-// mapping, is exec-rejected "bad-user". HOME, unless the request sets it,
+// numeric uid need not be in passwd). For any other user than root or a
+// bare mapped uid, which every machine knows, the worker asks the init
+// before it accepts the session (a lookup on the control channel, one
+// round trip); an unknown user, or an id outside the machine's mapping, is
+// exec-rejected "bad-user". HOME, unless the request sets it,
 // is the guest home for the default non-root user and the passwd entry's
 // for others (/root for root).
 //
@@ -177,9 +178,11 @@
 // The default user's warm exec is unchanged: go test -bench WarmExec,
 // before against after, five interleaved runs on a loaded 2-core host,
 // median p50s 865 against 688 µs sequential, 754 against 737 µs pipelined
-// (the spread between runs is ±20%). A named user costs the lookup round
-// trip and the other thread's wake-up: sequential-root, median p50
-// 1008 µs in the same runs.
+// (the spread between runs is ±20%). Root costs the other thread's
+// wake-up and a read of /etc/passwd and /etc/group at the start
+// (sequential-root: p50 692, 1098, 874 µs against the default user's 575,
+// 713, 844 in three runs at a load of 15); a user by name also costs the
+// lookup round trip before exec-accepted.
 //
 // The syscall policy is Docker's default seccomp profile (see
 // internal/guest's seccomp.go for the differences): default deny with

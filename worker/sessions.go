@@ -26,17 +26,20 @@ type session struct {
 	argv  []string
 	env   []string
 	cwd   string
-	cred  *ctl.Cred // nil: the machine's default user
+	// user and cred are whom it runs as: cred as looked up, else user
+	// (alwaysKnown), else the machine's default user.
+	user  string
+	cred  *ctl.Cred
 	state int
 }
 
 // newSession registers an accepted session on m (which holds a session
 // reference for it).
-func (m *machine) newSession(c *conn, id string, argv, env []string, cwd string, cred *ctl.Cred) *session {
+func (m *machine) newSession(c *conn, id string, argv, env []string, cwd, user string, cred *ctl.Cred) *session {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.nextSID++
-	s := &session{id: id, sid: m.nextSID, c: c, m: m, argv: argv, env: env, cwd: cwd, cred: cred}
+	s := &session{id: id, sid: m.nextSID, c: c, m: m, argv: argv, env: env, cwd: cwd, user: user, cred: cred}
 	m.bySID[s.sid] = s
 	return s
 }
@@ -52,7 +55,7 @@ func (m *machine) attach(s *session, stdio []int) bool {
 	}
 	s.state = stateStarting
 	m.mu.Unlock()
-	err := m.ctl.SendFDs(&ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd, Cred: s.cred}, stdio...)
+	err := m.ctl.SendFDs(s.startMsg(), stdio...)
 	if err == nil || errors.Is(err, ctl.ErrClosed) {
 		return true // on ErrClosed the init is gone: read() ends the session
 	}
@@ -67,6 +70,15 @@ func (m *machine) attach(s *session, stdio []int) bool {
 	m.mu.Unlock()
 	s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cannot pass the command to the machine: " + err.Error()})
 	return true
+}
+
+// startMsg is s's start for the init.
+func (s *session) startMsg() *ctl.Msg {
+	m := &ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd, Cred: s.cred}
+	if s.cred == nil {
+		m.User = s.user
+	}
+	return m
 }
 
 // cancel kills s's process tree, or ends it if it was not started. An

@@ -18,8 +18,8 @@
 //	  |-- lookup {sid, user} ----------------->|  resolve a named user in the
 //	  |<-- lookedUp {sid, cred | msg}          |  machine's /etc/passwd, group
 //	  |                                        |
-//	  |-- start {sid, argv, env, cwd, [cred]}   |  fork the session (as cred,
-//	  |          + 3 fds ------------------->|  else as the default user)
+//	  |-- start {sid, argv, env, cwd,          |  fork the session (as cred,
+//	  |   [cred | user]} + 3 fds ------------>|  or user, or the default)
 //	  |<---- started {sid} | notStarted {sid, msg}
 //	  |-- kill {sid} ------------------------->|  SIGKILL the session's holder
 //	  |<--- exit {sid, code | signal}          |  after wait4 observed it and
@@ -135,7 +135,9 @@ type Msg struct {
 	Signal  string   `json:"signal,omitempty"`
 	Message string   `json:"message,omitempty"`
 	Config  *Config  `json:"config,omitempty"`
-	// User is the user a lookup asks for (Config.DefaultUser's syntax).
+	// User is the user a lookup asks for (Config.DefaultUser's syntax),
+	// or, in a start without Cred, the user to resolve and run the session
+	// as (one every machine knows: root or a uid).
 	User string `json:"user,omitempty"`
 	// Cred is a lookup's answer (absent: the user is unknown, Message says
 	// why) and, in a start, whom to run the session as (absent: the

@@ -372,8 +372,21 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 		_ = setBlocking(fd)
 	}
 	cred := in.defaultCred
-	if m.Cred != nil {
+	switch {
+	case m.Cred != nil:
 		cred = m.Cred
+	case m.User != "":
+		// One every machine knows (root, a mapped uid): resolved here,
+		// without a lookup before the session was accepted.
+		db, err := loadUserDB()
+		if err == nil {
+			cred, err = db.resolve(m.User, -1)
+		}
+		if err != nil {
+			notStarted(err.Error())
+			return
+		}
+		in.setHome(cred)
 	}
 	env := m.Env
 	if envHome(env) < 0 {
