@@ -141,6 +141,7 @@ func TestEncodingRoundTrip(t *testing.T) {
 		{Op: OpLookedUp, SID: 8, Cred: &Cred{UID: 65534, GID: 65534, Groups: []uint32{1, 1 << 31}, Home: "/nonexistent"}},
 		{Op: OpLookedUp, SID: 9, Message: "unknown user \"x\""},
 		{Op: OpStart, SID: 10, Argv: []string{"id"}, Cwd: "/workspace", Cred: &Cred{UID: 0, GID: 0, Home: "/root"}},
+		{Op: OpStart, SID: 11, Argv: []string{"id"}, Cwd: "/workspace", User: "root"},
 	} {
 		b, _, err := encode(m, make([]int, FDCount(m)))
 		if err != nil {
