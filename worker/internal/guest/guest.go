@@ -228,6 +228,9 @@ type pid1 struct {
 	defaultCred *ctl.Cred
 	other       *forkThread
 	childs2     int
+	// otherForked is set once the other thread forked a session: until
+	// then it has no child to look at.
+	otherForked bool
 	buf         []byte
 	// yielded is when the loop last yielded (see yieldEvery).
 	yielded time.Time
@@ -404,6 +407,9 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 		},
 	}
 	thread := in.threadFor(cred.UID)
+	if thread != nil {
+		in.otherForked = true
+	}
 	var (
 		h   *holder
 		pid int
@@ -569,7 +575,7 @@ func (in *pid1) reap() {
 func (in *pid1) nsEmpty(h *holder) bool {
 	empty := true
 	for _, childs := range []int{in.childs, in.childs2} {
-		if childs < 0 {
+		if childs < 0 || childs == in.childs2 && !in.otherForked {
 			continue
 		}
 		b, err := readAt(childs, in.buf)
