@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -329,6 +330,36 @@ func TestDefaultUserRoot(t *testing.T) {
 		}
 		if r.code() != 0 || strings.Join(got, " ") != tt.want {
 			t.Errorf("user %q: %v, want %q", tt.user, r, tt.want)
+		}
+	}
+}
+
+// TestRootCloneParentKilledAtEnd: a process a root session makes with
+// clone(CLONE_PARENT) is a child of the init's other forking thread; it
+// dies with the session all the same.
+func TestRootCloneParentKilledAtEnd(t *testing.T) {
+	if runtime.GOARCH != "amd64" {
+		t.Skip("the script calls clone by its amd64 number")
+	}
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	const script = `
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)  # clone(CLONE_PARENT|SIGCHLD)
+if pid == 0:
+    os.execv("/bin/sleep", ["sleep", "4242"])
+print(pid)
+`
+	r := h.runAs(t, c, p, "root", "python3", "-c", script)
+	if r.code() != 0 || r.stdout == "" || r.stdout == "-1\n" {
+		t.Fatalf("%v", r)
+	}
+	m := h.machineOf(t, 1)
+	for _, pid := range machinePids(t, m) {
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline"); strings.HasPrefix(string(b), "sleep\x004242") && alive(pid) {
+			t.Errorf("left behind: %s", describe([]int{pid}))
 		}
 	}
 }

@@ -19,13 +19,13 @@ const (
 
 // session is one accepted exec.
 type session struct {
-	id    string // the client's
-	sid   uint64 // the machine's
-	c     *conn
-	m     *machine
-	argv  []string
-	env   []string
-	cwd   string
+	id   string // the client's
+	sid  uint64 // the machine's
+	c    *conn
+	m    *machine
+	argv []string
+	env  []string
+	cwd  string
 	// user and cred are whom it runs as: cred as looked up, else user
 	// (alwaysKnown), else the machine's default user.
 	user  string
