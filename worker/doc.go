@@ -197,15 +197,16 @@
 // hold all of the machine's capabilities: no session, root's included,
 // can attach to one. The 32-bit ABIs are refused.
 //
-// Nothing a guest does is charged to another machine: before it builds
-// the filesystem, the init sets its user namespace's /proc/sys/user
-// limits — no user, network, ipc, uts, cgroup or time namespaces at all;
+// Each machine has limits of its own: before it builds the filesystem,
+// the init sets its user namespace's /proc/sys/user limits — no user, network, ipc, uts, cgroup or time namespaces at all;
 // pid and mount namespaces enough for its holders; 32 inotify instances
 // and 32768 watches, 16 fanotify groups per user. While a machine's user
 // namespace belongs to host root, these counts are also charged to host
 // root's own quotas (fs.inotify.max_user_instances), so the per-machine
-// limits are what keeps a machine from exhausting them; a machine whose
-// root can switch to many uids can still take several users' worth.
+// limits are what keeps a machine's default user from exhausting them;
+// guest root, which can switch to many uids, can still take several
+// users' worth until machines' user namespaces belong to host users of
+// their own.
 //
 // # Protocol behaviour
 //
