@@ -26,7 +26,7 @@ func BenchmarkConfine(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		path, args := confine.Command(self, []string{root}, []string{"true"})
+		path, args := confine.Command(self, confine.Policy{Writable: []string{root}}, []string{"true"})
 		for b.Loop() {
 			r, w, err := os.Pipe()
 			if err != nil {
@@ -51,7 +51,7 @@ func BenchmarkConfine(b *testing.B) {
 	b.Run("thread", func(b *testing.B) {
 		for b.Loop() {
 			cmd := exec.Command("true")
-			if err := confine.Start(cmd, []string{root}); err != nil {
+			if _, err := confine.Start(cmd, confine.Policy{Writable: []string{root}}); err != nil {
 				b.Fatal(err)
 			}
 			if err := cmd.Wait(); err != nil {
