@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/confine"
 	"go.uber.org/goleak"
@@ -65,6 +69,35 @@ func probe(spec string) int {
 			names = append(names, e.Name()+"="+l)
 		}
 		out = strings.Join(names, ",")
+	case "kill0":
+		pid, _ := strconv.Atoi(path)
+		err = syscall.Kill(pid, 0)
+	case "connect":
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", path, 5*time.Second); err == nil {
+			c.Close()
+		}
+	case "listen":
+		var l net.Listener
+		if l, err = net.Listen("tcp", path); err == nil {
+			l.Close()
+		}
+	case "mptcp":
+		var ap netip.AddrPort
+		if ap, err = netip.ParseAddrPort(path); err != nil {
+			break
+		}
+		var fd int
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP); err != nil {
+			break
+		}
+		err = unix.Connect(fd, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()})
+		unix.Close(fd)
+	case "unix":
+		var c net.Conn
+		if c, err = net.Dial("unix", path); err == nil {
+			c.Close()
+		}
 	default:
 		fmt.Println("bad probe")
 		return 2

@@ -21,9 +21,14 @@ type Policy struct {
 	// Readable are further absolute, existing directories it may read and
 	// execute beneath, besides [SystemDirs].
 	Readable []string
-	// Network lets the command bind and connect TCP sockets. Without it,
-	// on a kernel with Landlock ABI 4 or newer, both are denied (on ABI 3
-	// the network is not restricted).
+	// Network lets the command use the host's network. Without it, a
+	// [User]'s command runs in a network namespace of its own with no
+	// usable interface (no protocol reaches anything, and the host's
+	// abstract Unix sockets are not there), and, on a kernel with Landlock
+	// ABI 4 or newer, binding and connecting TCP sockets is denied as well.
+	// Without a User that Landlock rule is all there is, and it covers
+	// TCP only: not UDP, nor MPTCP (IPPROTO_MPTCP sockets pass it), which
+	// the non-root case cannot close.
 	Network bool
 	// User, if non-nil, is the unprivileged user the command runs as:
 	// only a root caller can switch to it. The command then also runs

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -30,7 +31,9 @@ import (
 // behind, whatever process group or session they moved to. Without
 // p.User the tree is nil: the caller can only kill cmd's process group.
 //
-// cmd.SysProcAttr is copied, never modified; Start sets its Credential. On
+// cmd.SysProcAttr is copied, never modified; with p.User, Start sets its
+// Credential and drops its Pdeathsig (see confineAndStart for what
+// replaces it). On
 // error nothing was started (nothing is left running): an error matching
 // ErrUnavailable if the kernel cannot confine, a policy or ruleset error
 // (a relative or missing root), or the start's error (for instance the
@@ -40,10 +43,9 @@ import (
 //
 // Unlike the helper, Start cannot close descriptors the calling process
 // holds without close-on-exec: the command inherits them, as with
-// cmd.Start. If cmd.SysProcAttr.Pdeathsig is set, or there is a tree (its
-// init has SIGKILL as its parent-death signal), the thread stays parked
-// until those processes have exited, because the kernel sends the
-// parent-death signal when the forking thread ends.
+// cmd.Start. Without p.User, if cmd.SysProcAttr.Pdeathsig is set, the
+// thread stays parked until the process has exited, because the kernel
+// sends the parent-death signal when the forking thread ends.
 func Start(cmd *exec.Cmd, p Policy) (*Tree, error) {
 	fd, err := ruleset(p)
 	if err != nil {
@@ -108,85 +110,81 @@ func startOnConfinedThread(cmd *exec.Cmd, p Policy, fd int, started chan<- start
 	// goroutine run on the main thread, the runtime parks that thread for
 	// good instead of ending it: it runs nothing else either.)
 	runtime.LockOSThread()
-	tree, initFD, err := confineAndStart(cmd, p, fd)
-	if err != nil {
-		started <- startResult{err: err}
+	tree, err := confineAndStart(cmd, p, fd)
+	if err != nil || tree != nil || cmd.SysProcAttr == nil || cmd.SysProcAttr.Pdeathsig == 0 {
+		// A tree's processes have no parent-death signal (see
+		// confineAndStart): nothing hangs on this thread.
+		started <- startResult{tree: tree, err: err}
 		return
 	}
-	var fds []unix.PollFd
-	if initFD >= 0 {
-		defer unix.Close(initFD)
-		fds = append(fds, unix.PollFd{Fd: int32(initFD), Events: unix.POLLIN})
-	}
-	if cmd.SysProcAttr != nil && cmd.SysProcAttr.Pdeathsig != 0 {
-		// Opened before the caller can Wait: the process cannot have been
-		// reaped yet, so the pidfd refers to it even if it already exited.
-		if pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0); err == nil {
-			defer unix.Close(pidfd)
-			fds = append(fds, unix.PollFd{Fd: int32(pidfd), Events: unix.POLLIN})
-		} else {
-			started <- startResult{tree: tree}
-			// Without a pidfd, wait for the exit without reaping it
-			// (the caller's Wait does that).
-			var info unix.Siginfo
-			for {
-				err := unix.Waitid(unix.P_PID, cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
-				if !errors.Is(err, unix.EINTR) {
-					break
-				}
+	pid := cmd.Process.Pid
+	// Opened before the caller can Wait: the process cannot have been
+	// reaped yet, so the pidfd refers to it even if it already exited.
+	pidfd, perr := unix.PidfdOpen(pid, 0)
+	started <- startResult{}
+	if perr != nil {
+		// Without a pidfd, wait for the exit without reaping it (the
+		// caller's Wait does that).
+		var info unix.Siginfo
+		for {
+			err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+			if !errors.Is(err, unix.EINTR) {
+				return
 			}
-			started = nil
 		}
 	}
-	if started != nil {
-		started <- startResult{tree: tree}
-	}
-	// A pidfd becomes readable when its process exits: park until every
-	// process whose parent-death signal hangs on this thread has.
-	for len(fds) > 0 {
-		if _, err := unix.Poll(fds, -1); errors.Is(err, unix.EINTR) {
-			continue
-		} else if err != nil {
+	defer unix.Close(pidfd)
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	for {
+		// A pidfd becomes readable when its process exits.
+		if _, err := unix.Poll(fds, -1); !errors.Is(err, unix.EINTR) {
 			return
 		}
-		live := fds[:0]
-		for _, f := range fds {
-			if f.Revents == 0 {
-				live = append(live, unix.PollFd{Fd: f.Fd, Events: unix.POLLIN})
-			}
-		}
-		fds = live
 	}
 }
 
 // confineAndStart restricts the calling (locked) thread and starts cmd
-// from it, in a new pid namespace as p.User if set. It closes fd. The
-// returned pidfd (-1 without a tree) refers to the tree's init; the
-// caller closes it.
-func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (tree *Tree, initFD int, err error) {
-	initFD = -1
+// from it, in a new pid namespace as p.User if set. It closes fd.
+//
+// Processes born in a pid namespace other than their parent's cannot have
+// Go's parent-death signal (Go's fork path checks that the parent is
+// still alive by comparing getppid, which is 0 there, with the parent's
+// pid, and kills the child). So cmd's Pdeathsig is dropped, and the tree
+// has a lifeline instead: the init reads a pipe whose only writer is the
+// Tree, and exits when it reads EOF, which happens when the calling
+// process dies; its death kills the namespace, cmd included.
+func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
 	if p.User != nil {
 		if err := dropCapabilities(); err != nil {
 			unix.Close(fd)
-			return nil, -1, err
+			return nil, err
 		}
 	}
-	err = restrictThread(fd)
+	err := restrictThread(fd)
 	unix.Close(fd)
 	if err != nil {
-		return nil, -1, err
+		return nil, err
 	}
 	if p.User == nil {
-		return nil, -1, cmd.Start()
+		return nil, cmd.Start()
 	}
-	tree, initFD, err = startInit(p.Init)
+	if !p.Network {
+		net, err := offlineNetwork()
+		if err != nil {
+			return nil, err
+		}
+		if err := unix.Setns(net, unix.CLONE_NEWNET); err != nil {
+			return nil, fmt.Errorf("confine: setns(CLONE_NEWNET): %w", err)
+		}
+	}
+	tree, initFD, err := startInit(p.Init)
 	if err != nil {
-		return nil, -1, err
+		return nil, err
 	}
-	fail := func(err error) (*Tree, int, error) {
+	defer unix.Close(initFD)
+	fail := func(err error) (*Tree, error) {
 		_ = tree.Kill()
-		unix.Close(initFD)
-		return nil, -1, err
+		return nil, err
 	}
 	// From now on this thread's children are born in the tree's namespace.
 	if err := unix.Setns(initFD, unix.CLONE_NEWPID); err != nil {
@@ -197,36 +195,42 @@ func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (tree *Tree, initFD int, e
 		attr = *cmd.SysProcAttr
 	}
 	attr.Credential = &syscall.Credential{Uid: p.User.UID, Gid: p.User.GID, Groups: []uint32{}}
+	attr.Pdeathsig = 0
 	cmd.SysProcAttr = &attr
 	if err := cmd.Start(); err != nil {
 		return fail(err)
 	}
-	return tree, initFD, nil
+	return tree, nil
 }
 
 // startInit starts init (corral's executable) as the init of a new pid
 // namespace, from the calling confined thread: it keeps uid 0 but, with the
 // thread's empty bounding set and no_new_privs, executes with no
 // capability at all; an unprivileged command can neither signal nor trace
-// it. Its standard streams are /dev/null and it holds no other descriptor,
-// so it never keeps a command's output open. It dies with this thread
-// (SIGKILL as parent-death signal).
+// it. Its standard input is the read end of the tree's lifeline, its
+// output /dev/null, and it holds no other descriptor, so it never keeps a
+// command's output open. The returned pidfd refers to it.
 func startInit(init string) (*Tree, int, error) {
+	lifeR, lifeW, err := os.Pipe()
+	if err != nil {
+		return nil, -1, fmt.Errorf("confine: lifeline: %w", err)
+	}
+	defer lifeR.Close()
 	c := &exec.Cmd{
-		Path: init,
-		Args: []string{init, InitArg},
-		Env:  []string{},
-		SysProcAttr: &syscall.SysProcAttr{
-			Cloneflags: unix.CLONE_NEWPID,
-			Pdeathsig:  syscall.SIGKILL,
-		},
+		Path:        init,
+		Args:        []string{init, InitArg},
+		Env:         []string{},
+		Stdin:       lifeR,
+		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID},
 	}
 	if err := c.Start(); err != nil {
+		lifeW.Close()
 		return nil, -1, fmt.Errorf("confine: start the pid namespace's init: %w", err)
 	}
 	// Not reaped before Wait below: the pidfd refers to it.
 	pidfd, err := unix.PidfdOpen(c.Process.Pid, 0)
 	if err != nil {
+		lifeW.Close()
 		_ = c.Process.Kill()
 		_ = c.Wait()
 		return nil, -1, fmt.Errorf("confine: pidfd_open: %w", err)
@@ -234,9 +238,55 @@ func startInit(init string) (*Tree, int, error) {
 	t := &Tree{init: c.Process, done: make(chan struct{})}
 	go func() {
 		_ = c.Wait()
+		lifeW.Close()
 		close(t.done)
 	}()
 	return t, pidfd, nil
+}
+
+var offline struct {
+	sync.Mutex
+	fd int // 0: not made yet
+}
+
+// offlineNetwork returns a descriptor of the network namespace in which
+// the commands of a [User] without [Policy.Network] run: it has nothing but
+// a loopback interface that is down, so no socket of any protocol (TCP,
+// MPTCP, UDP, raw) reaches anything, and the host's abstract Unix sockets
+// are not in it. It is made once per process and shared by every such
+// command: what they could share there (abstract sockets) the Landlock
+// scope keeps apart.
+func offlineNetwork() (int, error) {
+	offline.Lock()
+	defer offline.Unlock()
+	if offline.fd > 0 {
+		return offline.fd, nil
+	}
+	type result struct {
+		fd  int
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		// The thread's network namespace changes: it is never unlocked,
+		// so the runtime discards it.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			c <- result{-1, fmt.Errorf("confine: unshare(CLONE_NEWNET): %w", err)}
+			return
+		}
+		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			err = fmt.Errorf("confine: open the offline network namespace: %w", err)
+		}
+		c <- result{fd, err}
+	}()
+	r := <-c
+	if r.err != nil {
+		return -1, r.err
+	}
+	offline.fd = r.fd
+	return r.fd, nil
 }
 
 // InitArg is the first argument that turns corral into the init of a
@@ -245,9 +295,18 @@ const InitArg = "__corral-init"
 
 // runInit is the init of a confined command's pid namespace: it reaps the
 // orphans the command leaves (they are reparented to it) until it is
-// killed, which kills the namespace. It ignores the signals a terminal or a
-// process manager sends (only SIGKILL from outside ends it).
+// killed or its lifeline (standard input) reaches EOF, either of which
+// kills the namespace. It ignores the signals a terminal or a process
+// manager sends.
 func runInit() {
+	go func() {
+		var b [1]byte
+		for {
+			if _, err := os.Stdin.Read(b[:]); err != nil {
+				os.Exit(0)
+			}
+		}
+	}()
 	signal.Ignore(unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGTERM, unix.SIGPIPE,
 		unix.SIGUSR1, unix.SIGUSR2, unix.SIGTSTP, unix.SIGTTIN, unix.SIGTTOU)
 	chld := make(chan os.Signal, 1)
