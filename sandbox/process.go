@@ -30,9 +30,11 @@ type process interface {
 	closeOutputs()
 }
 
-// localProcess is a host command in its own process group.
+// localProcess is a host command in its own process group, and, when it
+// was confined as a User, in its own pid namespace (tree).
 type localProcess struct {
 	cmd      *exec.Cmd
+	tree     *confine.Tree
 	stdout   *os.File
 	stderr   *os.File
 	doneCh   chan struct{}
@@ -89,9 +91,13 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 		cmd.Stdin = inR
 	}
 	start := cmd.Start
+	var tree *confine.Tree
 	if c := l.Confine; c != nil {
 		cmd.Path, cmd.Args = c.Path, c.Args
-		start = func() error { return confine.Start(cmd, c.Writable) }
+		start = func() (err error) {
+			tree, err = confine.Start(cmd, c.Policy())
+			return err
+		}
 	}
 	var statusR *os.File
 	if l.ExecStatus && l.Confine == nil {
@@ -126,11 +132,12 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 		if len(msg) > 0 {
 			// The helper could not exec the program; it exits at once.
 			_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+			_ = tree.Kill()
 			_ = cmd.Wait()
 			return nil, fmt.Errorf("%w: %s", ErrNotStarted, bytes.TrimSpace(msg))
 		}
 	}
-	proc = &localProcess{cmd: cmd, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
+	proc = &localProcess{cmd: cmd, tree: tree, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
 	if inW != nil {
 		go func(data []byte) {
 			_, _ = inW.Write(data)
@@ -167,12 +174,15 @@ func (p *localProcess) outputs() (io.Reader, io.Reader) { return p.stdout, p.std
 func (p *localProcess) done() <-chan struct{}           { return p.doneCh }
 func (p *localProcess) exit() (Exit, error)             { return p.exitVal, p.exitErr }
 
+// killGroup kills the command's process group and, if it has one, its pid
+// namespace: everything it started, whatever group or session they moved
+// to. Without a tree, a descendant that left the group survives.
 func (p *localProcess) killGroup() error {
 	err := unix.Kill(-p.cmd.Process.Pid, unix.SIGKILL)
 	if err == unix.ESRCH {
-		return nil
+		err = nil
 	}
-	return err
+	return errors.Join(err, p.tree.Kill())
 }
 
 func (p *localProcess) ended() { _ = p.killGroup() }
