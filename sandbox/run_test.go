@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -416,8 +417,13 @@ func TestWaitDelay(t *testing.T) {
 	ctl := sandbox.NewControl(p, sandbox.ControlOptions{DrainTimeout: 200 * time.Millisecond})
 	token := sandboxtest.SleepToken()
 	// The grandchild leaves the process group, so nothing kills it, and
-	// keeps stdout open.
-	res, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "sh", "-c", "echo before; setsid sleep "+token+" & exit 3"), &actor, nil)
+	// keeps stdout open; the main process exits once it has left.
+	fifo := dir + "/left"
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := "echo before; setsid sh -c 'echo > " + fifo + "; exec sleep " + token + "' & read x < " + fifo + "; exit 3"
+	res, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "sh", "-c", script), &actor, nil)
 	if err != nil {
 		t.Fatalf("RunCommand: %v, want a result", err)
 	}
