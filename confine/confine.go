@@ -274,7 +274,19 @@ var forwarded = []os.Signal{unix.SIGHUP, unix.SIGINT, unix.SIGQUIT, unix.SIGTERM
 
 // supervise starts the command as Start does and exits as it exited. It
 // returns only if the command could not be started.
-func supervise(p Policy, fd int, path string, argv []string, status *os.File) error {
+func supervise(p Policy, fdRuleset int, path string, argv []string, status *os.File) error {
+	// The command reopens its streams by name (/dev/stdout is
+	// /proc/self/fd/1): a pipe's inode must be its own for that, not the
+	// starter's (mode 0600).
+	for fd := 0; fd <= 2; fd++ {
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFIFO {
+			if err := unix.Fchown(fd, int(p.User.UID), int(p.User.GID)); err != nil {
+				unix.Close(fdRuleset)
+				return fmt.Errorf("confine: chown standard stream %d: %w", fd, err)
+			}
+		}
+	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
 	cmd := &exec.Cmd{
@@ -282,7 +294,7 @@ func supervise(p Policy, fd int, path string, argv []string, status *os.File) er
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 		SysProcAttr: &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL},
 	}
-	tree, err := startWith(cmd, p, fd)
+	tree, err := startWith(cmd, p, fdRuleset)
 	if err != nil {
 		return fmt.Errorf("confine: exec %s: %w", argv[0], unwrapExecError(err))
 	}

@@ -49,6 +49,11 @@ func newFixture(tb testing.TB, fo fixtureOpts) *fixture {
 	tb.Helper()
 	ctx := context.Background()
 	dir := tb.TempDir()
+	// As root, commands run as the project's user, who must reach the
+	// roots: the test's temporary directory is 0700.
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		tb.Fatal(err)
+	}
 	st, err := store.Open(ctx, filepath.Join(dir, "corral.db"), store.Options{Migrate: true})
 	if err != nil {
 		tb.Fatal(err)
@@ -73,7 +78,7 @@ func newFixture(tb testing.TB, fo fixtureOpts) *fixture {
 		tb.Fatal(err)
 	}
 	mgr := lease.NewManager(st, lease.Options{HeartbeatWindow: -1})
-	p, err := New(Options{Store: st, Leases: mgr, Env: fo.env})
+	p, err := New(Options{Store: st, Leases: mgr, Env: fo.env, HostIDs: HostIDs{Registry: filepath.Join(dir, "id-ranges.json")}})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 
 	"github.com/corral-sandbox/corral/confine"
 	"golang.org/x/sys/unix"
@@ -92,6 +93,16 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 	}
 	start := cmd.Start
 	var tree *confine.Tree
+	if c := l.Confine; c != nil && c.User != nil {
+		// The command reopens its streams by name (/dev/stdout is
+		// /proc/self/fd/1, "> /dev/stderr" in a script): a pipe's inode
+		// must be its own for that, not root's (mode 0600).
+		for _, f := range closers {
+			if err := unix.Fchown(int(f.Fd()), int(c.User.UID), int(c.User.GID)); err != nil {
+				return nil, fmt.Errorf("%w: chown the command's pipes: %w", ErrNotStarted, err)
+			}
+		}
+	}
 	if c := l.Confine; c != nil {
 		cmd.Path, cmd.Args = c.Path, c.Args
 		start = func() (err error) {
@@ -185,12 +196,37 @@ func (p *localProcess) killGroup() error {
 	return errors.Join(err, p.tree.Kill())
 }
 
-func (p *localProcess) ended() { _ = p.killGroup() }
+// treeWait bounds how long ended waits for a killed pid namespace to be
+// gone (the kernel kills it at once; this only guards against a stuck
+// process, such as one in uninterruptible sleep).
+const treeWait = 2 * time.Second
+
+// ended kills what is left of the command and, if it has a pid namespace,
+// waits until the namespace is gone: when RunCommand returns, nothing the
+// command started is running any more.
+func (p *localProcess) ended() {
+	_ = p.killGroup()
+	if p.tree != nil {
+		t := time.NewTimer(treeWait)
+		defer t.Stop()
+		select {
+		case <-p.tree.Done():
+		case <-t.C:
+		}
+	}
+}
 
 func (p *localProcess) cancel(ctx context.Context) error {
 	var errs []error
 	if err := p.killGroup(); err != nil {
 		errs = append(errs, fmt.Errorf("kill process group: %w", err))
+	}
+	if p.tree != nil {
+		select {
+		case <-p.tree.Done():
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("the command's pid namespace did not end: %w", ctx.Err()))
+		}
 	}
 	if p.provider != nil {
 		if err := p.provider(ctx); err != nil {
