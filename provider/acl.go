@@ -91,25 +91,38 @@ func aclFromMode(mode uint32) acl {
 	}
 }
 
-// withUser returns a with the named user uid granted perm (replacing an
-// entry it had) and the mask recomputed as the union of the group class,
-// as setfacl does: what the owning group and the other named entries grant
-// is unchanged.
+// withUser returns a with the named user uid granted perm (added to what
+// an entry it had granted) and nobody else's effective permissions
+// changed: the mask becomes the old mask (or, in a minimal ACL, the owning
+// group's permissions) with perm added, and every other entry of the group
+// class is first reduced to what the old mask let it grant, so that the
+// wider mask widens nothing but uid's entry.
 func (a acl) withUser(uid uint32, perm uint16) acl {
+	oldMask, hasMask := uint16(7), false
+	for _, e := range a {
+		if e.tag == aclMask {
+			oldMask, hasMask = e.perm, true
+		}
+	}
 	out := make(acl, 0, len(a)+2)
 	var mask uint16
 	for _, e := range a {
 		switch {
-		case e.tag == aclUser && e.id == uid, e.tag == aclMask:
+		case e.tag == aclMask:
 			continue
-		case e.tag == aclUser, e.tag == aclGroup:
-			mask |= e.perm
-		case e.tag == aclGroupObj:
-			// Behind a mask, the owning group's entry keeps its own
-			// permissions.
-			mask |= e.perm
+		case e.tag == aclUser && e.id == uid:
+			perm |= e.perm & oldMask
+			continue
+		case e.tag == aclUser, e.tag == aclGroup, e.tag == aclGroupObj:
+			e.perm &= oldMask
+			if !hasMask && e.tag == aclGroupObj {
+				mask = e.perm
+			}
 		}
 		out = append(out, e)
+	}
+	if hasMask {
+		mask = oldMask
 	}
 	out = append(out, aclEntry{aclUser, perm, uid}, aclEntry{aclMask, mask | perm, aclUndefinedID})
 	return out
@@ -203,6 +216,34 @@ func grantUser(root string, uid uint32) error {
 	}
 	rootErr = grantOne(root, st.Mode, uid)
 	return rootErr
+}
+
+// grantSearch lets uid search dir (x only: it can reach what is beneath by
+// name, not list it), with an entry in dir's access ACL, unless others may
+// search it already. It is how a project's user reaches a root beneath a
+// directory such as a 0700 home: the narrowest grant that does it (chmod
+// o+x would open the directory to every user). What uid may then read or
+// write beneath dir is still what Landlock allows (the roots and the
+// system directories only).
+func grantSearch(dir string, uid uint32) error {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return &os.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	if st.Mode&0o001 != 0 {
+		return nil
+	}
+	a, err := readACL(dir, xattrACLAccess, st.Mode)
+	if err != nil {
+		return fmt.Errorf("read the ACL of %s: %w", dir, err)
+	}
+	if a.grants(uid, 1) {
+		return nil
+	}
+	if err := unix.Setxattr(dir, xattrACLAccess, a.withUser(uid, 1).encode(), 0); err != nil {
+		return fmt.Errorf("set the ACL of %s: %w", dir, err)
+	}
+	return nil
 }
 
 func granted(path string, mode uint32, uid uint32) bool {

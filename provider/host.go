@@ -53,9 +53,11 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 //     ACLs (a named-user entry in the access and default ACLs of the root
 //     and of what lies beneath it: see grantUser), rather than by chown,
 //     because host roots are existing directories whose owners must keep
-//     them; and the user must be able to reach each root (search every
-//     directory above it), or preparation is refused with what to change.
-//     A project whose id does not fit the block is refused.
+//     them; and each directory above a root that the user cannot search
+//     (a 0700 home) gets an ACL entry that lets that user, and nobody
+//     else, search it (x only: see grantSearch; Landlock still decides
+//     what it may read). A project whose id does not fit the block is
+//     refused.
 //   - when corral is not root, keeps corral's user: Landlock and
 //     no_new_privs only, no pid namespace (a descendant that leaves the
 //     process group survives the command), and whatever that user can

@@ -244,17 +244,52 @@ func TestHostIDBlock(t *testing.T) {
 	}
 }
 
-// TestUnreachableRootRefused: a root the project's user cannot reach is
-// refused at preparation, saying what to change.
-func TestUnreachableRootRefused(t *testing.T) {
+// TestRootBeneathClosedDirectory: a root beneath a directory only its
+// owner may search (a 0700 home) is made reachable for the project's user
+// alone, with search only.
+func TestRootBeneathClosedDirectory(t *testing.T) {
 	requireRoot(t)
 	f := newFixture(t, fixtureOpts{})
-	must(t, os.Chmod(filepath.Dir(f.root), 0o700))
-	_, err := f.run(t, "", "true")
-	if sandbox.KindOf(err) != sandbox.KindPrepare || !strings.Contains(err.Error(), "cannot reach") {
-		t.Fatalf("err = %v, want a prepare error about reaching the root", err)
+	parent := filepath.Dir(f.root)
+	must(t, os.Chmod(parent, 0o700))
+	if res := f.sh(t, "echo ok > ok && cat ok"); res.Stdout != "ok\n" {
+		t.Fatalf("command beneath a 0700 directory: %+v", res)
 	}
-	if n := len(f.leaseRows(t, "")); n != 0 {
-		t.Errorf("%d leases minted for a refused preparation", n)
+	uid := f.projectUID(t)
+	var st unix.Stat_t
+	must(t, unix.Stat(parent, &st))
+	a, err := readACL(parent, xattrACLAccess, st.Mode)
+	must(t, err)
+	if !a.grants(uid, 1) || a.grants(uid, 4) || a.grants(uid, 2) {
+		t.Errorf("parent ACL %+v: want search only for %d", a, uid)
+	}
+	if st.Mode&0o007 != 0 {
+		t.Errorf("parent mode %o: others gained access", st.Mode&0o777)
+	}
+	// Landlock still keeps it out of the rest of the directory.
+	if res := f.sh(t, "cat "+filepath.Join(parent, "corral.db")+" >/dev/null"); res.Code == nil || *res.Code == 0 {
+		t.Errorf("read the state database beside the root: %+v", res)
+	}
+}
+
+func TestACLWithUser(t *testing.T) {
+	// A named group masked to r-- stays r-- when uid 5 gets rwx.
+	a := acl{{aclUserObj, 7, aclUndefinedID}, {aclGroupObj, 5, aclUndefinedID}, {aclGroup, 7, 9}, {aclMask, 4, aclUndefinedID}, {aclOther, 0, aclUndefinedID}}
+	b, err := decodeACL(a.withUser(5, 7).encode())
+	must(t, err)
+	if !b.grants(5, 7) {
+		t.Errorf("uid 5 not granted rwx: %+v", b)
+	}
+	for _, e := range b {
+		if (e.tag == aclGroup || e.tag == aclGroupObj) && e.perm&^4 != 0 {
+			t.Errorf("entry %+v widened beyond the old mask r--", e)
+		}
+	}
+	// A minimal ACL's mask is the owning group's permissions plus uid's.
+	m := aclFromMode(0o750).withUser(5, 1)
+	for _, e := range m {
+		if e.tag == aclMask && e.perm != 5 {
+			t.Errorf("mask %o, want r-x", e.perm)
+		}
 	}
 }

@@ -82,7 +82,9 @@ func (h *hostUsers) user(id int64) (*confine.User, error) {
 }
 
 // prepareRoot makes root writable for u (grantUser, once per process and
-// root) and checks that u can reach it (search every directory above it).
+// root) and reachable: if u cannot search every directory above it, each
+// one that others cannot search gets an ACL entry letting u search it
+// (grantSearch).
 func (h *hostUsers) prepareRoot(root string, u *confine.User) error {
 	k := grantKey{root, u.UID}
 	h.mu.Lock()
@@ -105,7 +107,18 @@ func (h *hostUsers) prepareRoot(root string, u *confine.User) error {
 		return fmt.Errorf("provider: make %s writable for the project's user %d: %w", root, u.UID, err)
 	}
 	if err := canReach(root, u); err != nil {
-		return err
+		// Let it search the directories above the root, and only those.
+		for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
+			if gerr := grantSearch(dir, u.UID); gerr != nil {
+				return fmt.Errorf("%w (%w)", err, gerr)
+			}
+			if dir == "/" {
+				break
+			}
+		}
+		if err := canReach(root, u); err != nil {
+			return err
+		}
 	}
 	h.mu.Lock()
 	h.granted[k], h.reached[k] = true, true
@@ -134,7 +147,7 @@ func canReach(dir string, u *confine.User) error {
 		errc <- unix.Faccessat(unix.AT_FDCWD, dir, unix.X_OK|unix.W_OK, unix.AT_EACCESS)
 	}()
 	if err := <-errc; err != nil {
-		return fmt.Errorf("provider: the project's user %d cannot reach %s (%w): every directory above it must be searchable by others (chmod o+x), or the member trusted", u.UID, dir, err)
+		return fmt.Errorf("provider: the project's user %d cannot reach %s: %w", u.UID, dir, err)
 	}
 	return nil
 }
