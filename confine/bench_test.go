@@ -60,3 +60,39 @@ func BenchmarkConfine(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkConfineUser is Start as an unprivileged user (root only): the
+// pid namespace with corral's init, the offline network, the uid switch;
+// the tree is killed and awaited as RunCommand does.
+func BenchmarkConfineUser(b *testing.B) {
+	requireLandlock(b)
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := b.TempDir()
+	for _, network := range []bool{false, true} {
+		name := "offline"
+		if network {
+			name = "network"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := confine.Policy{Writable: []string{root}, Network: network, User: &confine.User{UID: 1<<24 + 4243, GID: 1<<24 + 4243}, Init: self}
+			for b.Loop() {
+				cmd := exec.Command("/bin/true")
+				tree, err := confine.Start(cmd, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := cmd.Wait(); err != nil {
+					b.Fatal(err)
+				}
+				tree.Kill()
+				<-tree.Done()
+			}
+		})
+	}
+}
