@@ -45,7 +45,8 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 //     no network at all;
 //   - cannot signal processes outside its Landlock domain nor connect to
 //     abstract Unix sockets made outside it (Landlock ABI 6);
-//   - when corral is root, runs as the project's own user (uid and gid
+//   - when corral is root (with the capabilities it takes: canSwitchUsers),
+//     runs as the project's own user (uid and gid
 //     HostIDs' block start + project id, no supplementary groups), with no
 //     capability and no_new_privs, in a pid namespace of its own that dies
 //     with its main process. At the project's first confined preparation

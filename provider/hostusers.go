@@ -126,6 +126,32 @@ func (h *hostUsers) prepareRoot(root string, u *confine.User) error {
 	return nil
 }
 
+// switchCaps are the capabilities giving a command a user and namespaces
+// of its own takes: emptying the bounding set (SETPCAP), the namespaces
+// (SYS_ADMIN), the user switch (SETUID, SETGID), the ACLs of files others
+// own (FOWNER) and the command's pipes (CHOWN).
+var switchCaps = []uint{unix.CAP_SETPCAP, unix.CAP_SYS_ADMIN, unix.CAP_SETUID, unix.CAP_SETGID, unix.CAP_FOWNER, unix.CAP_CHOWN}
+
+// canSwitchUsers reports whether this process is root with the
+// capabilities host commands' own users need (root in a container often
+// lacks CAP_SYS_ADMIN).
+func canSwitchUsers() bool {
+	if os.Geteuid() != 0 {
+		return false
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	for _, c := range switchCaps {
+		if data[c/32].Effective&(1<<(c%32)) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // canReach checks, with u's credentials, that u can search and write dir:
 // a directory above it that u cannot search (a home directory of mode
 // 0700, say) makes every command fail to start.

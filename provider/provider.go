@@ -117,8 +117,10 @@ func New(opts Options) (*Provider, error) {
 	if p.domain == "" {
 		p.domain = DefaultDomain
 	}
-	if os.Geteuid() == 0 {
+	if canSwitchUsers() {
 		p.users = newHostUsers(opts.HostIDs, opts.Store.Path())
+	} else if os.Geteuid() == 0 {
+		p.log.Warn("root without the capabilities to give host commands users and namespaces of their own: they keep corral's user, under Landlock only")
 	}
 	if p.log == nil {
 		p.log = slog.Default()

@@ -76,8 +76,10 @@ type PreparedCommon struct {
 type LocalMode string
 
 const (
-	// LocalConfined launches through corral's confinement helper, which
-	// restricts writes to the project root and the actor's roots.
+	// LocalConfined launches through corral's confinement (package
+	// confine): Landlock restricts reads and writes to the system
+	// directories and the roots, and, when corral is root, the command
+	// runs as the project's own unprivileged user in namespaces of its own.
 	LocalConfined LocalMode = "confined"
 	// LocalDirect launches the program unconfined (trusted actors only).
 	LocalDirect LocalMode = "direct"
