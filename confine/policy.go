@@ -82,13 +82,11 @@ func (p Policy) check() error {
 			return fmt.Errorf("confine: root %q is not absolute", d)
 		}
 	}
-	if p.User != nil {
-		if p.User.UID == 0 || p.User.GID == 0 {
-			return errors.New("confine: a confined command never runs as uid or gid 0")
-		}
-		if !filepath.IsAbs(p.Init) {
-			return fmt.Errorf("confine: init %q is not an absolute path", p.Init)
-		}
+	if p.User != nil && (p.User.UID == 0 || p.User.GID == 0) {
+		return errors.New("confine: a confined command never runs as uid or gid 0")
+	}
+	if (p.User != nil || p.Init != "") && !filepath.IsAbs(p.Init) {
+		return fmt.Errorf("confine: init %q is not an absolute path", p.Init)
 	}
 	return nil
 }
@@ -123,7 +121,7 @@ func ruleset(p Policy) (int, error) {
 	if len(p.Readable) > 0 {
 		rules = append(rules, landlock.PathAccess(readExec, p.Readable...))
 	}
-	if p.User != nil {
+	if p.Init != "" {
 		rules = append(rules, landlock.PathAccess(readFile, p.Init))
 	}
 	if p.Network {

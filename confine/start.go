@@ -154,41 +154,49 @@ func startOnConfinedThread(cmd *exec.Cmd, p Policy, fd int, started chan<- start
 // Tree, and exits when it reads EOF, which happens when the calling
 // process dies; its death kills the namespace, cmd included.
 func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
-	if p.User != nil {
-		if err := dropCapabilities(); err != nil {
-			unix.Close(fd)
+	if p.User == nil {
+		err := restrictThread(fd)
+		unix.Close(fd)
+		if err != nil {
 			return nil, err
 		}
+		return nil, cmd.Start()
 	}
-	err := restrictThread(fd)
-	unix.Close(fd)
-	if err != nil {
+	// The namespaces are entered before the Landlock restriction: a
+	// restricted thread may not setns into a process of another domain
+	// (the init, made by a thread of its own), as it may not ptrace it.
+	fail := func(tree *Tree, err error) (*Tree, error) {
+		unix.Close(fd)
+		_ = tree.Kill()
 		return nil, err
 	}
-	if p.User == nil {
-		return nil, cmd.Start()
+	if err := dropCapabilities(); err != nil {
+		return fail(nil, err)
 	}
 	if !p.Network {
 		net, err := offlineNetwork()
 		if err != nil {
-			return nil, err
+			return fail(nil, err)
 		}
 		if err := unix.Setns(net, unix.CLONE_NEWNET); err != nil {
-			return nil, fmt.Errorf("confine: setns(CLONE_NEWNET): %w", err)
+			return fail(nil, fmt.Errorf("confine: setns(CLONE_NEWNET): %w", err))
 		}
 	}
-	tree, initFD, err := startInit(p.Init)
+	tree, initFD, err := takeInit(p.Init)
 	if err != nil {
-		return nil, err
-	}
-	defer unix.Close(initFD)
-	fail := func(err error) (*Tree, error) {
-		_ = tree.Kill()
-		return nil, err
+		return fail(nil, err)
 	}
 	// From now on this thread's children are born in the tree's namespace.
-	if err := unix.Setns(initFD, unix.CLONE_NEWPID); err != nil {
-		return fail(fmt.Errorf("confine: setns(CLONE_NEWPID): %w", err))
+	err = unix.Setns(initFD, unix.CLONE_NEWPID)
+	unix.Close(initFD)
+	if err != nil {
+		return fail(tree, fmt.Errorf("confine: setns(CLONE_NEWPID): %w", err))
+	}
+	err = restrictThread(fd)
+	unix.Close(fd)
+	if err != nil {
+		_ = tree.Kill()
+		return nil, err
 	}
 	attr := syscall.SysProcAttr{}
 	if cmd.SysProcAttr != nil {
@@ -198,22 +206,138 @@ func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
 	attr.Pdeathsig = 0
 	cmd.SysProcAttr = &attr
 	if err := cmd.Start(); err != nil {
-		return fail(err)
+		_ = tree.Kill()
+		return nil, err
 	}
 	return tree, nil
 }
 
-// startInit starts init (corral's executable) as the init of a new pid
-// namespace, from the calling confined thread: it keeps uid 0 but, with the
-// thread's empty bounding set and no_new_privs, executes with no
-// capability at all; an unprivileged command can neither signal nor trace
-// it. Its standard input is the read end of the tree's lifeline, its
+// initProc is a started init of a pid namespace, not yet a tree.
+type initProc struct {
+	cmd   *exec.Cmd
+	lifeW *os.File // the lifeline's write end
+	pidfd int
+}
+
+// tree makes p a Tree: its reaper starts.
+func (p *initProc) tree() *Tree {
+	t := &Tree{init: p.cmd.Process, done: make(chan struct{})}
+	go func() {
+		_ = p.cmd.Wait()
+		p.lifeW.Close()
+		close(t.done)
+	}()
+	return t
+}
+
+// discard kills p and reaps it in the background.
+func (p *initProc) discard() {
+	unix.Close(p.pidfd)
+	_ = p.tree().Kill()
+}
+
+// exited reports whether p's process has ended.
+func (p *initProc) exited() bool {
+	fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err != nil || n > 0
+}
+
+// spare is an init made ahead of time, so that starting a command costs
+// no init's start (a fork and an execve of corral's executable, and its
+// runtime's start, about a millisecond): the next command takes it, and
+// the next spare is made in the background. At most one is kept; it dies
+// with this process (its lifeline).
+var spare struct {
+	sync.Mutex
+	init    string
+	p       *initProc
+	filling bool
+}
+
+// takeInit returns an init for a new tree: the spare if there is a live
+// one for init, else a new one; and has the next spare made.
+func takeInit(init string) (*Tree, int, error) {
+	spare.Lock()
+	p := spare.p
+	spare.p = nil
+	if p != nil && (spare.init != init || p.exited()) {
+		p.discard()
+		p = nil
+	}
+	fill := !spare.filling
+	spare.filling = true
+	spare.Unlock()
+	if fill {
+		go fillSpare(init)
+	}
+	if p == nil {
+		var err error
+		if p, err = newInit(init); err != nil {
+			return nil, -1, err
+		}
+	}
+	return p.tree(), p.pidfd, nil
+}
+
+func fillSpare(init string) {
+	p, err := newInit(init)
+	spare.Lock()
+	defer spare.Unlock()
+	spare.filling = false
+	if err != nil {
+		return
+	}
+	if spare.p != nil {
+		p.discard()
+		return
+	}
+	spare.p, spare.init = p, init
+}
+
+// newInit starts init (corral's executable) as the init of a new pid
+// namespace, from a thread of its own that empties its capability sets,
+// sets no_new_privs and restricts itself with Landlock to reading the
+// system directories and init: the init keeps uid 0 but executes with no
+// capability at all, and an unprivileged command can neither signal nor
+// trace it. Its standard input is the read end of the tree's lifeline, its
 // output /dev/null, and it holds no other descriptor, so it never keeps a
-// command's output open. The returned pidfd refers to it.
-func startInit(init string) (*Tree, int, error) {
+// command's output open.
+func newInit(init string) (*initProc, error) {
+	type result struct {
+		p   *initProc
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		// Never unlocked (see startOnConfinedThread).
+		runtime.LockOSThread()
+		if err := dropCapabilities(); err != nil {
+			c <- result{nil, err}
+			return
+		}
+		fd, err := ruleset(Policy{Init: init})
+		if err != nil {
+			c <- result{nil, err}
+			return
+		}
+		err = restrictThread(fd)
+		unix.Close(fd)
+		if err != nil {
+			c <- result{nil, err}
+			return
+		}
+		p, err := startInitProc(init)
+		c <- result{p, err}
+	}()
+	r := <-c
+	return r.p, r.err
+}
+
+func startInitProc(init string) (*initProc, error) {
 	lifeR, lifeW, err := os.Pipe()
 	if err != nil {
-		return nil, -1, fmt.Errorf("confine: lifeline: %w", err)
+		return nil, fmt.Errorf("confine: lifeline: %w", err)
 	}
 	defer lifeR.Close()
 	c := &exec.Cmd{
@@ -225,23 +349,17 @@ func startInit(init string) (*Tree, int, error) {
 	}
 	if err := c.Start(); err != nil {
 		lifeW.Close()
-		return nil, -1, fmt.Errorf("confine: start the pid namespace's init: %w", err)
+		return nil, fmt.Errorf("confine: start the pid namespace's init: %w", err)
 	}
-	// Not reaped before Wait below: the pidfd refers to it.
+	// Not reaped before Wait (initProc.tree): the pidfd refers to it.
 	pidfd, err := unix.PidfdOpen(c.Process.Pid, 0)
 	if err != nil {
 		lifeW.Close()
 		_ = c.Process.Kill()
 		_ = c.Wait()
-		return nil, -1, fmt.Errorf("confine: pidfd_open: %w", err)
+		return nil, fmt.Errorf("confine: pidfd_open: %w", err)
 	}
-	t := &Tree{init: c.Process, done: make(chan struct{})}
-	go func() {
-		_ = c.Wait()
-		lifeW.Close()
-		close(t.done)
-	}()
-	return t, pidfd, nil
+	return &initProc{cmd: c, lifeW: lifeW, pidfd: pidfd}, nil
 }
 
 var offline struct {
