@@ -139,7 +139,10 @@ func Command(self string, p Policy, argv []string) (path string, args []string) 
 		args = append(args, "-n")
 	}
 	if p.User != nil {
-		args = append(args, "-u", fmt.Sprintf("%d:%d", p.User.UID, p.User.GID), "-i", p.Init)
+		args = append(args, "-u", fmt.Sprintf("%d:%d", p.User.UID, p.User.GID))
+		if p.Init != "" {
+			args = append(args, "-i", p.Init)
+		}
 	}
 	args = append(args, "--")
 	args = append(args, argv...)

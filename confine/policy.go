@@ -36,9 +36,13 @@ type Policy struct {
 	// capability), in a new pid namespace whose init is Init, so that the
 	// whole tree it starts can be killed at once (see [Tree]).
 	User *User
-	// Init is corral's own executable, started as the init (PID 1) of the
-	// command's pid namespace with [InitArg]; its main must call
-	// [MaybeRun] first. Required with User.
+	// Init, if not empty, is corral's own executable, started as the init
+	// (PID 1) of the command's pid namespace with [InitArg] (its main must
+	// call [MaybeRun] first): it reaps the orphans the command leaves while
+	// it runs. Empty means a minimal init (/bin/cat reading its lifeline),
+	// which reaps nothing, so orphans stay zombies until the command's
+	// tree is killed, and which costs far less to start than a Go program:
+	// right for bounded commands, not for long-lived sessions.
 	Init string
 }
 
@@ -85,7 +89,7 @@ func (p Policy) check() error {
 	if p.User != nil && (p.User.UID == 0 || p.User.GID == 0) {
 		return errors.New("confine: a confined command never runs as uid or gid 0")
 	}
-	if (p.User != nil || p.Init != "") && !filepath.IsAbs(p.Init) {
+	if p.Init != "" && !filepath.IsAbs(p.Init) {
 		return fmt.Errorf("confine: init %q is not an absolute path", p.Init)
 	}
 	return nil

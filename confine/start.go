@@ -59,7 +59,13 @@ func startWith(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
 	started := make(chan startResult, 1)
 	go startOnConfinedThread(cmd, p, fd, started)
 	r := <-started
-	return r.tree, r.err
+	if r.err != nil {
+		// Killed from here, not from the confined thread: its Landlock
+		// domain may not signal the init, made by another.
+		_ = r.tree.Kill()
+		return nil, r.err
+	}
+	return r.tree, nil
 }
 
 type startResult struct {
@@ -112,6 +118,7 @@ func startOnConfinedThread(cmd *exec.Cmd, p Policy, fd int, started chan<- start
 	runtime.LockOSThread()
 	tree, err := confineAndStart(cmd, p, fd)
 	if err != nil || tree != nil || cmd.SysProcAttr == nil || cmd.SysProcAttr.Pdeathsig == 0 {
+		// On error, startWith kills the tree.
 		// A tree's processes have no parent-death signal (see
 		// confineAndStart): nothing hangs on this thread.
 		started <- startResult{tree: tree, err: err}
@@ -165,10 +172,11 @@ func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
 	// The namespaces are entered before the Landlock restriction: a
 	// restricted thread may not setns into a process of another domain
 	// (the init, made by a thread of its own), as it may not ptrace it.
+	// On failure the tree is returned with the error, for the caller to
+	// kill (see startWith).
 	fail := func(tree *Tree, err error) (*Tree, error) {
 		unix.Close(fd)
-		_ = tree.Kill()
-		return nil, err
+		return tree, err
 	}
 	if err := dropCapabilities(); err != nil {
 		return fail(nil, err)
@@ -195,8 +203,7 @@ func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
 	err = restrictThread(fd)
 	unix.Close(fd)
 	if err != nil {
-		_ = tree.Kill()
-		return nil, err
+		return tree, err
 	}
 	attr := syscall.SysProcAttr{}
 	if cmd.SysProcAttr != nil {
@@ -206,8 +213,7 @@ func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
 	attr.Pdeathsig = 0
 	cmd.SysProcAttr = &attr
 	if err := cmd.Start(); err != nil {
-		_ = tree.Kill()
-		return nil, err
+		return tree, err
 	}
 	return tree, nil
 }
@@ -316,7 +322,11 @@ func newInit(init string) (*initProc, error) {
 			c <- result{nil, err}
 			return
 		}
-		fd, err := ruleset(Policy{Init: init})
+		exe := init
+		if exe == "" {
+			exe = minimalInit
+		}
+		fd, err := ruleset(Policy{Init: exe})
 		if err != nil {
 			c <- result{nil, err}
 			return
@@ -340,9 +350,13 @@ func startInitProc(init string) (*initProc, error) {
 		return nil, fmt.Errorf("confine: lifeline: %w", err)
 	}
 	defer lifeR.Close()
+	args := []string{init, InitArg}
+	if init == "" {
+		init, args = minimalInit, []string{minimalInit}
+	}
 	c := &exec.Cmd{
 		Path:        init,
-		Args:        []string{init, InitArg},
+		Args:        args,
 		Env:         []string{},
 		Stdin:       lifeR,
 		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID},
@@ -406,6 +420,13 @@ func offlineNetwork() (int, error) {
 	offline.fd = r.fd
 	return r.fd, nil
 }
+
+// minimalInit is the init of a tree whose Policy names none: cat, reading
+// the lifeline until EOF (its output is /dev/null), the cheapest program
+// that blocks for as long as the tree must live. It reaps nothing: the
+// command's orphans stay zombies until the tree is killed, which suits a
+// bounded command; long-lived ones name corral's init.
+const minimalInit = "/bin/cat"
 
 // InitArg is the first argument that turns corral into the init of a
 // confined command's pid namespace (see [Policy.User]); [MaybeRun] runs it.

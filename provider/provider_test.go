@@ -572,23 +572,34 @@ func TestNoDescriptorLeak(t *testing.T) {
 	// A confined command's forking thread holds a pidfd until it sees the
 	// command's exit, which it may see just after RunCommand returned: the
 	// counts are taken once they settle.
-	workload() // warm up: the store opens its connections lazily
+	workload() // warm up: the store opens its connections lazily, confine its spare init
 	before := countFDs(t)
-	for i := 0; i < 100; i++ {
+	for i, stable := 0, 0; i < 200 && stable < 5; i++ {
 		time.Sleep(10 * time.Millisecond)
 		n := countFDs(t)
 		if n == before {
-			break
+			stable++
+			continue
 		}
-		before = n
+		before, stable = n, 0
 	}
+	listFDs := func() string {
+		ents, _ := os.ReadDir("/proc/self/fd")
+		var b strings.Builder
+		for _, e := range ents {
+			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+			fmt.Fprintf(&b, "%s=%s ", e.Name(), l)
+		}
+		return b.String()
+	}
+	was := listFDs()
 	workload()
 	after := countFDs(t)
 	for deadline := time.Now().Add(2 * time.Second); after != before && time.Now().Before(deadline); after = countFDs(t) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if after != before {
-		t.Fatalf("open descriptors: %d before, %d after", before, after)
+		t.Fatalf("open descriptors: %d before, %d after\nbefore: %s\nafter: %s", before, after, was, listFDs())
 	}
 }
 
