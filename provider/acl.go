@@ -178,6 +178,12 @@ func readACL(path, kind string, mode uint32) (acl, error) {
 // Its limits are POSIX ACLs' own: the mask of a file created later by
 // someone else comes from that creator's mode, so a file another user
 // creates 0644 grants uid reading only. Files uid creates are its own.
+//
+// The walk goes by path (lstat, then lsetxattr), so it must not run while
+// someone who can write beneath root can swap a directory for a symlink:
+// it runs before the project's first confined command (uid has no process
+// yet) and again only if root's own entry was removed. An fd-based walk
+// (openat with O_NOFOLLOW all the way) would close that window for good.
 func grantUser(root string, uid uint32) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(root, &st); err != nil {
