@@ -38,7 +38,7 @@ func (m *machine) boot() (err error) {
 		return fmt.Errorf("home: %w", err)
 	}
 
-	m.cg, err = w.cgroups.New(fmt.Sprintf("machine-%d.%d", m.id, m.gen), cgroup.Limits{Memory: w.memLimit, Pids: w.pidLimit})
+	m.cg, err = w.cgroups.New(fmt.Sprintf("%d.%d", m.id, m.gen), cgroup.Limits{Memory: w.memLimit, Pids: w.pidLimit})
 	if err != nil {
 		return err
 	}

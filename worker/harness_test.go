@@ -110,9 +110,8 @@ func newHarness(t testing.TB, mod func(*Config)) *harness {
 		if err := w.Shutdown(sctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		for _, c := range []string{"memory", "pids"} {
-			own, _ := ownCgroup(c)
-			_ = os.Remove(filepath.Join("/sys/fs/cgroup", c, own, parent))
+		for _, d := range w.cgroups.Parents() {
+			_ = os.Remove(d)
 		}
 	})
 	return &harness{w: w, sock: sock, root: root}

@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -93,10 +95,17 @@ type Config struct {
 	// DefaultUIDBase; below RangeSize is refused. Nothing else on the host
 	// may use these ids.
 	UIDBase uint32
-	// CgroupParent is where machine cgroups are created: relative to the
-	// worker's own cgroup on v1, to the root on v2. Empty means "corral".
-	// New removes whatever a previous worker left there (killing its
-	// processes), so two workers must not share a parent.
+	// CgroupParent is where this worker's machine cgroups are created: a
+	// clean relative path, below the worker's own cgroup on v1 and on a
+	// delegated v2 subtree (systemd's Delegate=yes; the worker then moves
+	// itself into a "worker" child group), below the root of a
+	// non-delegated v2 hierarchy. Empty means "corral-" and 12 hex digits
+	// of the SHA-256 of the resolved StateDir, so that workers with
+	// different state directories never share one. The parent is the
+	// worker's alone: New removes the machine groups (machine-*) a previous
+	// run left there, killing their processes, and a parent removed from
+	// outside is recreated at the next machine start. Two workers must not
+	// be given the same parent.
 	CgroupParent string
 	// Logger receives the worker's logs. Nil means no logging.
 	Logger *slog.Logger
@@ -206,6 +215,16 @@ func New(cfg Config) (*Worker, error) {
 	if root, err = filepath.Abs(root); err != nil {
 		return nil, fmt.Errorf("worker: projects root: %w", err)
 	}
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	stateDir, err := filepath.EvalSymlinks(cfg.StateDir)
+	if err == nil {
+		stateDir, err = filepath.Abs(stateDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("worker: state directory: %w", err)
+	}
 	if cfg.HomesRoot == "" {
 		cfg.HomesRoot = filepath.Join(cfg.StateDir, "homes")
 	}
@@ -243,7 +262,7 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: UIDBase %d would map guests onto ordinary host ids (below %d)", cfg.UIDBase, RangeSize)
 	}
 	if cfg.CgroupParent == "" {
-		cfg.CgroupParent = "corral"
+		cfg.CgroupParent = DefaultCgroupParent(stateDir)
 	}
 	if cfg.SelfExe == "" {
 		cfg.SelfExe = "/proc/self/exe"
@@ -276,6 +295,15 @@ func New(cfg Config) (*Worker, error) {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
 	return w, nil
+}
+
+// DefaultCgroupParent is the cgroup parent of a worker whose
+// Config.CgroupParent is empty: "corral-" and the first 12 hex digits of
+// the SHA-256 of stateDir (which should be resolved: absolute, without
+// symlinks).
+func DefaultCgroupParent(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return "corral-" + hex.EncodeToString(sum[:6])
 }
 
 // markInheritedCloexec makes every descriptor above 2 close-on-exec, so

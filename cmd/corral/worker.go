@@ -19,6 +19,7 @@ import (
 func newWorkerCmd() *cobra.Command {
 	var (
 		socket, projectsRoot, state string
+		cgroupParent                string
 		idle                        time.Duration
 		memory                      sizeFlag
 		pids                        int64
@@ -51,6 +52,7 @@ and from the uid given by --allow-uid (the daemon's); others get a
 			w, err := worker.New(worker.Config{
 				ProjectsRoot: projectsRoot,
 				StateDir:     state,
+				CgroupParent: cgroupParent,
 				IdleGrace:    idle,
 				MaxSessions:  maxSessions,
 				Limits:       worker.Limits{Memory: memory.n, Pids: pids},
@@ -82,6 +84,7 @@ and from the uid given by --allow-uid (the daemon's); others get a
 	fl.StringVar(&socket, "socket", "", "listen on this Unix socket `PATH`")
 	fl.StringVar(&projectsRoot, "projects-root", "", "accept only workspaces under `DIR`")
 	fl.StringVar(&state, "state", "", "worker state `DIR` (homes); default /var/lib/corral/worker")
+	fl.StringVar(&cgroupParent, "cgroup-parent", "", "machine cgroup parent `PATH`, relative to the worker's own cgroup (v1, delegated v2) or the v2 root; default corral-<hash of the state directory>")
 	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
 	fl.Var(&memory, "memory", "memory limit per machine (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "task limit per machine (default 512)")

@@ -32,13 +32,13 @@ func exercise(t *testing.T, l *Layout, lim Limits) {
 	}
 	t.Cleanup(func() { _ = g.Destroy() })
 	if lim.Pids > 0 {
-		b, err := os.ReadFile(filepath.Join(g.paths[len(g.paths)-1], "pids.max"))
+		b, err := os.ReadFile(filepath.Join(g.path("pids"), "pids.max"))
 		if err != nil || strings.TrimSpace(string(b)) != strconv.FormatInt(lim.Pids, 10) {
 			t.Fatalf("pids.max = %q, %v", b, err)
 		}
 	}
 	if lim.Memory > 0 && !l.v2 {
-		b, err := os.ReadFile(filepath.Join(g.paths[0], "memory.limit_in_bytes"))
+		b, err := os.ReadFile(filepath.Join(g.path("memory"), "memory.limit_in_bytes"))
 		if err != nil || strings.TrimSpace(string(b)) != strconv.FormatInt(lim.Memory, 10) {
 			t.Fatalf("memory.limit_in_bytes = %q, %v", b, err)
 		}
