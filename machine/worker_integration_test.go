@@ -63,6 +63,7 @@ func startWorkerWith(t testing.TB, root, sock string, mod func(*worker.Config)) 
 		IdleGrace:    time.Minute,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
 		CgroupParent: parent,
+		IDRegistry:   testworker.IDRegistry,
 		Logger:       slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if mod != nil {
@@ -384,6 +385,7 @@ func runChildWorker(sock string) {
 		ProjectsRoot: os.Getenv(childWorkerEnv + "_ROOT"),
 		StateDir:     os.Getenv(childWorkerEnv + "_STATE"),
 		CgroupParent: os.Getenv(childWorkerEnv + "_CGROUP"),
+		IDRegistry:   testworker.IDRegistry,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: childPids()},
 	})
 	if err == nil {

@@ -6,7 +6,11 @@
 //
 // A machine is a Linux sandbox built from user, mount, pid, network, ipc
 // and uts namespaces, with guest root mapped to an unprivileged host range
-// of RangeSize ids, distinct per project. Its filesystem is the host's
+// of RangeSize ids, distinct per project and between workers: each worker
+// claims a block of Config.MaxProjects ranges for its state directory in
+// the host-wide registry of package internal/idrange, and records each
+// project's slot in StateDir/id-slots.json, so that a project keeps its
+// range across restarts until ForgetProject frees it. Its filesystem is the host's
 // root read-only (nosuid, nodev; /home, /tmp, /proc, /sys and /dev are not
 // the host's), the project workspace read-write at /workspace, a
 // per-project home at /home/corral, a tmpfs /tmp, a /proc of each
@@ -134,7 +138,7 @@
 // directory is owned by the workspace's owner on the host. Where a
 // filesystem refuses idmapping, the worker logs a warning and falls back:
 // the workspace is bind-mounted as it is (files the guest creates then
-// belong to the guest user's host id, UIDBase+slot*RangeSize+GuestUID, and
+// belong to the guest user's host id, the project's range start + GuestUID, and
 // the owner's files are writable inside only through their "other"
 // permission bits), and the home directory is chowned to the guest user's
 // host id. MachineInfo.Idmapped says which happened.

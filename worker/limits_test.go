@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/internal/idrange"
 )
 
 // Two workers with different state directories and default cgroup
@@ -77,4 +77,34 @@ func TestCgroupParentRecreated(t *testing.T) {
 	}
 }
 
-var _ = wire.Protocol
+// Two workers on different state directories map disjoint host ids; a
+// worker restarted on the same state directory gives a project the same
+// range (files in its home and upper layer keep their owners).
+func TestIDRanges(t *testing.T) {
+	state := t.TempDir()
+	a := newHarness(t, func(c *Config) { c.MaxProjects = 8; c.StateDir = state })
+	b := newHarness(t, func(c *Config) { c.MaxProjects = 8 })
+	if a.w.ids.Start < idrange.Floor || b.w.ids.Start < idrange.Floor ||
+		a.w.ids.Start < b.w.ids.Start+b.w.ids.Size && b.w.ids.Start < a.w.ids.Start+a.w.ids.Size {
+		t.Fatalf("blocks %+v and %+v", a.w.ids, b.w.ids)
+	}
+	ca, cb := a.dial(t), b.dial(t)
+	a.run(t, ca, a.project(t, 5), "true")
+	a.run(t, ca, a.project(t, 7), "true")
+	b.run(t, cb, b.project(t, 5), "true")
+	ma5, ma7, mb5 := a.machineOf(t, 5), a.machineOf(t, 7), b.machineOf(t, 5)
+	if ma5.HostUID == ma7.HostUID || ma5.HostUID == mb5.HostUID || ma7.HostUID == mb5.HostUID {
+		t.Fatalf("host uids: A/5 %d, A/7 %d, B/5 %d", ma5.HostUID, ma7.HostUID, mb5.HostUID)
+	}
+	if err := a.w.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// The restarted worker: project 7 first this time.
+	a2 := newHarness(t, func(c *Config) { c.MaxProjects = 8; c.StateDir = state })
+	c2 := a2.dial(t)
+	a2.run(t, c2, a2.project(t, 7), "true")
+	a2.run(t, c2, a2.project(t, 5), "true")
+	if got5, got7 := a2.machineOf(t, 5).HostUID, a2.machineOf(t, 7).HostUID; got5 != ma5.HostUID || got7 != ma7.HostUID {
+		t.Fatalf("after a restart: project 5 %d (was %d), project 7 %d (was %d)", got5, ma5.HostUID, got7, ma7.HostUID)
+	}
+}

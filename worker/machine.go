@@ -51,7 +51,7 @@ func (w *Worker) newMachine(id int64, ws, requested string, slot int) *machine {
 	w.gen++
 	return &machine{
 		w: w, id: id, workspace: ws, requested: requested, gen: w.gen,
-		hostUID: w.cfg.UIDBase + uint32(slot)*RangeSize,
+		hostUID: w.hostUIDOf(slot),
 		ready:   make(chan struct{}), dead: make(chan struct{}),
 		bySID: make(map[uint64]*session),
 	}

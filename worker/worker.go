@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/idrange"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/cgroup"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
@@ -32,7 +33,7 @@ const (
 	DefaultMaxSessions = 64
 	DefaultMemory      = 1 << 30
 	DefaultPids        = 512
-	DefaultUIDBase     = 100000
+	DefaultMaxProjects = 1024
 	// RangeSize is the number of host ids mapped into each machine.
 	RangeSize = 65536
 	// GuestUID and GuestGID are the ids sessions run as inside a machine.
@@ -89,11 +90,23 @@ type Config struct {
 	SendTimeout time.Duration
 	// Limits are every machine's resource limits.
 	Limits Limits
-	// UIDBase is the first host id of the ranges mapped into machines:
-	// the n-th distinct project served gets [UIDBase+n*RangeSize,
-	// UIDBase+(n+1)*RangeSize) for the worker's lifetime. Zero means
-	// DefaultUIDBase; below RangeSize is refused. Nothing else on the host
-	// may use these ids.
+	// MaxProjects is how many projects the worker holds host id ranges
+	// for: it claims a block of MaxProjects*RangeSize host ids for its
+	// state directory in the host-wide registry (IDRegistry; package
+	// internal/idrange), distinct from every other state directory's, and
+	// gives each project a slot of RangeSize ids in it, recorded in
+	// StateDir/id-slots.json: stable across restarts (files keep their
+	// owners), freed by ForgetProject. A project beyond MaxProjects is
+	// rejected ("machine-failed", ErrTooManyProjects). Zero means
+	// DefaultMaxProjects.
+	MaxProjects int
+	// IDRegistry is the host-wide registry of id blocks. Empty means
+	// idrange.DefaultRegistry.
+	IDRegistry string
+	// UIDBase, when not zero, replaces the registry claim with the block
+	// [UIDBase, UIDBase+MaxProjects*RangeSize): UNSAFE, as nothing stops
+	// another worker or user from using those ids; for benchmarks and
+	// tests. Below RangeSize is refused.
 	UIDBase uint32
 	// CgroupParent is where this worker's machine cgroups are created: a
 	// clean relative path, below the worker's own cgroup on v1 and on a
@@ -163,6 +176,7 @@ type Worker struct {
 	log      *slog.Logger
 	root     string // ProjectsRoot, resolved
 	cgroups  *cgroup.Layout
+	ids      idrange.Range // host ids of the machines: one RangeSize slot per project
 	hostNet  *os.File
 	masks    []string // host directories hidden in machines
 	closeNet sync.Once
@@ -174,7 +188,7 @@ type Worker struct {
 	mu       sync.Mutex
 	gen      int // machines started, for unique cgroup names
 	machines map[int64]*machine
-	slots    map[int64]int // project id → id-range slot, stable for the worker's life
+	slots    map[int64]int // project id → id-range slot, persisted in StateDir
 	used     map[int]bool
 	conns    map[*conn]struct{}
 	closed   bool
@@ -255,11 +269,8 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.SendTimeout <= 0 {
 		cfg.SendTimeout = DefaultSendTimeout
 	}
-	if cfg.UIDBase == 0 {
-		cfg.UIDBase = DefaultUIDBase
-	}
-	if cfg.UIDBase < RangeSize {
-		return nil, fmt.Errorf("worker: UIDBase %d would map guests onto ordinary host ids (below %d)", cfg.UIDBase, RangeSize)
+	if cfg.MaxProjects <= 0 {
+		cfg.MaxProjects = DefaultMaxProjects
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = DefaultCgroupParent(stateDir)
@@ -283,6 +294,12 @@ func New(cfg Config) (*Worker, error) {
 		slots:    make(map[int64]int),
 		used:     make(map[int]bool),
 		conns:    make(map[*conn]struct{}),
+	}
+	if w.ids, err = claimIDs(&w.cfg, stateDir); err != nil {
+		return nil, err
+	}
+	if err := w.loadSlots(); err != nil {
+		return nil, err
 	}
 	if w.cgroups, err = cgroup.Detect(cfg.CgroupParent); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
@@ -550,25 +567,6 @@ func (m *machine) await(session bool) (*machine, error) {
 		return nil, m.startErr
 	}
 	return m, nil
-}
-
-// slot returns the id-range slot of project id, allocating one on first
-// use. Called with w.mu held. It fails when no range of RangeSize host
-// ids is left below 2^32-1 (the kernel's invalid id).
-func (w *Worker) slot(id int64) (int, error) {
-	if s, ok := w.slots[id]; ok {
-		return s, nil
-	}
-	s := 0
-	for w.used[s] {
-		s++
-	}
-	if uint64(w.cfg.UIDBase)+uint64(s+1)*RangeSize > 1<<32-1 {
-		return 0, fmt.Errorf("no free host id range for project %d", id)
-	}
-	w.used[s] = true
-	w.slots[id] = s
-	return s, nil
 }
 
 // forget removes m from the machine table if it is still there.

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/idrange"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -223,7 +224,7 @@ func TestMachineIsolation(t *testing.T) {
 		if strings.Join(names, ",") != "0,1,2" {
 			t.Errorf("descriptors of the session seen from the host: %v", names)
 		}
-		if m.HostUID < DefaultUIDBase {
+		if m.HostUID < idrange.Floor {
 			t.Errorf("host uid base %d is privileged", m.HostUID)
 		}
 		if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
@@ -973,14 +974,26 @@ func TestMachineStartFailure(t *testing.T) {
 	}
 }
 
-func TestIDRangeExhausted(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.UIDBase = 1<<32 - RangeSize + 10 })
+func TestTooManyProjects(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxProjects = 8; c.IdleGrace = time.Millisecond })
 	c := h.dial(t)
-	if err := c.Send(&wire.ExecStart{ID: "x", Project: h.project(t, 1), Argv: []string{"true"}}); err != nil {
+	for id := int64(1); id <= 8; id++ {
+		if r := h.run(t, c, h.project(t, id), "true"); r.code() != 0 {
+			t.Fatalf("project %d: %v", id, r)
+		}
+	}
+	if err := c.Send(&wire.ExecStart{ID: "x", Project: h.project(t, 9), Argv: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
-	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed || !strings.Contains(m.Message, "id range") {
-		t.Fatalf("%#v", m)
+	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed || !strings.Contains(m.Message, "too-many-projects") {
+		t.Fatalf("ninth project: %#v", m)
+	}
+	// Discarding a project frees its slot for the ninth.
+	if err := h.w.ForgetProject(3); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.run(t, c, h.project(t, 9), "true"); r.code() != 0 {
+		t.Fatalf("ninth project after a discard: %v", r)
 	}
 	if _, err := New(Config{ProjectsRoot: h.root, StateDir: t.TempDir(), UIDBase: 1000}); err == nil {
 		t.Fatal("UIDBase 1000 accepted")

@@ -41,6 +41,11 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// IDRegistry is the id-range registry of test workers (not the host's
+// real one, idrange.DefaultRegistry): every test worker on the host gets a
+// disjoint block, freed when its temporary state directory is removed.
+var IDRegistry = filepath.Join(os.TempDir(), "corral-test-id-ranges.json")
+
 // CgroupPrefix starts the name of every cgroup parent this test process's
 // in-process workers use, to find their machines' processes.
 func CgroupPrefix() string { return fmt.Sprintf("corral-test-%d-", os.Getpid()) }
@@ -74,6 +79,7 @@ func Start(t testing.TB, opts Options) *Worker {
 		Limits:       opts.Limits,
 		MaxSessions:  opts.MaxSessions,
 		CgroupParent: parent,
+		IDRegistry:   IDRegistry,
 		Logger:       log,
 	})
 	if err != nil {
