@@ -85,7 +85,9 @@ func (m *machine) boot() (err error) {
 		GidMappingsEnableSetgroups: true,
 		Credential:                 &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}},
 	}
-	err = cmd.Start()
+	// The machine's user namespace is owned by its guest root's host id,
+	// not by host root (see startOwnedBy).
+	err = startOwnedBy(m.hostUID, m.hostUID, cmd.Start)
 	initEnd.Close()
 	if err != nil {
 		return fmt.Errorf("start init: %w", err)

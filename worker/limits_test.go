@@ -1,11 +1,15 @@
 package worker
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/idrange"
 )
@@ -107,4 +111,69 @@ func TestIDRanges(t *testing.T) {
 	if got5, got7 := a2.machineOf(t, 5).HostUID, a2.machineOf(t, 7).HostUID; got5 != ma5.HostUID || got7 != ma7.HostUID {
 		t.Fatalf("after a restart: project 5 %d (was %d), project 7 %d (was %d)", got5, ma5.HostUID, got7, ma7.HostUID)
 	}
+}
+
+// inotifyHog creates up to 200 inotify instances, prints how many it got,
+// and holds them until stdin closes.
+const inotifyHog = `
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+n = 0
+for _ in range(200):
+    if libc.inotify_init() < 0:
+        break
+    n += 1
+print(n, flush=True)
+open("/workspace/held", "w").write(str(n))
+sys.stdin.read()
+`
+
+const inotifyOnce = `
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init()
+print("ok" if fd >= 0 else "failed: " + os.strerror(ctypes.get_errno()))
+`
+
+// A machine's user namespace is owned by its guest root's host id, so that
+// what its processes create is charged to that id's per-user quotas, not
+// host root's: 200 inotify instances in one machine leave inotify_init
+// working in another machine and on the host.
+func TestMachineQuotasNotChargedToHostRoot(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	hog := h.start(t, c, h.project(t, 1), "python3", "-c", inotifyHog)
+	if !hog.started {
+		t.Fatalf("%#v", hog.first)
+	}
+	m := h.machineOf(t, 1)
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/user", m.InitPID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	var owner uint32
+	const nsGetOwnerUID = 0xb704 // _IO(0xb7, 0x4)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, ns.Fd(), nsGetOwnerUID, uintptr(unsafe.Pointer(&owner))); e != 0 {
+		t.Fatal(e)
+	}
+	if owner != m.HostUID {
+		t.Fatalf("machine user namespace owned by host uid %d, want its guest root %d", owner, m.HostUID)
+	}
+	// Wait until the hog holds its instances.
+	held := filepath.Join(h.root, "p1", "held")
+	eventually(t, "instances held", func() bool { b, _ := os.ReadFile(held); return len(b) > 0 })
+	b, _ := os.ReadFile(held)
+	t.Logf("inotify instances held in machine 1: %s", b)
+
+	if r := h.run(t, c, h.project(t, 2), "python3", "-c", inotifyOnce); r.stdout != "ok\n" {
+		t.Errorf("inotify_init in another machine: %v", r)
+	}
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC)
+	if err != nil {
+		t.Errorf("inotify_init on the host: %v", err)
+	} else {
+		unix.Close(fd)
+	}
+	hog.wait(t)
 }
