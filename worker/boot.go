@@ -11,7 +11,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/corral-sandbox/corral/worker/internal/cgroup"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
 
@@ -38,7 +37,7 @@ func (m *machine) boot() (err error) {
 		return fmt.Errorf("home: %w", err)
 	}
 
-	m.cg, err = w.cgroups.New(fmt.Sprintf("%d.%d", m.id, m.gen), cgroup.Limits{Memory: w.memLimit, Pids: w.pidLimit})
+	m.cg, err = w.cgroups.New(fmt.Sprintf("%d.%d", m.id, m.gen), m.lim.Limits)
 	if err != nil {
 		return err
 	}
@@ -55,11 +54,8 @@ func (m *machine) boot() (err error) {
 	if w.configHook != nil {
 		w.configHook(cfg)
 	}
-	if w.pidLimit > 0 {
-		// Leave room under the pids limit for the init's own threads and
-		// for its ready pid namespace holders (a few threads each).
-		cfg.NProc = int(max(w.pidLimit-32, w.pidLimit/2, 1))
-	}
+	cfg.NProc = nproc(m.lim.Pids)
+	cfg.TmpSize = m.lim.Tmp
 	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
 	if err != nil {
 		return err
@@ -98,6 +94,9 @@ func (m *machine) boot() (err error) {
 	// The init waits for its config before doing anything, so it is in the
 	// machine's cgroup before it can fork.
 	if err := m.cg.Add(m.initPID); err != nil {
+		return err
+	}
+	if err := w.protectInit(m.initPID); err != nil {
 		return err
 	}
 	if err := ctlConn.Send(&ctl.Msg{Op: ctl.OpConfig, Config: cfg}, mounts...); err != nil {

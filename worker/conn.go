@@ -236,7 +236,8 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true)
+	lim := c.w.resolve(m.Project.Limits)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true, lim)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -246,6 +247,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		}
 		return
 	}
+	mach.setLimits(lim)
 	var cred *ctl.Cred
 	if m.User != "" && !alwaysKnown(m.User) {
 		if cred, err = mach.lookupUser(m.User); err != nil {
@@ -287,7 +289,7 @@ func (c *conn) netDial(m *wire.NetDial) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false, c.w.resolve(m.Project.Limits))
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {

@@ -22,8 +22,19 @@
 // can open terminals, and a tmpfs /dev/shm); /tmp and /dev/shm are
 // sized when the worker says so (ctl.Config.TmpSize); its hostname is
 // "project-<id>"; its network is a loopback interface only. Each machine
-// has a cgroup with memory and pids limits: v2 where /sys/fs/cgroup is
-// the unified hierarchy, else the v1 memory and pids hierarchies. PID 1 of
+// has a cgroup with memory, pids and CPU limits: v2 where /sys/fs/cgroup
+// is the unified hierarchy, else the v1 memory, pids and cpu (CFS quota)
+// hierarchies, below the worker's own cgroup parent (Config.CgroupParent).
+// The limits are the worker's defaults (Config.Limits) overridden by the
+// request's project limits (wire.Limits) field by field; a request with
+// other limits changes a running machine's memory, pids and CPU limits at
+// once. /tmp and /dev/shm are tmpfs of Limits.Tmp bytes each, charged to
+// the memory limit of the process that writes them. The init and its
+// pid namespace holders have oom_score_adj -1000 (the OOM killer spares
+// them), sessions 0 (see package guest). The machine's user namespace is
+// owned by its guest root's host id, so that what it creates (inotify
+// instances, namespaces: the kernel's per-user counts) is charged to the
+// machine, never to host root. PID 1 of
 // a machine is corral's own init — this binary re-executed (see
 // MaybeRunInit), placed in the machine's cgroup before it may fork — which
 // reaps zombies and forks sessions (see Session containment) as the

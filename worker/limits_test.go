@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/idrange"
+	"github.com/corral-sandbox/corral/wire"
 )
 
 // Two workers with different state directories and default cgroup
@@ -176,4 +177,145 @@ func TestMachineQuotasNotChargedToHostRoot(t *testing.T) {
 		unix.Close(fd)
 	}
 	hog.wait(t)
+}
+
+// machineGroup returns the cgroup of project id's running machine.
+func (h *harness) machineGroup(t testing.TB, id int64) *machine {
+	t.Helper()
+	h.w.mu.Lock()
+	defer h.w.mu.Unlock()
+	m := h.w.machines[id]
+	if m == nil {
+		t.Fatalf("no machine for project %d", id)
+	}
+	return m
+}
+
+// Four busy loops in a machine limited to a fifth of a CPU use about that
+// (without the limit they take what the host has: both cores of this one
+// when idle, about 0.3 CPU when other tests load it; a small limit keeps
+// the assertion meaningful under load).
+func TestCPULimit(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Limits.CPUMillis = 200 })
+	c := h.dial(t)
+	run := h.start(t, c, h.project(t, 1), "sh", "-c", "for i in 1 2 3 4; do (while :; do :; done) & done; wait")
+	if !run.started {
+		t.Fatalf("%#v", run.first)
+	}
+	cg := h.machineGroup(t, 1).cg
+	if _, err := cg.CPUUsage(); err != nil {
+		t.Skip(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the loops start
+	u0, _ := cg.CPUUsage()
+	t0 := time.Now()
+	time.Sleep(time.Second)
+	u1, _ := cg.CPUUsage()
+	cpus := float64(u1-u0) / float64(time.Since(t0))
+	t.Logf("4 busy loops used %.2f CPUs", cpus)
+	if cpus > 0.26 {
+		t.Errorf("a machine limited to 0.2 CPU used %.2f CPUs", cpus)
+	}
+	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+		t.Fatal(err)
+	}
+	run.wait(t)
+}
+
+// /tmp and /dev/shm are sized: filling them gets ENOSPC, and the machine
+// (its init) lives on.
+func TestTmpSized(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Limits.Tmp = 16 << 20 })
+	c := h.dial(t)
+	p := h.project(t, 1)
+	for _, dir := range []string{"/tmp", "/dev/shm"} {
+		r := h.run(t, c, p, "dd", "if=/dev/zero", "of="+dir+"/fill", "bs=1M", "count=64")
+		if r.code() == 0 || !strings.Contains(r.stderr, "No space left on device") {
+			t.Errorf("filling %s: %v", dir, r)
+		}
+	}
+	init := h.machineOf(t, 1).InitPID
+	if r := h.run(t, c, p, "df", "-B1", "--output=size", "/tmp"); !strings.Contains(r.stdout, "16777216") {
+		t.Errorf("df /tmp: %v", r)
+	}
+	if h.machineOf(t, 1).InitPID != init {
+		t.Fatal("the machine restarted")
+	}
+}
+
+// The init and the holders are spared by the OOM killer (-1000); a
+// session starts unprotected (0). Without CAP_SYS_RESOURCE (this CI's
+// container) the init keeps 0 and sessions start at 500.
+func TestOOMScoreAdj(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	r := h.run(t, c, p, "sh", "-c", "cat /proc/self/oom_score_adj; sleep 0 & wait")
+	m := h.machineOf(t, 1)
+	read := func(pid int) string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid))
+		return strings.TrimSpace(string(b))
+	}
+	own, session := "-1000", "0"
+	if !hasCap(unix.CAP_SYS_RESOURCE) {
+		own, session = "0", "500"
+	}
+	if r.stdout != session+"\n" {
+		t.Errorf("session oom_score_adj %q, want %s", r.stdout, session)
+	}
+	if v := read(m.InitPID); v != own {
+		t.Errorf("init oom_score_adj %q, want %s", v, own)
+	}
+	hs := holderPids(t, m)
+	if len(hs) == 0 {
+		t.Fatal("no holders")
+	}
+	for _, pid := range hs {
+		if v := read(pid); v != own {
+			t.Errorf("holder %d oom_score_adj %q, want %s", pid, v, own)
+		}
+	}
+}
+
+func hasCap(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var d [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &d[0]); err != nil {
+		return false
+	}
+	return d[c/32].Effective&(1<<(c%32)) != 0
+}
+
+// A request with other limits changes a running machine's cgroup at once.
+func TestLimitsChangedLive(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	h.run(t, c, p, "true")
+	init := h.machineOf(t, 1).InitPID
+	p.Limits = &wire.Limits{Memory: 200 << 20, CPU: 500, Pids: 100}
+	h.run(t, c, p, "true")
+	if h.machineOf(t, 1).InitPID != init {
+		t.Fatal("the machine restarted")
+	}
+	want := map[string]string{
+		"memory.limit_in_bytes": "209715200", "memory.max": "209715200",
+		"pids.max": "100", "cpu.cfs_quota_us": "50000", "cpu.max": "50000 100000",
+	}
+	found := 0
+	for _, d := range h.machineOf(t, 1).Cgroups {
+		for f, v := range want {
+			b, err := os.ReadFile(filepath.Join(d, f))
+			if err != nil {
+				continue
+			}
+			found++
+			if got := strings.TrimSpace(string(b)); got != v {
+				t.Errorf("%s/%s = %q, want %q", d, f, got, v)
+			}
+		}
+	}
+	if found < 3 {
+		t.Errorf("only %d limit files found", found)
+	}
 }

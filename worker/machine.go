@@ -33,6 +33,9 @@ type machine struct {
 
 	dead chan struct{} // closed once the init is gone and cleaned up
 
+	limMu sync.Mutex    // serialises limit changes
+	lim   machineLimits // as applied
+
 	mu        sync.Mutex
 	refs      int // sessions plus in-flight net-dials
 	sessions  int
@@ -47,10 +50,10 @@ type machine struct {
 	lookupsClosed bool
 }
 
-func (w *Worker) newMachine(id int64, ws, requested string, slot int) *machine {
+func (w *Worker) newMachine(id int64, ws, requested string, slot int, lim machineLimits) *machine {
 	w.gen++
 	return &machine{
-		w: w, id: id, workspace: ws, requested: requested, gen: w.gen,
+		w: w, id: id, workspace: ws, requested: requested, gen: w.gen, lim: lim,
 		hostUID: w.hostUIDOf(slot),
 		ready:   make(chan struct{}), dead: make(chan struct{}),
 		bySID: make(map[uint64]*session),

@@ -33,6 +33,8 @@ const (
 	DefaultMaxSessions = 64
 	DefaultMemory      = 1 << 30
 	DefaultPids        = 512
+	DefaultCPUMillis   = 1000
+	DefaultTmp         = 256 << 20
 	DefaultMaxProjects = 1024
 	// RangeSize is the number of host ids mapped into each machine.
 	RangeSize = 65536
@@ -53,15 +55,27 @@ const (
 	holdArg = "__corral-userns-hold"
 )
 
-// Limits are a machine's resource limits.
+// Limits are a machine's resource limits: the worker's defaults
+// (Config.Limits), which a request's project limits (wire.Limits, feature
+// machine-spec) override field by field.
 type Limits struct {
 	// Memory is the machine's memory limit in bytes (swap included where
 	// the kernel accounts it). Zero means DefaultMemory; negative means no
-	// limit.
+	// limit. The pages of /tmp and /dev/shm (tmpfs) are charged to the
+	// process that writes them, so they count against it.
 	Memory int64
 	// Pids is the machine's limit on tasks (threads count). Zero means
 	// DefaultPids; negative means no limit.
 	Pids int64
+	// CPUMillis is the machine's CPU bandwidth in thousandths of a CPU
+	// (cpu.max on cgroup v2, the CFS quota of the v1 cpu hierarchy). Zero
+	// means DefaultCPUMillis; negative means no limit.
+	CPUMillis int64
+	// Tmp is the size in bytes of the machine's /tmp and, separately, of
+	// its /dev/shm (tmpfs; both charged to Memory, so that together they
+	// never exceed it). Zero means DefaultTmp; negative means unsized
+	// (bounded by Memory alone).
+	Tmp int64
 }
 
 // Config configures a Worker. Only ProjectsRoot and StateDir are required.
@@ -180,10 +194,11 @@ type Worker struct {
 	hostNet  *os.File
 	masks    []string // host directories hidden in machines
 	closeNet sync.Once
-	memLimit int64
-	pidLimit int64
 	// configHook, when set (by tests), edits every machine's init config.
 	configHook func(*ctl.Config)
+	// noOOMProtection logs once that inits cannot be protected.
+	noOOMProtection sync.Once
+	defaults        machineLimits
 
 	mu       sync.Mutex
 	gen      int // machines started, for unique cgroup names
@@ -287,8 +302,14 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w := &Worker{
 		cfg: cfg, log: log, root: root,
-		memLimit: limit(cfg.Limits.Memory, DefaultMemory),
-		pidLimit: limit(cfg.Limits.Pids, DefaultPids),
+		defaults: machineLimits{
+			Limits: cgroup.Limits{
+				Memory:    limit(cfg.Limits.Memory, DefaultMemory),
+				Pids:      limit(cfg.Limits.Pids, DefaultPids),
+				CPUMillis: limit(cfg.Limits.CPUMillis, DefaultCPUMillis),
+			},
+			Tmp: limit(cfg.Limits.Tmp, DefaultTmp),
+		},
 		masks:    masks,
 		machines: make(map[int64]*machine),
 		slots:    make(map[int64]int),
@@ -482,10 +503,10 @@ var errClosed = errors.New("worker: shut down")
 // A running machine started for the very same requested path is reused
 // without resolving the path again: the workspace it mounted was checked
 // when it started, and nothing is mounted anew.
-func (w *Worker) acquire(id int64, requested string, session bool) (*machine, error) {
+func (w *Worker) acquire(id int64, requested string, session bool, lim machineLimits) (*machine, error) {
 	w.mu.Lock()
 	if m := w.machines[id]; m != nil && m.requested == requested {
-		return w.hold(m, session)
+		return w.hold(m, session, lim)
 	}
 	w.mu.Unlock()
 	ws, err := w.resolveWorkspace(requested)
@@ -504,14 +525,14 @@ func (w *Worker) acquire(id int64, requested string, session bool) (*machine, er
 		}
 	}
 	if m == nil {
-		return w.startMachine(id, ws, requested, session)
+		return w.startMachine(id, ws, requested, session, lim)
 	}
-	return w.hold(m, session)
+	return w.hold(m, session, lim)
 }
 
 // hold takes a reference on m, or acquires a new machine if m is stopping.
 // Called with w.mu held; releases it.
-func (w *Worker) hold(m *machine, session bool) (*machine, error) {
+func (w *Worker) hold(m *machine, session bool, lim machineLimits) (*machine, error) {
 	m.mu.Lock()
 	switch {
 	case m.stopping:
@@ -522,7 +543,7 @@ func (w *Worker) hold(m *machine, session bool) (*machine, error) {
 			delete(w.machines, m.id)
 		}
 		w.mu.Unlock()
-		return w.acquire(m.id, m.requested, session)
+		return w.acquire(m.id, m.requested, session, lim)
 	case session && m.sessions >= w.cfg.MaxSessions:
 		m.mu.Unlock()
 		w.mu.Unlock()
@@ -537,7 +558,7 @@ func (w *Worker) hold(m *machine, session bool) (*machine, error) {
 // startMachine registers and starts a new machine. Called with w.mu held;
 // releases it. Only sessions start machines: a net-dial to a project
 // without one fails ("dial-failed"), as nothing could be listening there.
-func (w *Worker) startMachine(id int64, ws, requested string, session bool) (*machine, error) {
+func (w *Worker) startMachine(id int64, ws, requested string, session bool, lim machineLimits) (*machine, error) {
 	if w.closed {
 		w.mu.Unlock()
 		return nil, errClosed
@@ -551,7 +572,7 @@ func (w *Worker) startMachine(id int64, ws, requested string, session bool) (*ma
 		w.mu.Unlock()
 		return nil, &rejection{wire.CodeMachineFailed, err.Error()}
 	}
-	m := w.newMachine(id, ws, requested, slot)
+	m := w.newMachine(id, ws, requested, slot, lim)
 	m.hold(session)
 	w.machines[id] = m
 	w.mu.Unlock()

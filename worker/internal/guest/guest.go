@@ -270,6 +270,7 @@ func (in *pid1) preparePidNS() error {
 	if in.home, err = openNSHome(); err != nil {
 		return err
 	}
+	initOOMGuard()
 	if in.childs, err = openChildren(os.Getpid(), unix.Gettid()); err != nil {
 		return fmt.Errorf("open own children list: %w", err)
 	}
@@ -485,7 +486,7 @@ func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.Proc
 	if err := enterHolder(h); err != nil {
 		return 0, fmt.Errorf("%w: %w", errEnter, err)
 	}
-	pid, err := syscall.ForkExec(path, argv, attr)
+	pid, err := guardedFork(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if serr := in.home.restore(); serr != nil {
 		in.fatal(serr)
 		os.Exit(1)
