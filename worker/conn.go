@@ -36,6 +36,9 @@ import (
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
 
+// features are the protocol-2 extensions the worker announces.
+var features = []string{wire.FeatureUser, wire.FeatureOOMKilled}
+
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
 
@@ -67,7 +70,7 @@ func (c *conn) serve() {
 		return
 	}
 	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	if err := wire.ServerHello(c.wc, c.w.cfg.Name, wire.FeatureUser); err != nil {
+	if err := wire.ServerHello(c.wc, c.w.cfg.Name, features...); err != nil {
 		c.w.log.Debug("handshake failed", "err", err)
 		return
 	}

@@ -228,10 +228,21 @@ func (m *machine) onReport(msg *ctl.Msg) {
 		m.mu.Unlock()
 		return
 	}
+	cancelled, base := s.cancelled, s.oomBase
 	m.mu.Unlock()
 	exit := &wire.ExecExit{ID: s.id, Code: msg.Code, Signal: msg.Signal}
 	if msg.Op == ctl.OpNotStarted {
 		exit.NotStarted, exit.Message = true, msg.Message
+	}
+	// The kernel's OOM killer sends SIGKILL and counts the kill in the
+	// machine's cgroup: a session killed by SIGKILL, not cancelled, while
+	// the count rose is taken for its victim (another session's OOM kill
+	// during its life and a SIGKILL from elsewhere would also match).
+	if msg.Signal == "SIGKILL" && !cancelled {
+		if n, err := m.cg.OOMKills(); err == nil && n > base {
+			exit.OOMKilled = true
+			m.w.log.Info("session killed by the OOM killer", "project", m.id, "id", s.id)
+		}
 	}
 	s.c.finish(s, exit)
 }

@@ -491,12 +491,21 @@ func TestMemoryHogKilledBySignal(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Limits.Memory = 96 << 20 })
 	c := h.dial(t)
 	p := h.project(t, 1)
-	r := h.run(t, c, p, "python3", "-c", "b = b'x' * (512 << 20); print('survived')")
-	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil || strings.Contains(r.stdout, "survived") {
+	h.run(t, c, p, "true")
+	init := h.machineOf(t, 1).InitPID
+	r := h.run(t, c, p, "python3", "-c", "b = bytearray(2 << 30); print('survived')")
+	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil || strings.Contains(r.stdout, "survived") || !r.exit.OOMKilled {
 		t.Fatalf("memory hog: %v", r)
+	}
+	// A SIGKILL that is not the OOM killer's says nothing of it.
+	if r := h.run(t, c, p, "sh", "-c", "kill -9 $$"); r.exit.Signal != "SIGKILL" || r.exit.OOMKilled {
+		t.Fatalf("kill -9: %v", r)
 	}
 	if r := h.run(t, c, p, "echo", "alive"); r.stdout != "alive\n" {
 		t.Fatalf("after the hog: %v", r)
+	}
+	if h.machineOf(t, 1).InitPID != init {
+		t.Fatal("the OOM kill took the machine's init")
 	}
 }
 
