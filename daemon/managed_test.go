@@ -15,6 +15,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -240,3 +241,26 @@ while True:
     f.read(1)
     c.close()
 `
+
+// An OOM kill in a managed machine is reported as such: over HTTP, in
+// the journal and in the metrics; a plain result stays byte-identical.
+func TestManagedOOMKilled(t *testing.T) {
+	e := newManagedEnv(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	status, body := e.do(context.Background(), "POST", commandsPath(p.ID), tok, cmdBody("python3", "-c", "a = bytearray(2 << 30)"))
+	if status != 200 || !strings.Contains(string(body), `"code":null,"signal":"SIGKILL","oomKilled":true}`) {
+		t.Fatalf("%d %s", status, body)
+	}
+	status, body = e.do(context.Background(), "POST", commandsPath(p.ID), tok, cmdBody("sh", "-c", "kill -9 $$"))
+	if status != 200 || strings.Contains(string(body), "oomKilled") || !strings.Contains(string(body), `"signal":"SIGKILL"}`) {
+		t.Fatalf("%d %s", status, body)
+	}
+	if v := metricValue(t, e, "corral_commands_oom_killed_total"); v != 1 {
+		t.Errorf("corral_commands_oom_killed_total %v", v)
+	}
+	list, err := e.st.ListJournal(context.Background(), store.JournalFilter{Project: p.ID})
+	if err != nil || len(list) != 2 || list[0].End.OOMKilled || !list[1].End.OOMKilled || list[1].End.Signal != "SIGKILL" {
+		t.Fatalf("journal %+v, %v", list, err)
+	}
+}

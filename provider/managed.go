@@ -162,7 +162,7 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 			settle(sandbox.Exit{}, translate(err))
 			return
 		}
-		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal}, nil)
+		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled}, nil)
 	}()
 	return sess, nil
 }

@@ -204,7 +204,7 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		default:
 			r.stopHeartbeat()
 			stdout, stderr := r.output()
-			res := &CommandResult{Stdout: stdout, Stderr: stderr, Code: exit.Code, Signal: exit.Signal}
+			res := &CommandResult{Stdout: stdout, Stderr: stderr, Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled && exit.Signal != ""}
 			if err := releaseLease(ctx, r.common.Lease); err != nil {
 				return nil, &CommandError{Kind: KindCleanup, Message: err.Error(), Stdout: stdout, Stderr: stderr, Cleanup: err}
 			}
