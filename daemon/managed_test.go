@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +24,13 @@ import (
 // socket, projects under STATE/projects) and a daemon that reaches it.
 func newManagedEnv(t *testing.T) *env {
 	t.Helper()
+	e, _ := newManagedEnvWorker(t)
+	return e
+}
+
+// newManagedEnvWorker is newManagedEnv, also returning the worker.
+func newManagedEnvWorker(t *testing.T) (*env, *testworker.Worker) {
+	t.Helper()
 	requireRoot(t)
 	dir, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
@@ -38,7 +46,7 @@ func newManagedEnv(t *testing.T) *env {
 		Logger:       testLogger(t),
 	})
 	sock := w.Socket
-	return newEnv(t, envOpts{dir: dir, transport: machine.SocketTransport{Path: sock}})
+	return newEnv(t, envOpts{dir: dir, transport: machine.SocketTransport{Path: sock}}), w
 }
 
 func TestManagedCommand(t *testing.T) {
@@ -262,5 +270,45 @@ func TestManagedOOMKilled(t *testing.T) {
 	list, err := e.st.ListJournal(context.Background(), store.JournalFilter{Project: p.ID})
 	if err != nil || len(list) != 2 || list[0].End.OOMKilled || !list[1].End.OOMKilled || list[1].End.Signal != "SIGKILL" {
 		t.Fatalf("journal %+v, %v", list, err)
+	}
+}
+
+// Killing a machine's init makes its running command fail with
+// "transport" at once (not when its timeout expires).
+func TestManagedMachineDeathIsTransport(t *testing.T) {
+	e, w := newManagedEnvWorker(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	type answer struct {
+		status int
+		body   []byte
+	}
+	done := make(chan answer, 1)
+	go func() {
+		status, body := e.do(context.Background(), "POST", commandsPath(p.ID), tok,
+			`{"command":{"type":"argv","file":"sleep","args":["100"]},"timeoutMs":60000}`)
+		done <- answer{status, body}
+	}()
+	var init int
+	deadline := time.Now().Add(10 * time.Second)
+	for init == 0 && time.Now().Before(deadline) {
+		for _, m := range w.Machines() {
+			if m.Sessions > 0 {
+				init = m.InitPID
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if init == 0 {
+		t.Fatal("no machine with a running session")
+	}
+	killed := time.Now()
+	if err := syscall.Kill(init, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	t.Logf("answered %v after the kill", time.Since(killed))
+	if a.status != http.StatusBadGateway || !strings.Contains(string(a.body), `"kind":"transport"`) {
+		t.Fatalf("%d %s", a.status, a.body)
 	}
 }

@@ -238,6 +238,13 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			s.finish(Exit{}, rej)
 			return nil
 		}
+		if s := c.session(m.ID, true); s != nil {
+			// A started session ends with an error frame only when its
+			// exit could not be observed: the machine died under it.
+			log.Info("session lost with its machine", "id", m.ID, "code", m.Code, "message", m.Message)
+			s.finish(Exit{}, fmt.Errorf("%w: %s: %s", ErrMachineFailed, m.Code, m.Message))
+			return nil
+		}
 		if m.Code == wire.CodeUnknownSession {
 			// The answer to the attach pipelined behind a rejected start.
 			log.Debug("worker error frame for a finished session", "id", m.ID, "message", m.Message)

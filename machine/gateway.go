@@ -47,6 +47,12 @@ var (
 	// ErrNotStarted means the worker could not start the program (it was
 	// never executed); it comes from Session.Wait.
 	ErrNotStarted = errors.New("machine: command not started")
+	// ErrMachineFailed means the session's machine died under it (its
+	// init was killed, it ran out of memory, its cgroup was removed): the
+	// worker could not observe the command's end, whose outcome is
+	// unknown, and everything of the machine was killed. For a session it
+	// is a transport failure, like ErrInterrupted.
+	ErrMachineFailed = errors.New("machine: the machine stopped under the session")
 	// ErrClosed means the Gateway was closed.
 	ErrClosed = errors.New("machine: gateway closed")
 	// ErrPingTimeout is the cause of an interruption detected because the

@@ -585,3 +585,40 @@ func TestRealWorkerFastExecsConcurrent(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A machine that dies under a started session (its init killed) ends the
+// session's Wait with ErrMachineFailed, promptly: the gateway no longer
+// ignores the worker's error frame for a started session.
+func TestRealWorkerMachineDeathEndsSession(t *testing.T) {
+	in, rw := newIntegration(t)
+	ctx := ctxT(t)
+	s, err := in.g.Exec(ctx, in.req("sleep", "100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ms := rw.w.Machines()
+	if len(ms) != 1 {
+		t.Fatalf("machines %+v", ms)
+	}
+	if err := syscall.Kill(ms[0].InitPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done():
+	case <-ctx.Done():
+		t.Fatal("session still running after its machine died")
+	}
+	if exit, err := s.Wait(); !errors.Is(err, machine.ErrMachineFailed) {
+		t.Fatalf("Wait = %+v, %v; want ErrMachineFailed", exit, err)
+	}
+	// The project gets a new machine.
+	s2, err := in.g.Exec(ctx, in.req("true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if exit, err := s2.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("after the machine died: %+v, %v", exit, err)
+	}
+}

@@ -190,7 +190,7 @@ func translate(err error) error {
 	switch {
 	case errors.Is(err, machine.ErrNotStarted):
 		return fmt.Errorf("%w: %w", sandbox.ErrNotStarted, err)
-	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrUnavailable),
+	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrMachineFailed), errors.Is(err, machine.ErrUnavailable),
 		errors.Is(err, machine.ErrClosed), errors.Is(err, machine.ErrNoPrivilegedTransport):
 		return fmt.Errorf("%w: %w", sandbox.ErrTransport, err)
 	}
