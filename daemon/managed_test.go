@@ -31,6 +31,12 @@ func newManagedEnv(t *testing.T) *env {
 // newManagedEnvWorker is newManagedEnv, also returning the worker.
 func newManagedEnvWorker(t *testing.T) (*env, *testworker.Worker) {
 	t.Helper()
+	return newManagedEnvOpts(t, testworker.Options{})
+}
+
+// newManagedEnvOpts is newManagedEnvWorker with the worker's options.
+func newManagedEnvOpts(t *testing.T, opts testworker.Options) (*env, *testworker.Worker) {
+	t.Helper()
 	requireRoot(t)
 	dir, err := filepath.EvalSymlinks(t.TempDir())
 	if err != nil {
@@ -40,11 +46,10 @@ func newManagedEnvWorker(t *testing.T) (*env, *testworker.Worker) {
 		t.Fatal(err)
 	}
 	// Started first, so it stops after the daemon's cleanup.
-	w := testworker.Start(t, testworker.Options{
-		ProjectsRoot: WorkspacesDir(dir),
-		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
-		Logger:       testLogger(t),
-	})
+	opts.ProjectsRoot = WorkspacesDir(dir)
+	opts.Limits = worker.Limits{Memory: 256 << 20, Pids: 128}
+	opts.Logger = testLogger(t)
+	w := testworker.Start(t, opts)
 	sock := w.Socket
 	return newEnv(t, envOpts{dir: dir, transport: machine.SocketTransport{Path: sock}}), w
 }
@@ -310,5 +315,23 @@ func TestManagedMachineDeathIsTransport(t *testing.T) {
 	t.Logf("answered %v after the kill", time.Since(killed))
 	if a.status != http.StatusBadGateway || !strings.Contains(string(a.body), `"kind":"transport"`) {
 		t.Fatalf("%d %s", a.status, a.body)
+	}
+}
+
+// A worker that cannot start machines makes /healthz answer 503 with the
+// reason (it said ok while every managed command failed).
+func TestHealthzReportsMachineStartFailure(t *testing.T) {
+	e, _ := newManagedEnvOpts(t, testworker.Options{SelfExe: "/bin/false"})
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	if status, body := e.do(context.Background(), "GET", "/healthz", "", nil); status != 200 {
+		t.Fatalf("healthz before: %d %s", status, body)
+	}
+	if status, body := e.do(context.Background(), "POST", commandsPath(p.ID), tok, cmdBody("true")); status == 200 {
+		t.Fatalf("command with a broken worker: %d %s", status, body)
+	}
+	status, body := e.do(context.Background(), "GET", "/healthz", "", nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "failed to start a machine") {
+		t.Fatalf("healthz after: %d %s", status, body)
 	}
 }

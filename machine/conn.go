@@ -193,6 +193,7 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 	case *wire.ExecStarted:
 		c.event(m.ID, m, false)
 	case *wire.ExecRejected:
+		c.g.noteRejection(m.Code, m.Message)
 		if s := c.event(m.ID, m, true); s != nil {
 			s.finish(Exit{}, &RejectedError{Code: m.Code, Message: m.Message})
 		}
@@ -229,6 +230,7 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 		}
 		rej := &RejectedError{Code: m.Code, Message: m.Message}
 		if w := c.takeDial(m.ID); w != nil {
+			c.g.noteRejection(m.Code, m.Message)
 			w <- dialResult{err: rej}
 			return nil
 		}

@@ -121,6 +121,30 @@ type Gateway struct {
 	lastErr  error         // why the last attempt failed
 	permErr  error         // non-nil: the transport will never connect again
 	closed   bool
+
+	// startFailed and startFailure are when the worker last refused a
+	// request because it could not start a machine, and its message.
+	startFailed  time.Time
+	startFailure string
+}
+
+// LastStartFailure returns when the worker last refused a request with
+// "machine-failed" (it could not start the project's machine) and the
+// worker's message; the zero time if it never did.
+func (g *Gateway) LastStartFailure() (time.Time, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.startFailed, g.startFailure
+}
+
+// noteRejection records a machine start failure.
+func (g *Gateway) noteRejection(code, msg string) {
+	if code != wire.CodeMachineFailed {
+		return
+	}
+	g.mu.Lock()
+	g.startFailed, g.startFailure = time.Now(), msg
+	g.mu.Unlock()
 }
 
 // New returns a gateway that reaches the worker through transport and

@@ -39,6 +39,8 @@ type Options struct {
 	ProjectsRoot string
 	// Logger receives the worker's logs; nil discards them.
 	Logger *slog.Logger
+	// SelfExe is worker.Config.SelfExe (empty: this test binary).
+	SelfExe string
 }
 
 // IDRegistry is the id-range registry of test workers (not the host's
@@ -80,6 +82,7 @@ func Start(t testing.TB, opts Options) *Worker {
 		MaxSessions:  opts.MaxSessions,
 		CgroupParent: parent,
 		IDRegistry:   IDRegistry,
+		SelfExe:      opts.SelfExe,
 		Logger:       log,
 	})
 	if err != nil {
