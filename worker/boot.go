@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/worker/internal/cgroup"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
 
@@ -50,6 +51,22 @@ func (m *machine) boot() (err error) {
 		GoHolder: w.cfg.GoHolders,
 		// Enough holders kept for the sessions the machine admits.
 		MaxSessions: w.cfg.MaxSessions,
+	}
+	// On v2 each session gets a cgroup of its own below the machine's,
+	// created by the init, to which the machine's group is delegated.
+	m.sessCG = m.cg
+	if w.sessionLayout != nil {
+		// Tests on hybrid hosts: session groups in the v2 hierarchy.
+		if m.sessCG, err = w.sessionLayout.New(fmt.Sprintf("%d.%d", m.id, m.gen), cgroup.Limits{}); err != nil {
+			return err
+		}
+		cleanups = append(cleanups, func() { _ = m.sessCG.Destroy() })
+	}
+	if dir := m.sessCG.SessionParent(); dir != "" {
+		if err := m.sessCG.Delegate(int(m.hostUID), int(m.hostUID)); err != nil {
+			return err
+		}
+		cfg.SessionCgroup = dir
 	}
 	if w.configHook != nil {
 		w.configHook(cfg)
@@ -95,6 +112,13 @@ func (m *machine) boot() (err error) {
 	// machine's cgroup before it can fork.
 	if err := m.cg.Add(m.initPID); err != nil {
 		return err
+	}
+	if m.sessCG != m.cg {
+		// CLONE_INTO_CGROUP needs the init's group and the session's to
+		// have a delegated common ancestor.
+		if err := m.sessCG.Add(m.initPID); err != nil {
+			return err
+		}
 	}
 	if err := w.protectInit(m.initPID); err != nil {
 		return err

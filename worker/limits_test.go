@@ -1,9 +1,11 @@
 package worker
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/idrange"
 	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/cgroup"
 )
 
 // Two workers with different state directories and default cgroup
@@ -317,5 +320,59 @@ func TestLimitsChangedLive(t *testing.T) {
 	}
 	if found < 3 {
 		t.Errorf("only %d limit files found", found)
+	}
+}
+
+// On cgroup v2 every session runs in a group of its own below its
+// machine's, entered with CLONE_INTO_CGROUP, so that even a process that
+// left the session's tree (reparented) is in it and goes with it. This
+// host's machines use v1, whose v2 hierarchy (hybrid, without
+// controllers) still takes sessions' groups: the worker is told to use it.
+func TestSessionCgroupsV2(t *testing.T) {
+	const unified = "/sys/fs/cgroup/unified"
+	var st unix.Statfs_t
+	if err := unix.Statfs(unified, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC {
+		t.Skip("no hybrid v2 hierarchy at " + unified)
+	}
+	h := newHarness(t, nil)
+	l, err := cgroup.DetectAt(unified, h.w.cfg.CgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.w.sessionLayout = l
+	c := h.dial(t)
+	run := h.start(t, c, h.project(t, 1), "sh", "-c", "(sleep 100 &); sleep 100")
+	if !run.started {
+		t.Fatalf("%#v", run.first)
+	}
+	m := h.machineOf(t, 1)
+	group := filepath.Join(l.Parents()[0], "machine-1.1", "s-1")
+	var procs []string
+	eventually(t, "the session and its reparented sleep in the session's group", func() bool {
+		b, _ := os.ReadFile(filepath.Join(group, "cgroup.procs"))
+		procs = strings.Fields(string(b))
+		return len(procs) == 2
+	})
+	for _, p := range procs {
+		if n, _ := strconv.Atoi(p); n == m.InitPID || isHolder(n) {
+			t.Errorf("init or holder %d in the session's group", n)
+		}
+	}
+	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
+		t.Fatal(err)
+	}
+	if r := run.wait(t); r.exit.Signal != "SIGKILL" {
+		t.Fatalf("cancelled: %v", r)
+	}
+	eventually(t, "the session's group removed", func() bool { _, err := os.Stat(group); return errors.Is(err, os.ErrNotExist) })
+	if r := h.run(t, c, h.project(t, 1), "echo", "next"); r.stdout != "next\n" {
+		t.Fatalf("next session: %v", r)
+	}
+	if err := h.w.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	l.RemoveParents()
+	if _, err := os.Stat(l.Parents()[0]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("v2 parent left: %v", err)
 	}
 }

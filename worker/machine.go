@@ -29,6 +29,7 @@ type machine struct {
 	cmd      *exec.Cmd
 	ctl      *ctl.Conn
 	cg       *cgroup.Group
+	sessCG   *cgroup.Group // the parent of the sessions' groups (cg, on v2)
 	netns    *os.File
 
 	dead chan struct{} // closed once the init is gone and cleaned up
@@ -160,6 +161,9 @@ func (m *machine) wait() {
 	m.w.forget(m)
 	if err := m.cg.Destroy(); err != nil {
 		m.w.log.Error("machine cgroup cleanup failed", "project", m.id, "err", err)
+	}
+	if m.sessCG != m.cg {
+		_ = m.sessCG.Destroy()
 	}
 	m.netns.Close()
 	m.w.log.Info("machine stopped", "project", m.id, "init", m.initPID)

@@ -196,6 +196,9 @@ type Worker struct {
 	closeNet sync.Once
 	// configHook, when set (by tests), edits every machine's init config.
 	configHook func(*ctl.Config)
+	// sessionLayout, set by tests on hybrid hosts, is a v2 layout where
+	// sessions get their groups (otherwise only a v2 machine layout).
+	sessionLayout *cgroup.Layout
 	// noOOMProtection logs once that inits cannot be protected.
 	noOOMProtection sync.Once
 	defaults        machineLimits

@@ -89,6 +89,13 @@ func Detect(parent string) (*Layout, error) {
 	return detect(Root, parent)
 }
 
+// DetectAt is Detect for the cgroup filesystem (or the directory holding
+// the v1 hierarchies) mounted at root: for example the v2 hierarchy of a
+// hybrid host, /sys/fs/cgroup/unified.
+func DetectAt(root, parent string) (*Layout, error) {
+	return detect(root, parent)
+}
+
 func detect(root, parent string) (*Layout, error) {
 	if parent == "" || filepath.IsAbs(parent) || filepath.Clean(parent) != parent || strings.HasPrefix(parent, "..") {
 		return nil, fmt.Errorf("cgroup: parent %q must be a clean relative path", parent)
@@ -611,4 +618,35 @@ func rmdir(p string) error {
 		time.Sleep(2 * time.Millisecond)
 	}
 	return fmt.Errorf("cgroup: rmdir %s: %w", p, err)
+}
+
+// SessionParent returns the directory under which the group's sessions
+// get cgroups of their own (see Delegate), or "" where they do not: on v1,
+// whose process-per-group semantics are kept for the whole machine (the
+// init's pid namespace holders give sessions an exact tree kill there).
+func (g *Group) SessionParent() string {
+	if !g.v2 {
+		return ""
+	}
+	return g.paths[0]
+}
+
+// Delegate hands the group's v2 directory to uid and gid (the machine's
+// guest root on the host), as systemd delegates a subtree: the directory
+// and its cgroup.procs, cgroup.threads and cgroup.subtree_control, so
+// that the init can create child groups for its sessions, fork into them
+// with CLONE_INTO_CGROUP (which needs write access to cgroup.procs of the
+// common ancestor) and kill and remove them. Its limits (memory.max,
+// pids.max, cpu.max) stay root's. A no-op on v1.
+func (g *Group) Delegate(uid, gid int) error {
+	if !g.v2 {
+		return nil
+	}
+	dir := g.paths[0]
+	for _, p := range []string{dir, filepath.Join(dir, "cgroup.procs"), filepath.Join(dir, "cgroup.threads"), filepath.Join(dir, "cgroup.subtree_control")} {
+		if err := os.Lchown(p, uid, gid); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("cgroup: delegate: %w", err)
+		}
+	}
+	return nil
 }
