@@ -341,7 +341,7 @@ func TestSessionCgroupsV2(t *testing.T) {
 	}
 	h.w.sessionLayout = l
 	c := h.dial(t)
-	run := h.start(t, c, h.project(t, 1), "sh", "-c", "(sleep 100 &); sleep 100")
+	run := h.start(t, c, h.project(t, 1), "sh", "-c", "(sleep 100 &); exec sleep 100")
 	if !run.started {
 		t.Fatalf("%#v", run.first)
 	}
