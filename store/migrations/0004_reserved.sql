@@ -1,4 +1,0 @@
--- corral schema version 4: reserved for another change of issue 15 (a
--- placeholder on the limits branch, replaced by that change's migration
--- when merged). It changes nothing.
-SELECT 1;
