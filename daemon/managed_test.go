@@ -296,16 +296,20 @@ func TestManagedMachineDeathIsTransport(t *testing.T) {
 	}()
 	var init int
 	deadline := time.Now().Add(10 * time.Second)
+	// Started: its sleep runs in the machine's cgroup.
 	for init == 0 && time.Now().Before(deadline) {
 		for _, m := range w.Machines() {
-			if m.Sessions > 0 {
-				init = m.InitPID
+			b, _ := os.ReadFile(filepath.Join(m.Cgroups[0], "cgroup.procs"))
+			for _, pid := range strings.Fields(string(b)) {
+				if comm, _ := os.ReadFile("/proc/" + pid + "/comm"); string(comm) == "sleep\n" {
+					init = m.InitPID
+				}
 			}
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	if init == 0 {
-		t.Fatal("no machine with a running session")
+		t.Fatal("no machine running the command")
 	}
 	killed := time.Now()
 	if err := syscall.Kill(init, syscall.SIGKILL); err != nil {

@@ -237,9 +237,13 @@
 //     id is free again after its exec-exit.
 //   - exec-cancel of a session never attached ends it with exec-exit
 //     {notStarted}; of an unknown or finished session, it does nothing.
-//   - If a machine dies under running sessions (its init was killed), each
-//     of them ends with an error frame {id, "machine-failed"}: their exits
-//     were not observed, so no exec-exit is invented.
+//   - If a machine dies under running sessions (its init was killed, its
+//     cgroup removed), each of them ends with an error frame {id,
+//     "machine-failed"}: their exits were not observed, so no exec-exit is
+//     invented. A session passed to the init whose start was not yet
+//     reported gets exec-started first (its program may have run: its
+//     outcome is unknown, it was not refused). Clients (package machine)
+//     end such a session with ErrMachineFailed, a transport failure.
 //   - A client frame of a type only the worker sends is a protocol error.
 //
 // The worker imports no corral package but wire.

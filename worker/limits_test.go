@@ -34,6 +34,11 @@ func TestTwoWorkersSideBySide(t *testing.T) {
 	}
 	ma := a.machineOf(t, 1)
 
+	// A second worker on A's state directory is refused: it would sweep
+	// A's cgroups and share its id slots.
+	if _, err := New(Config{ProjectsRoot: a.root, StateDir: a.w.cfg.StateDir, IDRegistry: testIDRegistry}); !errors.Is(err, ErrStateDirInUse) {
+		t.Fatalf("second worker on one state directory: %v", err)
+	}
 	b := newHarness(t, func(c *Config) { c.CgroupParent = "" })
 	if a.w.cfg.CgroupParent == b.w.cfg.CgroupParent || !strings.HasPrefix(a.w.cfg.CgroupParent, "corral-") {
 		t.Fatalf("cgroup parents %q and %q", a.w.cfg.CgroupParent, b.w.cfg.CgroupParent)

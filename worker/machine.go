@@ -191,14 +191,22 @@ func (m *machine) read() {
 		delete(m.lookups, sid)
 	}
 	var orphans []*session
+	var starting []bool
 	for sid, s := range m.bySID {
 		delete(m.bySID, sid)
+		starting = append(starting, s.state == stateStarting)
 		s.state = stateDone
 		orphans = append(orphans, s)
 		m.releaseLocked(true)
 	}
 	m.mu.Unlock()
-	for _, s := range orphans {
+	for i, s := range orphans {
+		if starting[i] {
+			// Passed to the init, whose report did not come: the program
+			// may have run. The client learns it started, and then that
+			// its outcome is unknown (not that it was refused).
+			s.c.send(&wire.ExecStarted{ID: s.id})
+		}
 		s.c.finish(s, &wire.Error{ID: s.id, Code: wire.CodeMachineFailed, Message: "the machine stopped"})
 	}
 }

@@ -196,6 +196,7 @@ type Worker struct {
 	closeNet sync.Once
 	// configHook, when set (by tests), edits every machine's init config.
 	configHook func(*ctl.Config)
+	lock       *os.File // the state directory's lock, held until Shutdown
 	// sessionLayout, set by tests on hybrid hosts, is a v2 layout where
 	// sessions get their groups (otherwise only a v2 machine layout).
 	sessionLayout *cgroup.Layout
@@ -319,6 +320,17 @@ func New(cfg Config) (*Worker, error) {
 		used:     make(map[int]bool),
 		conns:    make(map[*conn]struct{}),
 	}
+	// One worker per state directory: another one would sweep this one's
+	// cgroups and share its id slots.
+	if w.lock, err = lockStateDir(stateDir); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			w.lock.Close()
+		}
+	}()
 	if w.ids, err = claimIDs(&w.cfg, stateDir); err != nil {
 		return nil, err
 	}
@@ -335,7 +347,36 @@ func New(cfg Config) (*Worker, error) {
 	if w.hostNet, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	ok = true
 	return w, nil
+}
+
+// ErrStateDirInUse is returned by New when another worker holds the state
+// directory.
+var ErrStateDirInUse = errors.New("worker: the state directory is in use by another worker")
+
+// lockStateDir takes the state directory's exclusive lock (flock on
+// StateDir/worker.lock), held until the returned file is closed: by
+// Shutdown, or by the process's end.
+func lockStateDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "worker.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		if err == unix.EWOULDBLOCK {
+			return nil, fmt.Errorf("%w: %s", ErrStateDirInUse, dir)
+		}
+		return nil, fmt.Errorf("worker: lock %s: %w", dir, err)
+	}
+	return f, nil
 }
 
 // DefaultCgroupParent is the cgroup parent of a worker whose
@@ -460,7 +501,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	w.closeNet.Do(func() { w.hostNet.Close() })
+	w.closeNet.Do(func() { w.hostNet.Close(); w.lock.Close() })
 	w.cgroups.RemoveParents()
 	return nil
 }
