@@ -91,11 +91,16 @@
 // package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
 // anonymous and four or five threads, which count against the pids limit.
 //
-// Sessions have no cgroup of their own. On v1 (this project's CI hosts) a
-// process can only join a cgroup after its fork, so a session could fork
-// before being placed, and each migration costs about 85 µs per hierarchy
-// (measured: the kernel synchronises RCU on every cgroup.procs write);
-// two hierarchies would double the cost of a warm exec. Limits are
+// On v2, each session also has a cgroup of its own, "s-<sid>" below its
+// machine's (delegated to the machine's guest root): the init forks the
+// main process straight into it (CLONE_INTO_CGROUP, no migration), kills
+// it with cgroup.kill beside the holder on cancel, and removes it when
+// the exit is reported. On v1 (this project's CI hosts) sessions have no
+// cgroup of their own: a process can only join a cgroup after its fork,
+// so a session could fork before being placed, and each migration costs
+// about 85 µs per hierarchy (measured: the kernel synchronises RCU on
+// every cgroup.procs write); two hierarchies would double the cost of a
+// warm exec. Limits are
 // per machine, enforced by its cgroup, and RLIMIT_NPROC for the guest user
 // keeps a fork bomb 32 tasks below the pids limit (or at half of it), room
 // for the init's threads and a few holders, so that the init can still
