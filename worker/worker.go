@@ -57,7 +57,9 @@ const (
 
 // Limits are a machine's resource limits: the worker's defaults
 // (Config.Limits), which a request's project limits (wire.Limits, feature
-// machine-spec) override field by field.
+// machine-spec) override field by field. A disk limit (wire.Limits.Disk)
+// is not enforced yet: the workspace, the home and the upper layer are
+// ordinary host directories.
 type Limits struct {
 	// Memory is the machine's memory limit in bytes (swap included where
 	// the kernel accounts it). Zero means DefaultMemory; negative means no
