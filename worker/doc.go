@@ -91,12 +91,15 @@
 // package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
 // anonymous and four or five threads, which count against the pids limit.
 //
-// On v2, each session also has a cgroup of its own, "s-<sid>" below its
-// machine's (delegated to the machine's guest root): the init forks the
+// On v2, each session can also have a cgroup of its own, "s-<sid>" below
+// its machine's (delegated to the machine's guest root): the init forks the
 // main process straight into it (CLONE_INTO_CGROUP, no migration), kills
 // it with cgroup.kill beside the holder on cancel, and removes it when
-// the exit is reported. On v1 (this project's CI hosts) sessions have no
-// cgroup of their own: a process can only join a cgroup after its fork,
+// the exit is reported. CLONE_INTO_CGROUP needs clone3, which the
+// sessions' syscall policy (inherited from the forking threads) refuses
+// with ENOSYS like Docker's; while it does, the init does not try (see
+// package guest) and sessions have no group of their own on v2 either. On
+// v1 (this project's CI hosts) they have none: a process can only join a cgroup after its fork,
 // so a session could fork before being placed, and each migration costs
 // about 85 µs per hierarchy (measured: the kernel synchronises RCU on
 // every cgroup.procs write); two hierarchies would double the cost of a

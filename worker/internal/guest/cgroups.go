@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"slices"
 	"strconv"
 
 	"golang.org/x/sys/unix"
@@ -19,6 +20,13 @@ import (
 // when the session's exit is reported; the machine's own limits, on the
 // parent, bound it with the rest. On v1 (no SessionCgroup) the holder's
 // pid namespace kill alone is the tree kill, exact as well.
+//
+// CLONE_INTO_CGROUP exists only in clone3, to which the sessions' syscall
+// policy — inherited from the forking threads, which are under it —
+// answers ENOSYS (as Docker's does: its flags are in memory, out of a
+// filter's reach). Where the policy refuses clone3 (PolicyAllowsClone3),
+// the init does not try: sessions get no group of their own and the
+// holder's kill remains the tree kill, on v2 as on v1.
 
 // sessionCgroups is the machine's delegated cgroup directory, or -1.
 var sessionCgroups = -1
@@ -26,7 +34,7 @@ var sessionCgroups = -1
 // openSessionCgroups opens the delegated directory; failing, sessions
 // simply get no group of their own.
 func openSessionCgroups(cfg *ctl.Config) {
-	if cfg.SessionCgroup == "" {
+	if cfg.SessionCgroup == "" || !PolicyAllowsClone3() {
 		return
 	}
 	if fd, err := unix.Open(cfg.SessionCgroup, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err == nil {
@@ -84,3 +92,7 @@ func removeSessionCgroup(sid uint64) {
 	}
 	_ = unix.Unlinkat(sessionCgroups, sessionCgroupName(sid), unix.AT_REMOVEDIR)
 }
+
+// PolicyAllowsClone3 reports whether the sessions' syscall policy lets the
+// forking threads call clone3, which CLONE_INTO_CGROUP needs.
+func PolicyAllowsClone3() bool { return !slices.Contains(enosys, "clone3") }
