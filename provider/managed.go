@@ -162,7 +162,7 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 			settle(sandbox.Exit{}, translate(err))
 			return
 		}
-		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal}, nil)
+		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled}, nil)
 	}()
 	return sess, nil
 }
@@ -190,7 +190,7 @@ func translate(err error) error {
 	switch {
 	case errors.Is(err, machine.ErrNotStarted):
 		return fmt.Errorf("%w: %w", sandbox.ErrNotStarted, err)
-	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrUnavailable),
+	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrMachineFailed), errors.Is(err, machine.ErrUnavailable),
 		errors.Is(err, machine.ErrClosed), errors.Is(err, machine.ErrNoPrivilegedTransport):
 		return fmt.Errorf("%w: %w", sandbox.ErrTransport, err)
 	}

@@ -86,8 +86,9 @@ type RunOptions struct {
 // or was ended by a signal it was not sent by corral. Exactly one of Code and
 // Signal is set. A nonzero Code is a result, not an error.
 //
-// Its JSON form is {"stdout":S,"stderr":S,"code":N|null,"signal":S|null}
-// (OutputErr is not part of it).
+// Its JSON form is {"stdout":S,"stderr":S,"code":N|null,"signal":S|null},
+// with "oomKilled":true added when OOMKilled is set (OutputErr is not part
+// of it).
 type CommandResult struct {
 	Stdout string
 	Stderr string
@@ -103,6 +104,10 @@ type CommandResult struct {
 	// ErrWaitDelay, the exit status is still the command's: the result is
 	// returned, not an error.
 	OutputErr error
+	// OOMKilled accompanies Signal "SIGKILL" when the kernel's OOM killer
+	// killed the command (its machine's memory limit was reached); the
+	// providers that can tell report it (managed machines).
+	OOMKilled bool
 }
 
 // MarshalJSON encodes r with null for the absent one of code and signal.
@@ -112,36 +117,40 @@ func (r CommandResult) MarshalJSON() ([]byte, error) {
 		sig = &r.Signal
 	}
 	return json.Marshal(struct {
-		Stdout string  `json:"stdout"`
-		Stderr string  `json:"stderr"`
-		Code   *int    `json:"code"`
-		Signal *string `json:"signal"`
-	}{r.Stdout, r.Stderr, r.Code, sig})
+		Stdout    string  `json:"stdout"`
+		Stderr    string  `json:"stderr"`
+		Code      *int    `json:"code"`
+		Signal    *string `json:"signal"`
+		OOMKilled bool    `json:"oomKilled,omitempty"`
+	}{r.Stdout, r.Stderr, r.Code, sig, r.OOMKilled && sig != nil})
 }
 
 // UnmarshalJSON decodes the form MarshalJSON writes.
 func (r *CommandResult) UnmarshalJSON(b []byte) error {
 	var v struct {
-		Stdout string  `json:"stdout"`
-		Stderr string  `json:"stderr"`
-		Code   *int    `json:"code"`
-		Signal *string `json:"signal"`
+		Stdout    string  `json:"stdout"`
+		Stderr    string  `json:"stderr"`
+		Code      *int    `json:"code"`
+		Signal    *string `json:"signal"`
+		OOMKilled bool    `json:"oomKilled"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
 	*r = CommandResult{Stdout: v.Stdout, Stderr: v.Stderr, Code: v.Code}
 	if v.Signal != nil {
-		r.Signal = *v.Signal
+		r.Signal, r.OOMKilled = *v.Signal, v.OOMKilled
 	}
 	return nil
 }
 
 // Exit is how a session's main process ended: exactly one of Code and
-// Signal (a name such as "SIGKILL") is set.
+// Signal (a name such as "SIGKILL") is set. OOMKilled accompanies Signal
+// when the kernel's OOM killer killed it.
 type Exit struct {
-	Code   *int
-	Signal string
+	Code      *int
+	Signal    string
+	OOMKilled bool
 }
 
 // ExitCode returns an Exit with code c.

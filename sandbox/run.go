@@ -210,7 +210,7 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		default:
 			r.stopHeartbeat()
 			stdout, stderr := r.output()
-			res := &CommandResult{Stdout: stdout, Stderr: stderr, Code: exit.Code, Signal: exit.Signal}
+			res := &CommandResult{Stdout: stdout, Stderr: stderr, Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled && exit.Signal != ""}
 			if cut {
 				res.OutputErr = ErrWaitDelay
 			}

@@ -270,6 +270,20 @@ func TestResultJSON(t *testing.T) {
 	if string(b) != `{"stdout":"a","stderr":"","code":0,"signal":null}` {
 		t.Fatalf("json = %s", b)
 	}
+	// oomKilled appears only when true, and only with a signal.
+	killed := sandbox.CommandResult{Signal: "SIGKILL", OOMKilled: true}
+	b, _ = killed.MarshalJSON()
+	if string(b) != `{"stdout":"","stderr":"","code":null,"signal":"SIGKILL","oomKilled":true}` {
+		t.Fatalf("json = %s", b)
+	}
+	var back sandbox.CommandResult
+	if err := back.UnmarshalJSON(b); err != nil || back != killed {
+		t.Fatalf("decoded %+v, %v", back, err)
+	}
+	b, _ = (sandbox.CommandResult{Signal: "SIGKILL"}).MarshalJSON()
+	if string(b) != `{"stdout":"","stderr":"","code":null,"signal":"SIGKILL"}` {
+		t.Fatalf("json = %s", b)
+	}
 }
 
 // TestSlowStart: a start that outlives the timeout is a timeout, one the

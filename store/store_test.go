@@ -593,7 +593,10 @@ func TestJournalRoundTrip(t *testing.T) {
 	id2, _ := s.JournalStart(ctx, JournalCommand{Project: 4, Lease: "L2", LeaseKind: "runner", Argv: []string{"sleep", "9"}})
 	id3, _ := s.JournalStart(ctx, JournalCommand{Project: 4, Lease: "L2", LeaseKind: "runner", Argv: []string{"yes"}})
 	id4, _ := s.JournalStart(ctx, JournalCommand{Project: 5, Lease: "L3", LeaseKind: "runner"})
-	if err := s.JournalFinish(ctx, id2, JournalEnd{Outcome: OutcomeSignal, Signal: "SIGKILL"}); err != nil {
+	if err := s.JournalFinish(ctx, id3, JournalEnd{Outcome: OutcomeExit, Code: &code, OOMKilled: true}); err == nil {
+		t.Fatal("an OOM kill with an exit code accepted")
+	}
+	if err := s.JournalFinish(ctx, id2, JournalEnd{Outcome: OutcomeSignal, Signal: "SIGKILL", OOMKilled: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.JournalFinish(ctx, id3, JournalEnd{Outcome: OutcomeError, ErrorKind: "overflow", StdoutBytes: 1 << 20}); err != nil {
@@ -608,7 +611,7 @@ func TestJournalRoundTrip(t *testing.T) {
 	all, _ := s.ListJournal(ctx, JournalFilter{})
 	if len(all) != 4 || all[0].ID != id4 || all[0].End.Outcome != OutcomeInterrupted || all[0].Argv == nil ||
 		all[1].End.ErrorKind != "overflow" || all[1].End.Code != nil ||
-		all[2].End.Signal != "SIGKILL" || all[2].End.Code != nil {
+		all[2].End.Signal != "SIGKILL" || all[2].End.Code != nil || !all[2].End.OOMKilled || all[1].End.OOMKilled {
 		t.Fatalf("journal = %+v", all)
 	}
 	if lim, _ := s.ListJournal(ctx, JournalFilter{Limit: 2}); len(lim) != 2 || lim[0].ID != id4 {

@@ -36,6 +36,9 @@ import (
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
 
+// features are the protocol-2 extensions the worker announces.
+var features = []string{wire.FeatureUser, wire.FeatureOOMKilled}
+
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
 
@@ -67,7 +70,7 @@ func (c *conn) serve() {
 		return
 	}
 	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	if err := wire.ServerHello(c.wc, c.w.cfg.Name, wire.FeatureUser); err != nil {
+	if err := wire.ServerHello(c.wc, c.w.cfg.Name, features...); err != nil {
 		c.w.log.Debug("handshake failed", "err", err)
 		return
 	}
@@ -236,7 +239,8 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true)
+	lim := c.w.resolve(m.Project.Limits)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true, lim)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -246,6 +250,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		}
 		return
 	}
+	mach.setLimits(lim)
 	var cred *ctl.Cred
 	if m.User != "" && !alwaysKnown(m.User) {
 		if cred, err = mach.lookupUser(m.User); err != nil {
@@ -287,7 +292,7 @@ func (c *conn) netDial(m *wire.NetDial) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false, c.w.resolve(m.Project.Limits))
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {

@@ -6,7 +6,11 @@
 //
 // A machine is a Linux sandbox built from user, mount, pid, network, ipc
 // and uts namespaces, with guest root mapped to an unprivileged host range
-// of RangeSize ids, distinct per project. Its filesystem is the host's
+// of RangeSize ids, distinct per project and between workers: each worker
+// claims a block of Config.MaxProjects ranges for its state directory in
+// the host-wide registry of package internal/idrange, and records each
+// project's slot in StateDir/id-slots.json, so that a project keeps its
+// range across restarts until ForgetProject frees it. Its filesystem is the host's
 // root read-only (nosuid, nodev; /home, /tmp, /proc, /sys and /dev are not
 // the host's), the project workspace read-write at /workspace, a
 // per-project home at /home/corral, a tmpfs /tmp, a /proc of each
@@ -18,8 +22,19 @@
 // can open terminals, and a tmpfs /dev/shm); /tmp and /dev/shm are
 // sized when the worker says so (ctl.Config.TmpSize); its hostname is
 // "project-<id>"; its network is a loopback interface only. Each machine
-// has a cgroup with memory and pids limits: v2 where /sys/fs/cgroup is
-// the unified hierarchy, else the v1 memory and pids hierarchies. PID 1 of
+// has a cgroup with memory, pids and CPU limits: v2 where /sys/fs/cgroup
+// is the unified hierarchy, else the v1 memory, pids and cpu (CFS quota)
+// hierarchies, below the worker's own cgroup parent (Config.CgroupParent).
+// The limits are the worker's defaults (Config.Limits) overridden by the
+// request's project limits (wire.Limits) field by field; a request with
+// other limits changes a running machine's memory, pids and CPU limits at
+// once. /tmp and /dev/shm are tmpfs of Limits.Tmp bytes each, charged to
+// the memory limit of the process that writes them. The init and its
+// pid namespace holders have oom_score_adj -1000 (the OOM killer spares
+// them), sessions 0 (see package guest). The machine's user namespace is
+// owned by its guest root's host id, so that what it creates (inotify
+// instances, namespaces: the kernel's per-user counts) is charged to the
+// machine, never to host root. PID 1 of
 // a machine is corral's own init — this binary re-executed (see
 // MaybeRunInit), placed in the machine's cgroup before it may fork — which
 // reaps zombies and forks sessions (see Session containment) as the
@@ -76,11 +91,19 @@
 // package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
 // anonymous and four or five threads, which count against the pids limit.
 //
-// Sessions have no cgroup of their own. On v1 (this project's CI hosts) a
-// process can only join a cgroup after its fork, so a session could fork
-// before being placed, and each migration costs about 85 µs per hierarchy
-// (measured: the kernel synchronises RCU on every cgroup.procs write);
-// two hierarchies would double the cost of a warm exec. Limits are
+// On v2, each session can also have a cgroup of its own, "s-<sid>" below
+// its machine's (delegated to the machine's guest root): the init forks the
+// main process straight into it (CLONE_INTO_CGROUP, no migration), kills
+// it with cgroup.kill beside the holder on cancel, and removes it when
+// the exit is reported. CLONE_INTO_CGROUP needs clone3, which the
+// sessions' syscall policy (inherited from the forking threads) refuses
+// with ENOSYS like Docker's; while it does, the init does not try (see
+// package guest) and sessions have no group of their own on v2 either. On
+// v1 (this project's CI hosts) they have none: a process can only join a cgroup after its fork,
+// so a session could fork before being placed, and each migration costs
+// about 85 µs per hierarchy (measured: the kernel synchronises RCU on
+// every cgroup.procs write); two hierarchies would double the cost of a
+// warm exec. Limits are
 // per machine, enforced by its cgroup, and RLIMIT_NPROC for the guest user
 // keeps a fork bomb 32 tasks below the pids limit (or at half of it), room
 // for the init's threads and a few holders, so that the init can still
@@ -134,7 +157,7 @@
 // directory is owned by the workspace's owner on the host. Where a
 // filesystem refuses idmapping, the worker logs a warning and falls back:
 // the workspace is bind-mounted as it is (files the guest creates then
-// belong to the guest user's host id, UIDBase+slot*RangeSize+GuestUID, and
+// belong to the guest user's host id, the project's range start + GuestUID, and
 // the owner's files are writable inside only through their "other"
 // permission bits), and the home directory is chowned to the guest user's
 // host id. MachineInfo.Idmapped says which happened.
@@ -222,9 +245,13 @@
 //     id is free again after its exec-exit.
 //   - exec-cancel of a session never attached ends it with exec-exit
 //     {notStarted}; of an unknown or finished session, it does nothing.
-//   - If a machine dies under running sessions (its init was killed), each
-//     of them ends with an error frame {id, "machine-failed"}: their exits
-//     were not observed, so no exec-exit is invented.
+//   - If a machine dies under running sessions (its init was killed, its
+//     cgroup removed), each of them ends with an error frame {id,
+//     "machine-failed"}: their exits were not observed, so no exec-exit is
+//     invented. A session passed to the init whose start was not yet
+//     reported gets exec-started first (its program may have run: its
+//     outcome is unknown, it was not refused). Clients (package machine)
+//     end such a session with ErrMachineFailed, a transport failure.
 //   - A client frame of a type only the worker sends is a protocol error.
 //
 // The worker imports no corral package but wire.

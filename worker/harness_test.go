@@ -54,6 +54,11 @@ func requireRoot(t testing.TB) {
 	}
 }
 
+// testIDRegistry is the id-range registry of every test worker on the host
+// (not the real one): test workers get disjoint blocks, and a removed
+// temporary state directory frees its block.
+var testIDRegistry = filepath.Join(os.TempDir(), "corral-test-id-ranges.json")
+
 type harness struct {
 	w    *Worker
 	sock string
@@ -83,6 +88,7 @@ func newHarness(t testing.TB, mod func(*Config)) *harness {
 		IdleGrace:    time.Minute,
 		Limits:       Limits{Memory: 256 << 20, Pids: 128},
 		CgroupParent: parent,
+		IDRegistry:   testIDRegistry,
 		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if mod != nil {
@@ -110,9 +116,8 @@ func newHarness(t testing.TB, mod func(*Config)) *harness {
 		if err := w.Shutdown(sctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		for _, c := range []string{"memory", "pids"} {
-			own, _ := ownCgroup(c)
-			_ = os.Remove(filepath.Join("/sys/fs/cgroup", c, own, parent))
+		for _, d := range w.cgroups.Parents() {
+			_ = os.Remove(d)
 		}
 	})
 	return &harness{w: w, sock: sock, root: root}

@@ -31,6 +31,10 @@ type session struct {
 	user  string
 	cred  *ctl.Cred
 	state int
+	// oomBase is the machine's OOM kill count when s started; cancelled
+	// is set by exec-cancel. Both under machine.mu.
+	oomBase   int64
+	cancelled bool
 }
 
 // newSession registers an accepted session on m (which holds a session
@@ -54,6 +58,11 @@ func (m *machine) attach(s *session, stdio []int) bool {
 		return false
 	}
 	s.state = stateStarting
+	m.mu.Unlock()
+	// A SIGKILL while the count rose is the OOM killer's (see onReport).
+	base, _ := m.cg.OOMKills()
+	m.mu.Lock()
+	s.oomBase = base
 	m.mu.Unlock()
 	err := m.ctl.SendFDs(s.startMsg(), stdio...)
 	if err == nil || errors.Is(err, ctl.ErrClosed) {
@@ -93,6 +102,7 @@ func (m *machine) cancel(s *session) {
 		m.mu.Unlock()
 		s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cancelled before it was attached"})
 	case stateStarting, stateRunning:
+		s.cancelled = true
 		m.mu.Unlock()
 		_ = m.ctl.Send(&ctl.Msg{Op: ctl.OpKill, SID: s.sid})
 	default:

@@ -48,8 +48,9 @@ If corral could not complete the command it writes the partial output, then
 "corral: KIND: MESSAGE" on stderr, and exits 124 for a timeout, 125 otherwise.
 
 With --json, exactly one JSON object is written to stdout:
-{"stdout":S,"stderr":S,"code":N|null,"signal":S|null} or
-{"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
+{"stdout":S,"stderr":S,"code":N|null,"signal":S|null} (plus "oomKilled":true
+after "signal":"SIGKILL" when the kernel's OOM killer killed a managed command)
+or {"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
 statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

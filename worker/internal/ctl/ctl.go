@@ -106,6 +106,10 @@ type Config struct {
 	// GoHolder makes session namespace holders corral's own binary rather
 	// than env and sleep from the host.
 	GoHolder bool `json:"goHolder,omitempty"`
+	// SessionCgroup, on cgroup v2, is the host path of the machine's
+	// cgroup, delegated to guest root: each session gets a child group of
+	// it. Empty: no session groups (v1).
+	SessionCgroup string `json:"sessionCgroup,omitempty"`
 	// MaxSessions is how many sessions the worker admits at once; the init
 	// keeps as many unused namespace holders (and a few). Zero: unknown.
 	MaxSessions int `json:"maxSessions,omitempty"`

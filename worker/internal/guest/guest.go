@@ -48,6 +48,7 @@ func Main() {
 	for i, fd := range fds {
 		mounts[i] = os.NewFile(uintptr(fd), "mount")
 	}
+	openSessionCgroups(m.Config) // while the host's paths are visible
 	if err := setup(m.Config, mounts); err != nil {
 		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 		os.Exit(1)
@@ -270,6 +271,7 @@ func (in *pid1) preparePidNS() error {
 	if in.home, err = openNSHome(); err != nil {
 		return err
 	}
+	initOOMGuard()
 	if in.childs, err = openChildren(os.Getpid(), unix.Gettid()); err != nil {
 		return fmt.Errorf("open own children list: %w", err)
 	}
@@ -344,6 +346,7 @@ func (in *pid1) serve() bool {
 				// namespace, the main process included, wherever
 				// they forked to.
 				s.holder.kill()
+				killSessionCgroup(m.SID)
 			}
 		default:
 			closeFDs(fds)
@@ -429,7 +432,18 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 		if spawned {
 			in.spawned[h.pid] = true
 		}
+		cg := newSessionCgroup(m.SID)
+		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = cg >= 0, cg
 		thread.do(func() { pid, err = in.forkIn(h, path, m.Argv, attr) })
+		if cg >= 0 {
+			unix.Close(cg)
+			if err != nil && !errors.Is(err, errEnter) {
+				// Perhaps CLONE_INTO_CGROUP refused: go on without.
+				disableSessionCgroups(m.SID)
+				attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
+				thread.do(func() { pid, err = in.forkIn(h, path, m.Argv, attr) })
+			}
+		}
 		// A holder that died in the pool (the OOM killer?) takes no
 		// process into its namespace: setns through its pidfd fails once
 		// it is exiting (ESRCH, or EPERM while its exit is under way), the
@@ -444,6 +458,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 		in.pool.purge()
 	}
 	if err != nil {
+		removeSessionCgroup(m.SID)
 		// The child that failed to exec ran nothing of the session's
 		// and has been reaped: the namespace is as it was.
 		if h.alive() {
@@ -485,7 +500,7 @@ func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.Proc
 	if err := enterHolder(h); err != nil {
 		return 0, fmt.Errorf("%w: %w", errEnter, err)
 	}
-	pid, err := syscall.ForkExec(path, argv, attr)
+	pid, err := guardedFork(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if serr := in.home.restore(); serr != nil {
 		in.fatal(serr)
 		os.Exit(1)
@@ -552,6 +567,7 @@ func (in *pid1) reap() {
 			in.pool.replenish()
 		}
 		if s.pid == 0 && s.holder == nil {
+			removeSessionCgroup(s.sid)
 			delete(in.bySID, s.sid)
 			_ = in.c.Send(s.exit)
 		}

@@ -195,6 +195,7 @@ func (p *holderPool) spawn() (*holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
 	}
+	protectHolder(pid)
 	h := &holder{pid: pid, pidfd: pidfd, childs: -1, mntns: -1}
 	// Opened now, off the exec path. The holder is an unreaped child: its
 	// pid cannot name another process.
