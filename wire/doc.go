@@ -80,6 +80,19 @@
 //
 // New rejection codes of these features: "bad-user", "bad-image".
 //
+// Features may also add messages, which a client sends only to a worker
+// that announced them:
+//
+//	feature        client                      worker
+//	machine-reset  machine-reset {id,project}  machine-reset-done {id}, or
+//	                                           error {id,code,message}
+//	                                           ("busy": the machine has
+//	                                           sessions)
+//
+// machine-reset discards the state a project's machine keeps between
+// starts (the upper layer of its root filesystem), stopping the machine
+// first; the workspace and the home are kept.
+//
 // Session ids are chosen by the client and are unique per connection; every
 // frame about a session carries its id. An error frame about one request
 // carries that request's id; an error frame without an id is about the

@@ -27,6 +27,9 @@ import (
 	"github.com/corral-sandbox/corral/wire"
 )
 
+// features are the protocol extensions the worker announces.
+var features = []string{wire.FeatureMachineSpec, wire.FeatureMachineReset}
+
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
 
@@ -36,6 +39,8 @@ const handshakeTimeout = 10 * time.Second
 type conn struct {
 	w  *Worker
 	wc *wire.Conn
+
+	wg sync.WaitGroup // requests served off the connection's goroutine
 
 	mu       sync.Mutex
 	sessions map[string]*session // accepted and not yet ended, by client id
@@ -52,7 +57,7 @@ func (c *conn) serve() {
 	defer c.shutdown()
 	uc := c.wc.UnixConn()
 	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	if err := wire.ServerHello(c.wc, c.w.cfg.Name); err != nil {
+	if err := wire.ServerHello(c.wc, c.w.cfg.Name, features...); err != nil {
 		c.w.log.Debug("handshake failed", "err", err)
 		return
 	}
@@ -76,6 +81,7 @@ func (c *conn) serve() {
 // shutdown closes the connection and cancels its sessions.
 func (c *conn) shutdown() {
 	c.wc.Close()
+	defer c.wg.Wait()
 	c.mu.Lock()
 	c.closed = true
 	ss := make([]*session, 0, len(c.sessions))
@@ -134,6 +140,14 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		}
 	case *wire.NetDial:
 		c.netDial(m)
+	case *wire.MachineReset:
+		// Off the connection's goroutine: it waits for a machine to stop
+		// and a tree to be deleted.
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.machineReset(m)
+		}()
 	default:
 		closeFDs(fds)
 		c.send(&wire.Error{Code: wire.CodeBadFrame, Message: fmt.Sprintf("a client does not send %s", m.Type())})
@@ -154,16 +168,11 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(code, "%s", msg)
 		return
 	}
-	env, code, msg := buildEnv(m.Env)
-	if code != "" {
+	if code, msg := checkEnv(m.Env); code != "" {
 		reject(code, "%s", msg)
 		return
 	}
-	cwd := m.Cwd
-	if cwd == "" {
-		cwd = GuestWorkspace
-	}
-	if !validCwd(cwd) {
+	if m.Cwd != "" && !validCwd(m.Cwd) {
 		reject(wire.CodeBadCwd, "cwd %q must be a clean absolute path inside %s or %s", m.Cwd, GuestWorkspace, GuestHome)
 		return
 	}
@@ -174,7 +183,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, true)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -183,6 +192,11 @@ func (c *conn) execStart(m *wire.ExecStart) {
 			reject(wire.CodeMachineFailed, "%v", err)
 		}
 		return
+	}
+	env := buildEnv(m.Env, mach.imageEnv)
+	cwd := m.Cwd
+	if cwd == "" {
+		cwd = mach.imageCwd
 	}
 	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0])
 	s := mach.newSession(c, m.ID, m.Argv, env, cwd)
@@ -212,7 +226,7 @@ func (c *conn) netDial(m *wire.NetDial) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, false)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -245,28 +259,44 @@ func checkArgv(argv []string) (code, msg string) {
 	return "", ""
 }
 
-// buildEnv returns a session's environment: PATH and HOME, overridden or
-// extended by the request's variables.
-func buildEnv(req map[string]string) (env []string, code, msg string) {
-	env = make([]string, 0, len(req)+2)
-	_, hasPath := req["PATH"]
-	_, hasHome := req["HOME"]
-	if !hasPath {
-		env = append(env, "PATH="+DefaultPath)
-	}
-	if !hasHome {
-		env = append(env, "HOME="+GuestHome)
-	}
+// checkEnv validates a request's variables.
+func checkEnv(req map[string]string) (code, msg string) {
 	for k, v := range req {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, wire.CodeBadEnv, fmt.Sprintf("invalid variable name %q", k)
+			return wire.CodeBadEnv, fmt.Sprintf("invalid variable name %q", k)
 		}
 		if strings.IndexByte(v, 0) >= 0 {
-			return nil, wire.CodeBadEnv, fmt.Sprintf("variable %q contains a NUL byte", k)
+			return wire.CodeBadEnv, fmt.Sprintf("variable %q contains a NUL byte", k)
 		}
+	}
+	return "", ""
+}
+
+// buildEnv returns a session's environment (req checked by checkEnv):
+// PATH=DefaultPath and HOME=GuestHome, then the image's variables, then the
+// request's, which win — except that a request's PATH equal to DefaultPath
+// (what corral's clients send by default) leaves the image's PATH, so that
+// an image's tools (/usr/local/go/bin, /opt/venv/bin, ...) are found.
+func buildEnv(req map[string]string, image []string) []string {
+	vars := make(map[string]string, len(image)+len(req)+2)
+	vars["PATH"], vars["HOME"] = DefaultPath, GuestHome
+	for _, kv := range image {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && strings.IndexByte(kv, 0) < 0 {
+			vars[k] = v
+		}
+	}
+	imagePath := vars["PATH"]
+	for k, v := range req {
+		vars[k] = v
+	}
+	if req["PATH"] == DefaultPath {
+		vars["PATH"] = imagePath
+	}
+	env := make([]string, 0, len(vars))
+	for k, v := range vars {
 		env = append(env, k+"="+v)
 	}
-	return env, "", ""
+	return env
 }
 
 // validCwd reports whether cwd is a clean absolute guest path inside the

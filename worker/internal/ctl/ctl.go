@@ -11,7 +11,7 @@
 //
 //	worker                                  init (PID 1 of the machine)
 //	  |                                        |
-//	  |-- config {Config} + 2 mount fds ------>|  set up mounts, pivot_root,
+//	  |-- config {Config} + mount fds -------->|  set up mounts, pivot_root,
 //	  |                                        |  hostname, loopback, rlimits
 //	  |<------------------- ready | fail {msg} |  (fail: init exits nonzero)
 //	  |                                        |
@@ -29,8 +29,8 @@
 // (Endpoint).
 //
 // A start carries exactly three descriptors (stdin, stdout, stderr); config
-// carries two (the detached mounts of the workspace and of the home);
-// nothing else carries any.
+// carries the detached mounts of the machine's filesystem (see
+// Config.Mounts); nothing else carries any.
 package ctl
 
 import (
@@ -83,9 +83,16 @@ type Config struct {
 	GID int `json:"gid"`
 	// NProc, when positive, is RLIMIT_NPROC for the session user.
 	NProc int `json:"nproc,omitempty"`
-	// Mask are host directories (symlink-free absolute paths) hidden under
-	// an empty read-only tmpfs: other projects' workspaces and homes.
-	Mask []string `json:"mask,omitempty"`
+	// DefaultUser is the image's default user (a name or uid of the
+	// image, optionally ":group"); empty means UID and GID.
+	DefaultUser string `json:"defaultUser,omitempty"`
+	// Layers is how many image layers the config carries (see Mounts), at
+	// most MaxLayers.
+	Layers int `json:"layers,omitempty"`
+	// HostBinds are the guest paths (clean, absolute, not "/") of the
+	// read-only host binds the config carries, in order, at most
+	// MaxHostBinds.
+	HostBinds []string `json:"hostBinds,omitempty"`
 	// GuestWorkspace and GuestHome are the guest mount points.
 	GuestWorkspace string `json:"guestWorkspace"`
 	GuestHome      string `json:"guestHome"`
@@ -95,6 +102,29 @@ type Config struct {
 	// MaxSessions is how many sessions the worker admits at once; the init
 	// keeps as many unused namespace holders (and a few). Zero: unknown.
 	MaxSessions int `json:"maxSessions,omitempty"`
+}
+
+// Limits on what one config carries, so that its descriptors fit one
+// SCM_RIGHTS message (the kernel's limit is 253).
+const (
+	MaxLayers    = 128
+	MaxHostBinds = 16
+)
+
+// Mounts reports how many detached mounts a config with c carries, in this
+// order: the workspace, the home, the directory holding the overlay's upper
+// and work directories ("upper" and "work"), the image's layers (lowest
+// first, Layers of them), then one per HostBinds entry.
+func (c *Config) Mounts() int {
+	if c == nil {
+		return 0
+	}
+	return 3 + c.Layers + len(c.HostBinds)
+}
+
+// valid reports whether c's descriptor counts are within bounds.
+func (c *Config) valid() bool {
+	return c.Layers >= 0 && c.Layers <= MaxLayers && len(c.HostBinds) <= MaxHostBinds
 }
 
 // Msg is one control packet.
@@ -116,10 +146,13 @@ func FDCount(m *Msg) int {
 	case OpStart:
 		return 3
 	case OpConfig:
-		return 2 // detached mounts: the workspace, then the home
+		return m.Config.Mounts()
 	}
 	return 0
 }
+
+// oobSize holds the descriptors of the largest config (and then some).
+var oobSize = unix.CmsgSpace(4 * (3 + MaxLayers + MaxHostBinds + 1))
 
 // ErrFDMismatch reports a packet whose descriptors do not match its Op.
 var ErrFDMismatch = errors.New("ctl: descriptor count mismatch")
@@ -167,7 +200,7 @@ func Pair() (*Conn, *os.File, error) {
 		unix.Close(fds[1])
 		return nil, nil, fmt.Errorf("ctl: %w", err)
 	}
-	c := &Conn{f: f, rc: rc, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
+	c := &Conn{f: f, rc: rc, buf: make([]byte, MaxPacket), oob: make([]byte, oobSize)}
 	return c, os.NewFile(uintptr(fds[1]), "ctl-init"), nil
 }
 
@@ -254,7 +287,7 @@ type Endpoint struct {
 
 // NewEndpoint returns an Endpoint owning fd.
 func NewEndpoint(fd int) *Endpoint {
-	return &Endpoint{fd: fd, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
+	return &Endpoint{fd: fd, buf: make([]byte, MaxPacket), oob: make([]byte, oobSize)}
 }
 
 // FD returns the descriptor, for polling.
@@ -333,6 +366,9 @@ func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 	}
 	if m.Config != nil {
 		bits |= hasConfig
+		if !m.Config.valid() {
+			return nil, nil, fmt.Errorf("ctl: config carries too many mounts")
+		}
 		if config, err = json.Marshal(m.Config); err != nil {
 			return nil, nil, fmt.Errorf("ctl: %w", err)
 		}
@@ -478,6 +514,9 @@ func unmarshal(b []byte) (*Msg, error) {
 			m.Config = new(Config)
 			if err := json.Unmarshal(raw, m.Config); err != nil {
 				return nil, fmt.Errorf("ctl: decode: %w", err)
+			}
+			if !m.Config.valid() {
+				return nil, errMalformed
 			}
 		}
 	}

@@ -135,7 +135,7 @@ func TestEncodingRoundTrip(t *testing.T) {
 		{Op: OpExit, SID: 4, Code: &neg},
 		{Op: OpExit, SID: 5, Signal: "SIGKILL"},
 		{Op: OpNotStarted, SID: 6, Message: "exec \"x\": not found"},
-		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, GID: 1000, NProc: 5, Mask: []string{"/a"}, GuestWorkspace: "/w", GuestHome: "/h"}},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, GID: 1000, NProc: 5, DefaultUser: "root", Layers: 2, HostBinds: []string{"/usr"}, GuestWorkspace: "/w", GuestHome: "/h"}},
 	} {
 		b, _, err := encode(m, make([]int, FDCount(m)))
 		if err != nil {
@@ -178,6 +178,7 @@ func FuzzUnmarshal(f *testing.F) {
 		{Op: OpStart, SID: 9, Argv: []string{"sh", "-c", "x"}, Env: []string{"A=b"}, Cwd: "/workspace"},
 		{Op: OpExit, SID: 3, Code: &code},
 		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000}},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, Layers: 3, HostBinds: []string{"/usr"}, DefaultUser: "user:1000"}},
 	} {
 		b, _, err := encode(m, make([]int, FDCount(m)))
 		if err != nil {
