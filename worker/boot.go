@@ -26,9 +26,9 @@ const machineStartTimeout = 30 * time.Second
 
 // projectDir is the directory of project id's persistent machine state
 // under StateDir: the overlay's upper and work directories ("upper",
-// "work"), owned by the machine's guest root, and the id of the image the
-// upper layer was made over ("image", root's). StateDir/uppers is 0700
-// root: no host user reaches it.
+// "work"), owned by the machine's guest root. Beside it, projectDir+".image"
+// (root's) records the id of the image the upper layer was made over.
+// StateDir/uppers is 0700 root: no host user reaches them.
 func (w *Worker) projectDir(id int64) string {
 	return filepath.Join(w.cfg.StateDir, "uppers", strconv.FormatInt(id, 10))
 }
@@ -88,7 +88,7 @@ func (m *machine) boot() (err error) {
 	cfg := &ctl.Config{
 		Hostname: "project-" + strconv.FormatInt(m.id, 10),
 		UID:      GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
-		DefaultUser: img.Config.User,
+		DefaultUser: defaultUser(img.Config.User),
 		GoHolder:    w.cfg.GoHolders,
 		// Enough holders kept for the sessions the machine admits.
 		MaxSessions: w.cfg.MaxSessions,
@@ -162,6 +162,15 @@ func (m *machine) boot() (err error) {
 	return nil
 }
 
+// defaultUser is the user sessions of an image run as by default: its
+// config's, where an empty one means root (as for OCI runtimes).
+func defaultUser(u string) string {
+	if u == "" {
+		return "0"
+	}
+	return u
+}
+
 // prepareUpper makes the project's upper and work directories, owned by
 // the machine's guest root, and returns the project directory holding
 // them. An upper layer made over another image (the project's image
@@ -171,7 +180,7 @@ func (m *machine) boot() (err error) {
 // machine's range, keeping every file's guest owner.
 func (m *machine) prepareUpper(img *image.Image) (string, error) {
 	dir := m.w.projectDir(m.id)
-	marker := filepath.Join(dir, "image")
+	marker := dir + ".image"
 	if b, err := os.ReadFile(marker); err == nil && string(b) != img.ID {
 		m.w.log.Info("project image changed, discarding its upper layer", "project", m.id, "was", string(b), "now", img.ID)
 		if err := os.RemoveAll(dir); err != nil {

@@ -65,7 +65,11 @@ func (w *Worker) Reset(ctx context.Context, id int64) error {
 			return ctx.Err()
 		}
 	}
-	if err := os.RemoveAll(w.projectDir(id)); err != nil {
+	dir := w.projectDir(id)
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("worker: reset project %d: %w", id, err)
+	}
+	if err := os.Remove(dir + ".image"); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("worker: reset project %d: %w", id, err)
 	}
 	w.log.Info("project reset", "project", id)

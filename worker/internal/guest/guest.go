@@ -81,6 +81,11 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 	if err := setupRoot(cfg, mountFDs); err != nil {
 		return err
 	}
+	if u := cfg.DefaultUser; u == "0" || u == "root" || u == "0:0" {
+		// An image whose sessions run as root (the privilege work resolves
+		// every other user in the image's /etc/passwd).
+		cfg.UID, cfg.GID = 0, 0
+	}
 	if err := unix.Sethostname([]byte(cfg.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
 	}
