@@ -182,8 +182,12 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("daemon: %w", err)
 		}
 		sup = StartSupervisor(SupervisorOptions{
-			Exe:     exe,
-			Args:    []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker")},
+			Exe: exe,
+			// Images beside the worker's state, where `corral image import
+			// --state STATE` puts them; the daemon's workspaces belong to
+			// their projects' own ids (--own-workspaces).
+			Args: []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
+				"--images", filepath.Join(state, "images"), "--own-workspaces"},
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,
 			Metrics: metrics,

@@ -281,7 +281,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, addMember, list, del)
+	cmd.AddCommand(create, addMember, list, del, newSetMachineCmd(&state), newResetCmd(&state))
 	return cmd
 }
 

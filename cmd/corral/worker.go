@@ -19,6 +19,8 @@ import (
 func newWorkerCmd() *cobra.Command {
 	var (
 		socket, projectsRoot, state string
+		images                      string
+		ownWorkspaces               bool
 		idle                        time.Duration
 		memory                      sizeFlag
 		pids                        int64
@@ -46,13 +48,15 @@ socket (mode 0600) and runs one machine per project whose workspace lies under
 			}
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			w, err := worker.New(worker.Config{
-				ProjectsRoot: projectsRoot,
-				StateDir:     state,
-				IdleGrace:    idle,
-				MaxSessions:  maxSessions,
-				Limits:       worker.Limits{Memory: memory.n, Pids: pids},
-				Logger:       log,
-				Name:         "corral-worker/" + version,
+				ProjectsRoot:  projectsRoot,
+				StateDir:      state,
+				ImagesDir:     images,
+				OwnWorkspaces: ownWorkspaces,
+				IdleGrace:     idle,
+				MaxSessions:   maxSessions,
+				Limits:        worker.Limits{Memory: memory.n, Pids: pids},
+				Logger:        log,
+				Name:          "corral-worker/" + version,
 			})
 			if err != nil {
 				return err
@@ -77,7 +81,9 @@ socket (mode 0600) and runs one machine per project whose workspace lies under
 	fl := cmd.Flags()
 	fl.StringVar(&socket, "socket", "", "listen on this Unix socket `PATH`")
 	fl.StringVar(&projectsRoot, "projects-root", "", "accept only workspaces under `DIR`")
-	fl.StringVar(&state, "state", "", "worker state `DIR` (homes); default /var/lib/corral/worker")
+	fl.StringVar(&state, "state", "", "worker state `DIR` (homes, upper layers); default /var/lib/corral/worker")
+	fl.StringVar(&images, "images", "", "image store `DIR` (default STATE/images)")
+	fl.BoolVar(&ownWorkspaces, "own-workspaces", false, "give root-owned workspaces to their projects' unprivileged ids before the first start (for managed workspaces, not user checkouts)")
 	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
 	fl.Var(&memory, "memory", "memory limit per machine (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "task limit per machine (default 512)")
