@@ -17,10 +17,10 @@ import (
 type machine struct {
 	w         *Worker
 	id        int64
-	workspace string // resolved host path
-	requested string // the path as requested when the machine started
-	imageName string // as requested ("" is the base image)
-	gen       int    // distinguishes successive machines of a project
+	workspace string   // resolved host path
+	requested string   // the path as requested when the machine started
+	imageName string   // as requested ("" is the base image)
+	gen       int      // distinguishes successive machines of a project
 	prev      *machine // the project's machine before this one, until boot saw it dead
 
 	// Set by start before ready is closed; read-only afterwards.

@@ -182,8 +182,8 @@ type Worker struct {
 	// until it is dead: a new machine waits for it (they would share the
 	// upper layer), and so does a reset.
 	latest map[int64]*machine
-	conns     map[*conn]struct{}
-	closed    bool
+	conns  map[*conn]struct{}
+	closed bool
 }
 
 // MachineInfo describes a running machine.

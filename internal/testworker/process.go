@@ -30,6 +30,8 @@ func MaybeRunChild() {
 		StateDir:     os.Getenv(childEnv + "_STATE"),
 		CgroupParent: os.Getenv(childEnv + "_CGROUP"),
 		Limits:       worker.Limits{Memory: 512 << 20, Pids: 256},
+		// Test workspaces are made by root, like the daemon's.
+		OwnWorkspaces: true,
 	})
 	if err == nil {
 		var ln *net.UnixListener
