@@ -1,6 +1,8 @@
 package ctl
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -200,4 +202,46 @@ func FuzzUnmarshal(f *testing.F) {
 			t.Fatalf("accepted %q as %+v, which encodes to %q and decodes as %+v, %v", b, m, enc, again, err)
 		}
 	})
+}
+
+// TestConfigMountLimits: a config carrying more layers or host binds than
+// one SCM_RIGHTS message holds is refused by both ends; one at the limits
+// travels with all its descriptors.
+func TestConfigMountLimits(t *testing.T) {
+	for _, cfg := range []*Config{{Layers: MaxLayers + 1}, {Layers: -1}, {HostBinds: make([]string, MaxHostBinds+1)}} {
+		if _, _, err := encode(&Msg{Op: OpConfig, Config: cfg}, make([]int, max(cfg.Mounts(), 0))); err == nil {
+			t.Errorf("config with %d layers, %d binds encoded", cfg.Layers, len(cfg.HostBinds))
+		}
+		// The packet a peer could send: op, bits, SID, no argv nor env,
+		// three empty strings, then the config.
+		raw, _ := json.Marshal(cfg)
+		b := []byte{opCodes[OpConfig], hasConfig, 0, 0, 0, 0, 0, 0}
+		b = binary.AppendUvarint(b, uint64(len(raw)))
+		b = append(b, raw...)
+		if _, err := unmarshal(b); !errors.Is(err, errMalformed) {
+			t.Errorf("decoded a config with %d layers, %d binds: %v", cfg.Layers, len(cfg.HostBinds), err)
+		}
+	}
+	c, initEnd, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	defer initEnd.Close()
+	e := NewEndpoint(int(initEnd.Fd()))
+	cfg := &Config{Layers: MaxLayers, HostBinds: make([]string, MaxHostBinds)}
+	files := make([]*os.File, cfg.Mounts())
+	for i := range files {
+		files[i] = os.Stdin
+	}
+	if err := c.Send(&Msg{Op: OpConfig, Config: cfg}, files...); err != nil {
+		t.Fatal(err)
+	}
+	m, fds, err := e.Recv()
+	if err != nil || m.Config.Layers != MaxLayers || len(fds) != cfg.Mounts() {
+		t.Fatalf("%+v %d descriptors, %v", m, len(fds), err)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }
