@@ -20,7 +20,8 @@ const (
 // ExportRequest is the body of POST /v1/projects/{id}/export.
 //
 // Remote is the URL pushed to (https; with AppOptions.Export.AllowInsecure
-// also http, file and absolute host paths); Branch a branch name (without
+// also http, file and absolute host paths), which must match the daemon's
+// export remotes and the project's, if it has any (else 403); Branch a branch name (without
 // refs/heads/); ExpectedHead the full object name the branch must point at.
 type ExportRequest struct {
 	Remote       string `json:"remote"`
@@ -84,6 +85,8 @@ func exportError(err error) error {
 	switch {
 	case errors.As(err, &hm):
 		return &APIError{Status: http.StatusConflict, Kind: KindHeadMoved, Message: fmt.Sprintf("branch %s is at %s, not at %s", hm.Branch, hm.Actual, hm.Expected), Cause: err}
+	case errors.Is(err, export.ErrRemoteNotAllowed):
+		return &APIError{Status: http.StatusForbidden, Kind: KindForbidden, Message: err.Error(), Cause: err}
 	case errors.Is(err, export.ErrInvalid):
 		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: err.Error(), Cause: err}
 	case errors.Is(err, export.ErrNoBranch):

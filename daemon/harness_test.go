@@ -50,6 +50,7 @@ func testWorkerMain(args []string) int {
 	state := fs.String("state", "", "")
 	images := fs.String("images", "", "")
 	own := fs.Bool("own-workspaces", false, "")
+	allowUID := fs.Uint("allow-uid", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -68,6 +69,7 @@ func testWorkerMain(args []string) int {
 		// which removes the groups when the supervisor tests end.
 		CgroupParent: fmt.Sprintf("corral-daemon-sup-%d", os.Getppid()),
 		Logger:       log,
+		AllowUID:     uint32(*allowUID),
 	})
 	if err != nil {
 		log.Error("worker", "err", err)
@@ -128,12 +130,12 @@ func testLogger(t testing.TB) *slog.Logger {
 
 // fakeSandbox registers p as the sandbox plugin.
 func fakeSandbox(p *sandboxtest.Provider) core.PluginFactory {
-	return func(core.Deps) plugin.Registration {
+	return core.Plugin(func(core.Deps) plugin.Registration {
 		return plugin.Registration{
 			Manifest: plugin.Manifest{Name: "sandbox", Provides: []plugin.Domain{plugin.DomainSandbox}},
 			Register: func(c *plugin.Context) error { return c.Provide(plugin.DomainSandbox, p) },
 		}
-	}
+	})
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -229,7 +231,8 @@ func (e *env) account(name string) (store.Account, string) {
 // hostProject creates a host project rooted at a new directory.
 func (e *env) hostProject(name string, owner store.Account) store.Project {
 	e.t.Helper()
-	root := filepath.Join(e.dir, "host-"+name)
+	// Outside the state directory, where no project may be rooted.
+	root := filepath.Join(e.t.TempDir(), "host-"+name)
 	if err := os.Mkdir(root, 0o755); err != nil {
 		e.t.Fatal(err)
 	}

@@ -62,6 +62,9 @@ const (
 	CodeBadImage        = "bad-image"
 	CodeBusy            = "busy"
 	CodeInternal        = "internal"
+	// CodeForbidden is the connection error a worker sends a peer it does
+	// not serve (a uid other than root and the daemon's) before closing.
+	CodeForbidden = "forbidden"
 )
 
 // Message is one decoded frame. Every message struct of this package

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -162,7 +163,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	if status >= 500 {
 		h.log.Warn("editor: git read failed", "path", r.URL.Path, "status", status, "err", err)
 	}
-	writeError(w, status, kind, redact(msg))
+	writeError(w, status, kind, redact.String(msg))
 }
 
 func writeError(w http.ResponseWriter, status int, kind, msg string) {

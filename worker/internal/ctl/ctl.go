@@ -102,6 +102,9 @@ type Config struct {
 	// MaxSessions is how many sessions the worker admits at once; the init
 	// keeps as many unused namespace holders (and a few). Zero: unknown.
 	MaxSessions int `json:"maxSessions,omitempty"`
+	// TmpSize, when positive, is the size limit in bytes of the machine's
+	// /tmp and of its /dev/shm (each). Zero: unsized.
+	TmpSize int64 `json:"tmpSize,omitempty"`
 }
 
 // Limits on what one config carries, so that its descriptors fit one
