@@ -14,6 +14,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -66,7 +67,7 @@ func open(dir string, opts Options) (*Store, error) {
 	if !st.IsDir() {
 		return nil, fmt.Errorf("image: store %s is not a directory", abs)
 	}
-	if uid := st.Sys().(*unix.Stat_t).Uid; int(uid) != os.Geteuid() {
+	if uid := st.Sys().(*syscall.Stat_t).Uid; int(uid) != os.Geteuid() {
 		return nil, fmt.Errorf("image: store %s is owned by uid %d, not by this user (%d)", abs, uid, os.Geteuid())
 	}
 	if st.Mode().Perm()&0o077 != 0 {
