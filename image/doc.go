@@ -16,8 +16,10 @@
 //	                       (lowest first), config, creation time, size
 //	tmp/                   layers being unpacked; renamed into layers/ when
 //	                       complete, so a layer directory is always whole
-//	lock                   flock(2): imports share it, Remove (which
-//	                       collects unreferenced layers) holds it alone
+//	lock                   flock(2): imports and the making of base
+//	                       share it, Remove (which collects unreferenced
+//	                       layers) holds it alone
+//	base.lock              flock(2): one maker of base at a time
 //
 // A layer is unpacked into tmp/ and renamed into place: two imports of the
 // same layer at once both unpack it, the first rename wins and the other
@@ -50,6 +52,15 @@
 //   - a hard link whose target name is absolute, has a ".." component,
 //     passes through a symlink, or names nothing unpacked before it;
 //   - a file owner or group ≥ 65536.
+//
+// Each layer is unpacked on its own (it is shared by every image that has
+// it, whatever lies below it), so a name is resolved within its own layer
+// only: a missing parent directory is made as a directory of the layer
+// (0755, image root). A layer that writes "bin/x" above a lower layer's
+// symlink "bin -> usr/bin" therefore shadows the symlink with a directory
+// in the machine's root, where a runtime that unpacks onto the merged tree
+// would have written usr/bin/x. Layers built by docker or buildah record
+// the resolved path and do not do this.
 //
 // A symlink entry itself is kept with its target verbatim, absolute or
 // relative (/etc/alternatives/* and the like are absolute in every root

@@ -27,6 +27,7 @@ const (
 	imagesDir = "images"
 	tmpDir    = "tmp"
 	lockFile  = "lock"
+	baseLock  = "base.lock"
 )
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
@@ -94,7 +95,12 @@ func open(dir string, opts Options) (*Store, error) {
 // lock takes the store's flock, shared or exclusive, and returns its
 // release. It gives up when ctx ends.
 func (s *Store) lock(ctx context.Context, exclusive bool) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(s.dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	return s.flock(ctx, lockFile, exclusive)
+}
+
+// flock takes a flock on the file name in the store.
+func (s *Store) flock(ctx context.Context, name string, exclusive bool) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(s.dir, name), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("image: lock: %w", err)
 	}
