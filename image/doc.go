@@ -51,7 +51,9 @@
 //     earlier entry of the layer: "link -> /etc" then "link/passwd");
 //   - a hard link whose target name is absolute, has a ".." component,
 //     passes through a symlink, or names nothing unpacked before it;
-//   - a file owner or group ≥ 65536.
+//   - a file owner or group ≥ 65536;
+//   - a file that would bring the import past Options.MaxSize bytes of
+//     content (a sparse entry of a few bytes can claim a terabyte).
 //
 // Each layer is unpacked on its own (it is shared by every image that has
 // it, whatever lies below it), so a name is resolved within its own layer
@@ -75,6 +77,7 @@
 //   - extended attributes are dropped except user.*, and of those
 //     user.overlay.* is dropped too (it would steer the machine's overlay);
 //     security.capability in particular never reaches the store;
+//   - runs of zeros are written as holes (a sparse file stays sparse);
 //   - hard links within the layer are kept, mode bits (set-id included)
 //     and modification times are kept, owners are shifted as above.
 //

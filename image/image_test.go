@@ -16,6 +16,7 @@ import (
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/image"
@@ -561,4 +562,40 @@ func BenchmarkBase(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestSparse: a sparse entry is written with holes, and one that claims
+// more than MaxSize is refused before anything is written.
+func TestSparse(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	layer := func(p string) v1.Layer {
+		l, err := tarball.LayerFromFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	im, err := s.Import(ctx, imagetest.Layout(t, imagetest.Image(t, v1.Config{}, layer("testdata/sparse-1g.tar"))), "sparse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(im.Layers[0], "big")
+	st := lstat(t, p)
+	if st.Size != 1<<30+3 || st.Blocks*512 > 1<<20 {
+		t.Errorf("big: size %d, %d bytes on disk; want %d and a hole", st.Size, st.Blocks*512, 1<<30+3)
+	}
+	f, _ := os.Open(p)
+	end := make([]byte, 3)
+	f.ReadAt(end, 1<<30)
+	f.Close()
+	if string(end) != "end" {
+		t.Errorf("big ends with %q", end)
+	}
+	start := time.Now()
+	_, err = s.Import(ctx, imagetest.Layout(t, imagetest.Image(t, v1.Config{}, layer("testdata/sparse-1t.tar"))), "huge")
+	if !errors.Is(err, image.ErrUnsafe) || !strings.Contains(err.Error(), `"huge"`) {
+		t.Errorf("a terabyte sparse file: %v, want ErrUnsafe", err)
+	}
+	t.Logf("refused in %v", time.Since(start))
 }

@@ -89,7 +89,11 @@ func open(dir string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Store{dir: abs, ids: ids, log: log}, nil
+	maxSize := opts.MaxSize
+	if maxSize <= 0 {
+		maxSize = DefaultMaxSize
+	}
+	return &Store{dir: abs, ids: ids, log: log, maxSize: maxSize}, nil
 }
 
 // lock takes the store's flock, shared or exclusive, and returns its
