@@ -97,6 +97,11 @@
 // /sbin: the host's top-level symlinks that point into usr), empty mount
 // points, and a generated /etc (see base.go), with HostBinds ["/usr"]: the
 // machine binds the host's /usr read-only on top. Nothing else of the host
-// is in it. Its record carries a version stamp; a record from an older
+// is in it: no shadow, no /root, /home, /var, /srv, /opt, /run or /mnt
+// contents, no socket, no state directory. Its /etc/os-release is the
+// host's (Debian's is a link into /usr/lib); no /etc/gitconfig is written,
+// so git's defaults apply (git status works on a fresh machine). Its
+// config: user "user", working directory /workspace, no Env (the machine
+// sets PATH). Its record carries a version stamp; a record from an older
 // generator is remade, and Remove("base") makes the next Get remake it.
 package image

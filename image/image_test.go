@@ -355,6 +355,14 @@ func TestArchives(t *testing.T) {
 	if err != nil || len(list) != 3 || list[0].Name != "b" || list[1].Name != "docker" || list[2].Name != "oci" {
 		t.Errorf("list %v %v", list, err)
 	}
+	// Importing a name again replaces the image.
+	wantB, _ := b.ConfigName()
+	if _, err := s.Import(ctx, imagetest.DockerArchive(t, b), "oci"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "oci"); err != nil || got.ID != wantB.String() || len(got.Layers) != 2 {
+		t.Errorf("replaced: %+v %v, want %s", got, err, wantB)
+	}
 	if _, err := s.Import(ctx, filepath.Join(t.TempDir(), "missing"), "x"); err == nil {
 		t.Error("missing source imported")
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"text/tabwriter"
 	"time"
@@ -28,6 +29,11 @@ func (f *imageFlags) open(ctx context.Context) (string, *image.Store, error) {
 	dir, err := stateDir(f.state)
 	if err != nil {
 		return "", nil, err
+	}
+	// The state directory as the other commands make it; the store
+	// inside is 0700.
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", nil, fmt.Errorf("state directory: %w", err)
 	}
 	s, err := image.Open(filepath.Join(dir, "images"), image.Options{Registry: f.registry, Logger: cliLogger()})
 	return dir, s, err
