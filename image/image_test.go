@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -53,6 +54,12 @@ func newStore(t *testing.T) (*image.Store, *logBuf) {
 	t.Helper()
 	needRoot(t)
 	state := t.TempDir()
+	// Only the store's own mode keeps other users out.
+	for _, d := range []string{filepath.Dir(state), state} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var log logBuf
 	s, err := image.Open(filepath.Join(state, "images"), image.Options{
 		Registry: filepath.Join(t.TempDir(), "id-ranges.json"),
@@ -200,6 +207,15 @@ func TestImport(t *testing.T) {
 				}
 				return nil
 			})
+		}
+	})
+	t.Run("other host users cannot reach the layers", func(t *testing.T) {
+		for _, p := range []string{filepath.Join(l0, "etc/passwd"), filepath.Join(l0, "usr/bin/su")} {
+			cmd := exec.Command("/bin/cat", p)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "Permission denied") {
+				t.Errorf("nobody read %s: %v %q", p, err, out)
+			}
 		}
 	})
 	t.Run("modes, set-id kept, mtimes", func(t *testing.T) {

@@ -76,8 +76,14 @@ func open(dir string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("image: store: %w", err)
 		}
 	}
+	// The store's root and its directories are 0700 each: either alone
+	// keeps other host users away from the layers.
 	for _, d := range []string{layersDir, imagesDir, tmpDir} {
-		if err := os.Mkdir(filepath.Join(abs, d), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		p := filepath.Join(abs, d)
+		if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("image: store: %w", err)
+		}
+		if err := os.Chmod(p, 0o700); err != nil {
 			return nil, fmt.Errorf("image: store: %w", err)
 		}
 	}
