@@ -82,11 +82,18 @@ func (s *Store) base(ctx context.Context) (*Image, error) {
 	} else if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	unlock, err := s.lock(ctx, true)
+	// Shared with imports (which need not wait), exclusive among makers
+	// of base; Remove waits.
+	unlock, err := s.lock(ctx, false)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
+	unlockBase, err := s.flock(ctx, baseLock, true)
+	if err != nil {
+		return nil, err
+	}
+	defer unlockBase()
 	if r, err := s.readRecord(BaseName); err == nil && r.Version == baseVersion {
 		return s.toImage(r), nil // made meanwhile
 	}

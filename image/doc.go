@@ -16,8 +16,10 @@
 //	                       (lowest first), config, creation time, size
 //	tmp/                   layers being unpacked; renamed into layers/ when
 //	                       complete, so a layer directory is always whole
-//	lock                   flock(2): imports share it, Remove (which
-//	                       collects unreferenced layers) holds it alone
+//	lock                   flock(2): imports and the making of base
+//	                       share it, Remove (which collects unreferenced
+//	                       layers) holds it alone
+//	base.lock              flock(2): one maker of base at a time
 //
 // A layer is unpacked into tmp/ and renamed into place: two imports of the
 // same layer at once both unpack it, the first rename wins and the other
@@ -49,7 +51,18 @@
 //     earlier entry of the layer: "link -> /etc" then "link/passwd");
 //   - a hard link whose target name is absolute, has a ".." component,
 //     passes through a symlink, or names nothing unpacked before it;
-//   - a file owner or group ≥ 65536.
+//   - a file owner or group ≥ 65536;
+//   - a file that would bring the import past Options.MaxSize bytes of
+//     content (a sparse entry of a few bytes can claim a terabyte).
+//
+// Each layer is unpacked on its own (it is shared by every image that has
+// it, whatever lies below it), so a name is resolved within its own layer
+// only: a missing parent directory is made as a directory of the layer
+// (0755, image root). A layer that writes "bin/x" above a lower layer's
+// symlink "bin -> usr/bin" therefore shadows the symlink with a directory
+// in the machine's root, where a runtime that unpacks onto the merged tree
+// would have written usr/bin/x. Layers built by docker or buildah record
+// the resolved path and do not do this.
 //
 // A symlink entry itself is kept with its target verbatim, absolute or
 // relative (/etc/alternatives/* and the like are absolute in every root
@@ -64,6 +77,7 @@
 //   - extended attributes are dropped except user.*, and of those
 //     user.overlay.* is dropped too (it would steer the machine's overlay);
 //     security.capability in particular never reaches the store;
+//   - runs of zeros are written as holes (a sparse file stays sparse);
 //   - hard links within the layer are kept, mode bits (set-id included)
 //     and modification times are kept, owners are shifted as above.
 //
@@ -83,6 +97,12 @@
 // /sbin: the host's top-level symlinks that point into usr), empty mount
 // points, and a generated /etc (see base.go), with HostBinds ["/usr"]: the
 // machine binds the host's /usr read-only on top. Nothing else of the host
-// is in it. Its record carries a version stamp; a record from an older
+// is in it: no shadow, no /root, /home, /var, /srv, /opt, /run or /mnt
+// contents, no socket, no state directory. Its /etc/os-release is the
+// host's (Debian's is a link into /usr/lib); its /etc/gitconfig only marks
+// /workspace (and what is below it) safe.directory, so that git works in a
+// root-owned checkout, which the machine binds without idmapping. Its
+// config: user "user", working directory /workspace, no Env (the machine
+// sets PATH). Its record carries a version stamp; a record from an older
 // generator is remade, and Remove("base") makes the next Get remake it.
 package image

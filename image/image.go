@@ -37,7 +37,15 @@ type Options struct {
 	// Logger receives a record per unpacked layer and per base made; nil
 	// discards them.
 	Logger *slog.Logger
+	// MaxSize is the most bytes of file content an import may unpack
+	// (0 = DefaultMaxSize); an image that unpacks to more is refused with
+	// ErrUnsafe. Runs of zeros are stored as holes and take no disk, but
+	// count.
+	MaxSize int64
 }
+
+// DefaultMaxSize is the default Options.MaxSize.
+const DefaultMaxSize = 64 << 30
 
 // Image is an image in a store.
 type Image struct {
@@ -74,9 +82,10 @@ type Config struct {
 // Store is an image store in a directory. Its methods are safe for
 // concurrent use by goroutines and by processes sharing the directory.
 type Store struct {
-	dir string
-	ids idrange.Range
-	log *slog.Logger
+	dir     string
+	ids     idrange.Range
+	log     *slog.Logger
+	maxSize int64
 }
 
 // Open opens the store in dir (<state>/images), creating it (mode 0700)

@@ -12,10 +12,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/image"
@@ -52,6 +54,12 @@ func newStore(t *testing.T) (*image.Store, *logBuf) {
 	t.Helper()
 	needRoot(t)
 	state := t.TempDir()
+	// Only the store's own mode keeps other users out.
+	for _, d := range []string{filepath.Dir(state), state} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var log logBuf
 	s, err := image.Open(filepath.Join(state, "images"), image.Options{
 		Registry: filepath.Join(t.TempDir(), "id-ranges.json"),
@@ -199,6 +207,15 @@ func TestImport(t *testing.T) {
 				}
 				return nil
 			})
+		}
+	})
+	t.Run("other host users cannot reach the layers", func(t *testing.T) {
+		for _, p := range []string{filepath.Join(l0, "etc/passwd"), filepath.Join(l0, "usr/bin/su")} {
+			cmd := exec.Command("/bin/cat", p)
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "Permission denied") {
+				t.Errorf("nobody read %s: %v %q", p, err, out)
+			}
 		}
 	})
 	t.Run("modes, set-id kept, mtimes", func(t *testing.T) {
@@ -353,6 +370,14 @@ func TestArchives(t *testing.T) {
 	list, err := s.List(ctx)
 	if err != nil || len(list) != 3 || list[0].Name != "b" || list[1].Name != "docker" || list[2].Name != "oci" {
 		t.Errorf("list %v %v", list, err)
+	}
+	// Importing a name again replaces the image.
+	wantB, _ := b.ConfigName()
+	if _, err := s.Import(ctx, imagetest.DockerArchive(t, b), "oci"); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Get(ctx, "oci"); err != nil || got.ID != wantB.String() || len(got.Layers) != 2 {
+		t.Errorf("replaced: %+v %v, want %s", got, err, wantB)
 	}
 	if _, err := s.Import(ctx, filepath.Join(t.TempDir(), "missing"), "x"); err == nil {
 		t.Error("missing source imported")
@@ -561,4 +586,40 @@ func BenchmarkBase(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// TestSparse: a sparse entry is written with holes, and one that claims
+// more than MaxSize is refused before anything is written.
+func TestSparse(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	layer := func(p string) v1.Layer {
+		l, err := tarball.LayerFromFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	im, err := s.Import(ctx, imagetest.Layout(t, imagetest.Image(t, v1.Config{}, layer("testdata/sparse-1g.tar"))), "sparse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(im.Layers[0], "big")
+	st := lstat(t, p)
+	if st.Size != 1<<30+3 || st.Blocks*512 > 1<<20 {
+		t.Errorf("big: size %d, %d bytes on disk; want %d and a hole", st.Size, st.Blocks*512, 1<<30+3)
+	}
+	f, _ := os.Open(p)
+	end := make([]byte, 3)
+	f.ReadAt(end, 1<<30)
+	f.Close()
+	if string(end) != "end" {
+		t.Errorf("big ends with %q", end)
+	}
+	start := time.Now()
+	_, err = s.Import(ctx, imagetest.Layout(t, imagetest.Image(t, v1.Config{}, layer("testdata/sparse-1t.tar"))), "huge")
+	if !errors.Is(err, image.ErrUnsafe) || !strings.Contains(err.Error(), `"huge"`) {
+		t.Errorf("a terabyte sparse file: %v, want ErrUnsafe", err)
+	}
+	t.Logf("refused in %v", time.Since(start))
 }

@@ -70,7 +70,7 @@ func (s *Store) importImage(ctx context.Context, src, name string) (*Image, erro
 		},
 	}
 	for _, l := range layers {
-		dir, meta, err := s.ensureLayer(ctx, l)
+		dir, meta, err := s.ensureLayer(ctx, l, s.maxSize-r.Size)
 		if err != nil {
 			return nil, fmt.Errorf("image: %s: %w", src, err)
 		}
@@ -117,7 +117,7 @@ func (s *Store) open(ctx context.Context, src string) (v1.Image, func(), error) 
 			cleanup()
 			return nil, nop, fmt.Errorf("image: %w", err)
 		}
-		_, _, err = unpack(ctx, f, tmp, modePlain, 0)
+		_, _, err = unpack(ctx, f, tmp, modePlain, 0, s.maxSize)
 		f.Close()
 		if err != nil {
 			cleanup()
@@ -220,7 +220,7 @@ func pick(idx v1.ImageIndex, depth int) (v1.Image, error) {
 
 // ensureLayer unpacks l into layers/sha256-<hex> unless it is there, and
 // returns that directory's name and its metadata.
-func (s *Store) ensureLayer(ctx context.Context, l v1.Layer) (string, layerMeta, error) {
+func (s *Store) ensureLayer(ctx context.Context, l v1.Layer, limit int64) (string, layerMeta, error) {
 	diff, err := l.DiffID()
 	if err != nil {
 		return "", layerMeta{}, fmt.Errorf("layer: %w", err)
@@ -257,7 +257,7 @@ func (s *Store) ensureLayer(ctx context.Context, l v1.Layer) (string, layerMeta,
 	h := sha256.New()
 	in := io.TeeReader(rc, h)
 	var meta layerMeta
-	meta.Size, meta.Files, err = unpack(ctx, in, tmp, modeLayer, s.ids.Start)
+	meta.Size, meta.Files, err = unpack(ctx, in, tmp, modeLayer, s.ids.Start, limit)
 	if err != nil {
 		return "", layerMeta{}, fmt.Errorf("layer %s: %w", diff, err)
 	}

@@ -27,6 +27,7 @@ const (
 	imagesDir = "images"
 	tmpDir    = "tmp"
 	lockFile  = "lock"
+	baseLock  = "base.lock"
 )
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
@@ -75,8 +76,14 @@ func open(dir string, opts Options) (*Store, error) {
 			return nil, fmt.Errorf("image: store: %w", err)
 		}
 	}
+	// The store's root and its directories are 0700 each: either alone
+	// keeps other host users away from the layers.
 	for _, d := range []string{layersDir, imagesDir, tmpDir} {
-		if err := os.Mkdir(filepath.Join(abs, d), 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		p := filepath.Join(abs, d)
+		if err := os.Mkdir(p, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+			return nil, fmt.Errorf("image: store: %w", err)
+		}
+		if err := os.Chmod(p, 0o700); err != nil {
 			return nil, fmt.Errorf("image: store: %w", err)
 		}
 	}
@@ -88,13 +95,22 @@ func open(dir string, opts Options) (*Store, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Store{dir: abs, ids: ids, log: log}, nil
+	maxSize := opts.MaxSize
+	if maxSize <= 0 {
+		maxSize = DefaultMaxSize
+	}
+	return &Store{dir: abs, ids: ids, log: log, maxSize: maxSize}, nil
 }
 
 // lock takes the store's flock, shared or exclusive, and returns its
 // release. It gives up when ctx ends.
 func (s *Store) lock(ctx context.Context, exclusive bool) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(s.dir, lockFile), os.O_RDWR|os.O_CREATE, 0o600)
+	return s.flock(ctx, lockFile, exclusive)
+}
+
+// flock takes a flock on the file name in the store.
+func (s *Store) flock(ctx context.Context, name string, exclusive bool) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(s.dir, name), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("image: lock: %w", err)
 	}

@@ -2,6 +2,7 @@ package image
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +31,7 @@ const (
 	opaqueXattr  = "user.overlay.opaque"
 	paxXattr     = "SCHILY.xattr."
 	maxImageID   = IDCount - 1
+	holeChunk    = 64 << 10
 	resolveFlags = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 )
 
@@ -49,6 +51,9 @@ type unpacker struct {
 	mode  unpackMode
 	shift uint32 // host id of image id 0
 	size  int64  // bytes of regular file content written
+	limit int64  // most bytes of regular file content allowed
+	buf   []byte // copy buffer and a chunk of zeros, made on first use
+	zero  []byte
 	files int
 	dirs  []dirTime
 	// cache is the descriptor of the last parent directory resolved.
@@ -66,12 +71,14 @@ func unsafeEntry(name, why string) error {
 }
 
 // unpack writes the tar stream r into the existing, empty directory dir.
-func unpack(ctx context.Context, r io.Reader, dir string, mode unpackMode, shift uint32) (size int64, files int, err error) {
+// At most limit bytes of file content are written (a larger entry is
+// ErrUnsafe).
+func unpack(ctx context.Context, r io.Reader, dir string, mode unpackMode, shift uint32, limit int64) (size int64, files int, err error) {
 	root, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, 0, fmt.Errorf("image: unpack: %w", &os.PathError{Op: "open", Path: dir, Err: err})
 	}
-	u := &unpacker{root: root, mode: mode, shift: shift, cacheFD: -1}
+	u := &unpacker{root: root, mode: mode, shift: shift, limit: limit, cacheFD: -1}
 	defer u.close()
 	if mode == modeLayer {
 		// The root of a layer is root's 0755 directory unless the tar
@@ -200,6 +207,12 @@ func (u *unpacker) entry(hdr *tar.Header, r io.Reader) error {
 	name, err := cleanName(hdr.Name)
 	if err != nil {
 		return err
+	}
+	switch hdr.Typeflag {
+	case tar.TypeGNUSparse, tar.TypeCont:
+		// archive/tar expands a sparse file's holes; a contiguous file
+		// is a regular file.
+		hdr.Typeflag = tar.TypeReg
 	}
 	if u.mode == modeLayer && (hdr.Uid < 0 || hdr.Uid > maxImageID || hdr.Gid < 0 || hdr.Gid > maxImageID) {
 		return unsafeEntry(hdr.Name, fmt.Sprintf("owner %d:%d outside the image's ids 0..%d", hdr.Uid, hdr.Gid, maxImageID))
@@ -356,7 +369,10 @@ func (u *unpacker) regular(hdr *tar.Header, r io.Reader, pfd int, base string) e
 	}
 	f := os.NewFile(uintptr(fd), base)
 	defer f.Close()
-	n, err := io.Copy(f, r)
+	if hdr.Size > u.limit-u.size {
+		return unsafeEntry(hdr.Name, fmt.Sprintf("unpacks to more than %d bytes", u.limit))
+	}
+	n, err := u.copyHoles(f, r)
 	if err != nil {
 		return fmt.Errorf("image: unpack %q: %w", hdr.Name, err)
 	}
@@ -369,6 +385,39 @@ func (u *unpacker) regular(hdr *tar.Header, r io.Reader, pfd int, base string) e
 		return err
 	}
 	return u.setTimesAt(hdr.Name, pfd, base, hdr.AccessTime, hdr.ModTime)
+}
+
+// copyHoles copies r to the new file f, leaving holes where r has runs of
+// zeros a chunk long: a sparse entry (a 10 KiB tar can hold a file of a
+// terabyte of zeros) takes no more disk than its data.
+func (u *unpacker) copyHoles(f *os.File, r io.Reader) (int64, error) {
+	if u.buf == nil {
+		u.buf, u.zero = make([]byte, holeChunk), make([]byte, holeChunk)
+	}
+	var off int64
+	hole := false
+	for {
+		n, err := io.ReadFull(r, u.buf)
+		if n > 0 {
+			hole = bytes.Equal(u.buf[:n], u.zero[:n])
+			if !hole {
+				if _, werr := f.WriteAt(u.buf[:n], off); werr != nil {
+					return off, werr
+				}
+			}
+			off += int64(n)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return off, err
+		}
+	}
+	if hole {
+		return off, f.Truncate(off)
+	}
+	return off, nil
 }
 
 // hardlink links base to an earlier entry of the tree, resolved beneath
