@@ -280,6 +280,10 @@ func TestDebianImageInstallsPackage(t *testing.T) {
 	if r := h.run(t, c, p, "sh", "-c", "dpkg -s corral-hello | grep ^Status"); !strings.Contains(r.stdout, "install ok installed") {
 		t.Fatalf("package not recorded: %v", r)
 	}
+	// Guest root plants no set-id file in its upper layer either.
+	if r := h.run(t, c, p, "sh", "-c", "chmod u+s /usr/bin/corral-hello || echo refused; cp /bin/true /usr/local/bin/t && chmod g+s /usr/local/bin/t || echo refused"); r.stdout != "refused\nrefused\n" {
+		t.Errorf("set-id bits in the upper layer: %v", r)
+	}
 	assertNoRootOwned(t, h.w.projectDir(5))
 }
 
