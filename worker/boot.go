@@ -98,18 +98,6 @@ func (m *machine) boot() (err error) {
 		// for its ready pid namespace holders (a few threads each).
 		cfg.NProc = int(max(w.pidLimit-32, w.pidLimit/2, 1))
 	}
-	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
-	if err != nil {
-		return err
-	}
-	defer func() { closeAll(mounts) }()
-	root, err := m.rootMounts(img, projDir)
-	mounts = append(mounts, root...)
-	if err != nil {
-		return err
-	}
-	cfg.Layers, cfg.HostBinds = len(img.Layers), img.HostBinds
-
 	ctlConn, initEnd, err := ctl.Pair()
 	if err != nil {
 		return err
@@ -142,6 +130,18 @@ func (m *machine) boot() (err error) {
 	if err := m.cg.Add(m.initPID); err != nil {
 		return err
 	}
+	// The machine's mounts are made while the init's runtime starts.
+	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
+	if err != nil {
+		return err
+	}
+	defer func() { closeAll(mounts) }()
+	root, err := m.rootMounts(img, projDir)
+	mounts = append(mounts, root...)
+	if err != nil {
+		return err
+	}
+	cfg.Layers, cfg.HostBinds = len(img.Layers), img.HostBinds
 	if err := ctlConn.Send(&ctl.Msg{Op: ctl.OpConfig, Config: cfg}, mounts...); err != nil {
 		return err
 	}
