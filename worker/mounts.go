@@ -49,11 +49,12 @@ func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.Fi
 		if gid == 0 {
 			gmap.inner = guestGID
 		}
-		userns, err = holdUserns(m.w.cfg.SelfExe, idMap{inner: uid, outer: guestUID, size: 1}, gmap)
+		var release func()
+		userns, release, err = m.w.userns(idMap{inner: uid, outer: guestUID, size: 1}, gmap)
 		if err != nil {
 			m.w.log.Warn("idmapped mounts unavailable, binding the workspace as is", "project", m.id, "err", err)
 		} else {
-			defer userns.Close()
+			defer release()
 		}
 	}
 	ws, idmapped, err := cloneTree(m.workspace, userns)
@@ -119,13 +120,13 @@ func (m *machine) rootMounts(img *image.Image, projDir string) (mounts []*os.Fil
 		if ids.Size < RangeSize {
 			return mounts, fmt.Errorf("image store id block of %d ids, want %d", ids.Size, RangeSize)
 		}
-		userns, err := holdUserns(m.w.cfg.SelfExe,
+		userns, release, err := m.w.userns(
 			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize},
 			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize})
 		if err != nil {
 			return mounts, fmt.Errorf("image layers: %w", err)
 		}
-		defer userns.Close()
+		defer release()
 		for _, l := range img.Layers {
 			f, idmapped, err := cloneTree(l, userns)
 			if err != nil {
@@ -185,6 +186,38 @@ func chownFrom(dir string, fromUID, fromGID, uid, gid uint32) error {
 // idMap is one extent of a user namespace's uid or gid map: ids
 // [inner, inner+size) inside are [outer, outer+size) outside.
 type idMap struct{ inner, outer, size uint32 }
+
+// maxUserns bounds the user namespaces a worker keeps for idmapped mounts.
+const maxUserns = 512
+
+// userns returns a user namespace with the given maps, for idmapped mounts,
+// and the function to call when done with it: one the worker keeps (a
+// machine's restart spawns no helper for its namespaces), or, once the
+// worker keeps maxUserns, a new one that release closes.
+func (w *Worker) userns(uids, gids idMap) (f *os.File, release func(), err error) {
+	key := [2]idMap{uids, gids}
+	w.nsMu.Lock()
+	f = w.nsCache[key]
+	w.nsMu.Unlock()
+	if f != nil {
+		return f, func() {}, nil
+	}
+	// Made without the lock: boots of other projects do not wait.
+	if f, err = holdUserns(w.cfg.SelfExe, uids, gids); err != nil {
+		return nil, nil, err
+	}
+	w.nsMu.Lock()
+	defer w.nsMu.Unlock()
+	switch kept := w.nsCache[key]; {
+	case kept != nil: // made meanwhile by another boot
+		f.Close()
+		return kept, func() {}, nil
+	case len(w.nsCache) >= maxUserns:
+		return f, func() { f.Close() }, nil
+	}
+	w.nsCache[key] = f
+	return f, func() {}, nil
+}
 
 // holdUserns returns a descriptor of a fresh user namespace with the given
 // maps. Used for an idmapped mount, it shows a file owned on disk by inner

@@ -173,6 +173,9 @@ type Worker struct {
 	hostNet  *os.File
 	images   imageStore
 	closeNet sync.Once
+
+	nsMu     sync.Mutex
+	nsCache  map[[2]idMap]*os.File // user namespaces of idmapped mounts, by maps
 	memLimit int64
 	pidLimit int64
 
@@ -277,6 +280,7 @@ func New(cfg Config) (*Worker, error) {
 		used:      make(map[int]bool),
 		resetting: make(map[int64]chan struct{}),
 		latest:    make(map[int64]*machine),
+		nsCache:   make(map[[2]idMap]*os.File),
 		conns:     make(map[*conn]struct{}),
 	}
 	if w.images == nil {
@@ -413,6 +417,12 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		}
 	}
 	w.closeNet.Do(func() { w.hostNet.Close() })
+	w.nsMu.Lock()
+	for k, f := range w.nsCache {
+		f.Close()
+		delete(w.nsCache, k)
+	}
+	w.nsMu.Unlock()
 	w.cgroups.RemoveParents()
 	return nil
 }
