@@ -60,7 +60,7 @@ func (m *machine) boot() (err error) {
 	if err != nil {
 		return err
 	}
-	m.imageEnv = img.Config.Env
+	m.image, m.imageID, m.imageEnv = img.Name, img.ID, img.Config.Env
 	m.imageCwd = GuestWorkspace
 	if d := img.Config.WorkingDir; path.IsAbs(d) && path.Clean(d) == d && d != "/" && !strings.ContainsRune(d, 0) {
 		m.imageCwd = d

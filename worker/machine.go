@@ -29,7 +29,9 @@ type machine struct {
 	hostUID  uint32
 	initPID  int
 	idmapped bool
-	// The image's defaults for sessions.
+	// The image's name and id, and its defaults for sessions.
+	image    string
+	imageID  string
 	imageEnv []string
 	imageCwd string
 	cmd      *exec.Cmd

@@ -187,6 +187,9 @@ func TestImportedImageRoot(t *testing.T) {
 		t.Fatalf("next command: %v", r)
 	}
 	m := h.machineOf(t, 3)
+	if m.Image != "synth" || !strings.HasPrefix(m.ImageID, "sha256:") {
+		t.Errorf("machine image %q %q", m.Image, m.ImageID)
+	}
 	upperFile := filepath.Join(h.w.projectDir(3), "upper/usr/local/bin/mark")
 	var st unix.Stat_t
 	if err := unix.Lstat(upperFile, &st); err != nil {

@@ -209,6 +209,8 @@ type MachineInfo struct {
 	Cgroups []string
 	// Idmapped reports whether the workspace is an idmapped mount.
 	Idmapped bool
+	// Image is the name of the machine's image, ImageID its id.
+	Image, ImageID string
 }
 
 // New checks cfg and prepares a worker; it starts no machine. It removes
@@ -449,6 +451,7 @@ func (w *Worker) Machines() []MachineInfo {
 		out = append(out, MachineInfo{
 			ProjectID: m.id, Workspace: m.workspace, InitPID: m.initPID, HostUID: m.hostUID,
 			Sessions: m.refs, Cgroups: m.cg.Paths(), Idmapped: m.idmapped,
+			Image: m.image, ImageID: m.imageID,
 		})
 		m.mu.Unlock()
 	}
