@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -52,6 +53,21 @@ func TestManagedCommand(t *testing.T) {
 	}
 	if v := metricValue(t, e, "corral_worker_connected"); v != 1 {
 		t.Errorf("worker_connected %v", v)
+	}
+	// The optional user: guest root, and one the machine lacks (a start
+	// error: nothing ran).
+	asUser := func(user string) map[string]any {
+		b := cmdBody("id", "-u")
+		b["user"] = user
+		return b
+	}
+	status, body = e.do(context.Background(), "POST", commandsPath(p.ID), tok, asUser("root"))
+	if status != 200 || !strings.Contains(string(body), `"stdout":"0\n"`) {
+		t.Fatalf("user root: %d %s", status, body)
+	}
+	status, body = e.do(context.Background(), "POST", commandsPath(p.ID), tok, asUser("nosuchuser"))
+	if kind, msg, _, _ := apiError(t, body); status != 422 || kind != string(sandbox.KindStart) || !strings.Contains(msg, "nosuchuser") {
+		t.Fatalf("user nosuchuser: %d %s", status, body)
 	}
 }
 

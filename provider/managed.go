@@ -47,6 +47,12 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	if in.User != "" {
+		// HOME is the named user's, which the machine knows; USER names
+		// the default user.
+		delete(env, "HOME")
+		delete(env, "USER")
+	}
 	req := machine.ExecRequest{
 		Project: machineProject(proj),
 		Account: actor.AccountUserID,
@@ -57,6 +63,7 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Argv:  in.Command.Argv(),
 		Cwd:   cwd,
 		Env:   env,
+		User:  in.User,
 	}
 	// The request must fit in one protocol frame; refuse it here, before a
 	// lease exists, rather than fail at start.

@@ -151,6 +151,9 @@ func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, a
 	}
 	switch proj.Kind {
 	case store.ProjectHost:
+		if in.User != "" {
+			return nil, fmt.Errorf("provider: project %d is a host project, whose commands run as the caller: a user (%q) can only be named in a managed project", proj.ID, in.User)
+		}
 		return p.prepareHost(ctx, in, actor, proj, member)
 	case store.ProjectManaged:
 		return p.prepareManaged(ctx, in, actor, proj)

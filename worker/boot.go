@@ -93,6 +93,9 @@ func (m *machine) boot() (err error) {
 		// Enough holders kept for the sessions the machine admits.
 		MaxSessions: w.cfg.MaxSessions,
 	}
+	if w.configHook != nil {
+		w.configHook(cfg)
+	}
 	if w.pidLimit > 0 {
 		// Leave room under the pids limit for the init's own threads and
 		// for its ready pid namespace holders (a few threads each).

@@ -25,6 +25,7 @@ import (
 	"net"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,10 +33,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
 
 // features are the protocol extensions the worker announces.
-var features = []string{wire.FeatureMachineSpec, wire.FeatureMachineReset}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -228,6 +230,10 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(code, "%s", msg)
 		return
 	}
+	if code, msg := checkUser(m.User); code != "" {
+		reject(code, "%s", msg)
+		return
+	}
 	if m.Cwd != "" && !validCwd(m.Cwd) {
 		reject(wire.CodeBadCwd, "cwd %q must be a clean absolute path inside %s or %s", m.Cwd, GuestWorkspace, GuestHome)
 		return
@@ -254,8 +260,21 @@ func (c *conn) execStart(m *wire.ExecStart) {
 	if cwd == "" {
 		cwd = mach.imageCwd
 	}
-	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0])
-	s := mach.newSession(c, m.ID, m.Argv, env, cwd)
+	var cred *ctl.Cred
+	if m.User != "" && !alwaysKnown(m.User) {
+		if cred, err = mach.lookupUser(m.User); err != nil {
+			mach.release(true)
+			var r *rejection
+			if errors.As(err, &r) {
+				reject(r.code, "%s", r.msg)
+			} else {
+				reject(wire.CodeMachineFailed, "%v", err)
+			}
+			return
+		}
+	}
+	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0], "user", m.User)
+	s := mach.newSession(c, m.ID, m.Argv, env, cwd, m.User, cred)
 	c.mu.Lock()
 	c.sessions[m.ID] = s
 	c.mu.Unlock()
@@ -315,6 +334,32 @@ func checkArgv(argv []string) (code, msg string) {
 	return "", ""
 }
 
+// maxUser bounds the length of exec-start's user.
+const maxUser = 256
+
+// checkUser validates the syntax of a requested user (the machine's init
+// says whether it exists).
+func checkUser(user string) (code, msg string) {
+	if len(user) > maxUser || strings.ContainsAny(user, "\x00\n") {
+		return wire.CodeBadUser, fmt.Sprintf("user %.40q is not a user name or uid", user)
+	}
+	return "", ""
+}
+
+// alwaysKnown reports whether every machine knows user, so that no lookup
+// is needed before accepting the session (the init resolves it at the
+// start): root, and a bare uid that the machine maps.
+func alwaysKnown(user string) bool {
+	if user == "root" {
+		return true
+	}
+	if user == "" || strings.TrimLeft(user, "0123456789") != "" || len(user) > 5 {
+		return false
+	}
+	uid, err := strconv.Atoi(user)
+	return err == nil && uid < RangeSize
+}
+
 // checkEnv validates a request's variables.
 func checkEnv(req map[string]string) (code, msg string) {
 	for k, v := range req {
@@ -329,13 +374,14 @@ func checkEnv(req map[string]string) (code, msg string) {
 }
 
 // buildEnv returns a session's environment (req checked by checkEnv):
-// PATH=DefaultPath and HOME=GuestHome, then the image's variables, then the
-// request's, which win — except that a request's PATH equal to DefaultPath
-// (what corral's clients send by default) leaves the image's PATH, so that
-// an image's tools (/usr/local/go/bin, /opt/venv/bin, ...) are found.
+// PATH=DefaultPath, then the image's variables, then the request's, which
+// win — except that a request's PATH equal to DefaultPath (what corral's
+// clients send by default) leaves the image's PATH, so that an image's
+// tools (/usr/local/go/bin, /opt/venv/bin, ...) are found. The init adds
+// HOME, the session user's, unless the image or the request sets it.
 func buildEnv(req map[string]string, image []string) []string {
 	vars := make(map[string]string, len(image)+len(req)+2)
-	vars["PATH"], vars["HOME"] = DefaultPath, GuestHome
+	vars["PATH"] = DefaultPath
 	for _, kv := range image {
 		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && strings.IndexByte(kv, 0) < 0 {
 			vars[k] = v

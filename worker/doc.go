@@ -12,11 +12,11 @@
 // hierarchy, else the v1 memory and pids hierarchies. PID 1 of a machine is
 // corral's own init — this binary re-executed (see MaybeRunInit), placed
 // in the machine's cgroup before it may fork — which reaps zombies and
-// forks sessions (see Session containment) as the image's default user
-// (the guest user GuestUID/GuestGID for base), with exactly the three
+// forks sessions (see Session containment) as the session's user (see
+// Privilege; by default the image's), with exactly the three
 // descriptors the client attached as 0, 1 and 2 (put in blocking mode) and
-// nothing else open, a checked cwd and an environment of PATH and HOME,
-// the image's variables, then the request's.
+// nothing else open, a checked cwd and an environment of PATH and HOME
+// (the user's), the image's variables, then the request's.
 //
 // # Root filesystem
 //
@@ -101,7 +101,7 @@
 // goroutine of its own, off the exec path, and keeps as many as the machine
 // admits sessions (Config.MaxSessions, and the two) that sessions gave
 // back, so that a burst of concurrent sessions reuses them; a session that
-// finds none spawns one on the spot. A sleep holder is one thread and
+// finds none has that goroutine's thread spawn one at once. A sleep holder is one thread and
 // well under a megabyte; the Go fallback is this binary's runtime and
 // package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
 // anonymous and four or five threads, which count against the pids limit.
@@ -175,11 +175,73 @@
 // belong to the machine's ids (the guest user's and guest root's host
 // ids).
 //
-// Sessions run under a seccomp filter that refuses (EPERM) any mode with
-// S_ISUID or S_ISGID in chmod, fchmod, fchmodat(2), open, openat, creat and
-// mknod(at), and answers ENOSYS to openat2 and io_uring_setup, whose modes
-// it cannot inspect: no set-id file can be planted on the host through a
-// machine.
+// The syscall policy (see Privilege) refuses (EPERM) any mode with S_ISUID or
+// S_ISGID in chmod, fchmod, fchmodat(2), open, openat, creat and mknod(at),
+// and answers ENOSYS to openat2 and io_uring, whose modes it cannot
+// inspect; and no session can write a file capability (no CAP_SETFCAP, no
+// nested user namespace): no set-id or capability-carrying file can be
+// planted on the host through a machine.
+//
+// # Privilege
+//
+// Sessions run as the machine's default user (the image's; GuestUID and
+// GuestGID for base) or as the user exec-start names (the "user"
+// feature, announced in the worker's hello): a name or numeric uid,
+// optionally ":group", resolved by the init against the machine's own
+// /etc/passwd and /etc/group (supplementary groups from /etc/group; a
+// numeric uid need not be in passwd). For any other user than root or a
+// bare mapped uid, which every machine knows, the worker asks the init
+// before it accepts the session (a lookup on the control channel, one
+// round trip); an unknown user, or an id outside the machine's mapping, is
+// exec-rejected "bad-user". HOME, unless the request sets it,
+// is the guest home for the default non-root user and the passwd entry's
+// for others (/root for root).
+//
+// Guest root holds Docker's default capabilities without CAP_SETFCAP
+// (CHOWN, DAC_OVERRIDE, FSETID, FOWNER, MKNOD, NET_RAW, SETGID, SETUID,
+// SETPCAP, NET_BIND_SERVICE, SYS_CHROOT, KILL, AUDIT_WRITE) as its
+// effective, permitted and bounding sets; every other user holds none,
+// not even in its bounding set; ambient and inheritable sets are empty and
+// no_new_privs is set for all (set-id binaries and file capabilities in an
+// image elevate nothing). As capabilities are per thread and Go cannot
+// drop a bounding set between fork and exec, the init forks sessions of
+// the default user's class (root or not) from its loop's thread and the
+// others from a second locked thread, each with its class's bounding set,
+// no_new_privs and the syscall policy installed, all inherited by what it
+// forks; the loop hands a fork of the other class to that thread over a
+// channel. A re-exec trampoline would have cost a Go start per command.
+// The default user's warm exec is unchanged: go test -bench WarmExec,
+// before against after, five interleaved runs on a loaded 2-core host,
+// median p50s 865 against 688 µs sequential, 754 against 737 µs pipelined
+// (the spread between runs is ±20%). Root costs the other thread's
+// wake-up and a read of /etc/passwd and /etc/group at the start
+// (sequential-root: p50 692, 1098, 874 µs against the default user's 575,
+// 713, 844 in three runs at a load of 15); a user by name also costs the
+// lookup round trip before exec-accepted.
+//
+// The syscall policy is Docker's default seccomp profile (see
+// internal/guest's seccomp.go for the differences): default deny with
+// EPERM, no new user namespace (unshare, clone; clone3 answers ENOSYS so
+// that libc falls back to clone), no mount API, keyctl, bpf,
+// perf_event_open, userfaultfd, kernel modules, clock setting, io_uring
+// (ENOSYS), personality beyond Docker's values. ptrace is allowed, as in
+// Docker: a session sees only its own pid namespace, and the kernel's
+// checks (same uid, a capability subset, no CAP_SYS_PTRACE for anyone)
+// leave a session the processes of its own user there. Holders are
+// spawned by the pool's thread only, never by a forking thread, so they
+// hold all of the machine's capabilities: no session, root's included,
+// can attach to one. The 32-bit ABIs are refused.
+//
+// Each machine has limits of its own: before it builds the filesystem,
+// the init sets its user namespace's /proc/sys/user limits — no user, network, ipc, uts, cgroup or time namespaces at all;
+// pid and mount namespaces enough for its holders; 32 inotify instances
+// and 32768 watches, 16 fanotify groups per user. While a machine's user
+// namespace belongs to host root, these counts are also charged to host
+// root's own quotas (fs.inotify.max_user_instances), so the per-machine
+// limits are what keeps a machine's default user from exhausting them;
+// guest root, which can switch to many uids, can still take several
+// users' worth until machines' user namespaces belong to host users of
+// their own.
 //
 // # Protocol behaviour
 //

@@ -225,8 +225,14 @@ func newID() string {
 
 func (h *harness) start(t testing.TB, c *wire.Conn, p wire.Project, argv ...string) *running {
 	t.Helper()
+	return h.startAs(t, c, p, "", argv...)
+}
+
+// startAs is start as user (empty: the machine's default user).
+func (h *harness) startAs(t testing.TB, c *wire.Conn, p wire.Project, user string, argv ...string) *running {
+	t.Helper()
 	id := newID()
-	if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: "/workspace"}); err != nil {
+	if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: "/workspace", User: user}); err != nil {
 		t.Fatal(err)
 	}
 	switch m := recv(t, c).(type) {
@@ -277,4 +283,10 @@ func (r *running) wait(t testing.TB) result {
 func (h *harness) run(t testing.TB, c *wire.Conn, p wire.Project, argv ...string) result {
 	t.Helper()
 	return h.start(t, c, p, argv...).wait(t)
+}
+
+// runAs is run as user.
+func (h *harness) runAs(t testing.TB, c *wire.Conn, p wire.Project, user string, argv ...string) result {
+	t.Helper()
+	return h.startAs(t, c, p, user, argv...).wait(t)
 }

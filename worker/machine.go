@@ -49,6 +49,10 @@ type machine struct {
 	idleSince time.Time   // when refs last dropped to zero
 	nextSID   uint64
 	bySID     map[uint64]*session
+	// lookups wait for the init's answers to user lookups, by sid; closed
+	// (and lookupsClosed set) when the control channel closes.
+	lookups       map[uint64]chan *ctl.Msg
+	lookupsClosed bool
 }
 
 func (w *Worker) newMachine(id int64, ws, requested, img string, slot int) *machine {
@@ -189,6 +193,11 @@ func (m *machine) read() {
 	_ = m.cmd.Process.Signal(syscall.SIGKILL)
 	m.mu.Lock()
 	m.stopping = true
+	m.lookupsClosed = true
+	for sid, ch := range m.lookups {
+		close(ch)
+		delete(m.lookups, sid)
+	}
 	var orphans []*session
 	for sid, s := range m.bySID {
 		delete(m.bySID, sid)
@@ -204,6 +213,14 @@ func (m *machine) read() {
 
 func (m *machine) onReport(msg *ctl.Msg) {
 	m.mu.Lock()
+	if msg.Op == ctl.OpLookedUp {
+		if ch := m.lookups[msg.SID]; ch != nil {
+			ch <- msg // buffered, one answer per lookup
+			delete(m.lookups, msg.SID)
+		}
+		m.mu.Unlock()
+		return
+	}
 	s := m.bySID[msg.SID]
 	if s == nil {
 		m.mu.Unlock()

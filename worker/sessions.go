@@ -2,6 +2,8 @@ package worker
 
 import (
 	"errors"
+	"fmt"
+	"time"
 
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
@@ -17,23 +19,27 @@ const (
 
 // session is one accepted exec.
 type session struct {
-	id    string // the client's
-	sid   uint64 // the machine's
-	c     *conn
-	m     *machine
-	argv  []string
-	env   []string
-	cwd   string
+	id   string // the client's
+	sid  uint64 // the machine's
+	c    *conn
+	m    *machine
+	argv []string
+	env  []string
+	cwd  string
+	// user and cred are whom it runs as: cred as looked up, else user
+	// (alwaysKnown), else the machine's default user.
+	user  string
+	cred  *ctl.Cred
 	state int
 }
 
 // newSession registers an accepted session on m (which holds a session
 // reference for it).
-func (m *machine) newSession(c *conn, id string, argv, env []string, cwd string) *session {
+func (m *machine) newSession(c *conn, id string, argv, env []string, cwd, user string, cred *ctl.Cred) *session {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.nextSID++
-	s := &session{id: id, sid: m.nextSID, c: c, m: m, argv: argv, env: env, cwd: cwd}
+	s := &session{id: id, sid: m.nextSID, c: c, m: m, argv: argv, env: env, cwd: cwd, user: user, cred: cred}
 	m.bySID[s.sid] = s
 	return s
 }
@@ -49,7 +55,7 @@ func (m *machine) attach(s *session, stdio []int) bool {
 	}
 	s.state = stateStarting
 	m.mu.Unlock()
-	err := m.ctl.SendFDs(&ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd}, stdio...)
+	err := m.ctl.SendFDs(s.startMsg(), stdio...)
 	if err == nil || errors.Is(err, ctl.ErrClosed) {
 		return true // on ErrClosed the init is gone: read() ends the session
 	}
@@ -64,6 +70,15 @@ func (m *machine) attach(s *session, stdio []int) bool {
 	m.mu.Unlock()
 	s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cannot pass the command to the machine: " + err.Error()})
 	return true
+}
+
+// startMsg is s's start for the init.
+func (s *session) startMsg() *ctl.Msg {
+	m := &ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd, Cred: s.cred}
+	if s.cred == nil {
+		m.User = s.user
+	}
+	return m
 }
 
 // cancel kills s's process tree, or ends it if it was not started. An
@@ -82,5 +97,49 @@ func (m *machine) cancel(s *session) {
 		_ = m.ctl.Send(&ctl.Msg{Op: ctl.OpKill, SID: s.sid})
 	default:
 		m.mu.Unlock()
+	}
+}
+
+// lookupTimeout bounds how long the init may take to resolve a user.
+const lookupTimeout = 10 * time.Second
+
+// lookupUser asks m's init whom user names (see ctl's lookup). It fails
+// with a *rejection: "bad-user" for a user the machine does not know,
+// "machine-failed" when the init does not answer.
+func (m *machine) lookupUser(user string) (*ctl.Cred, error) {
+	m.mu.Lock()
+	if m.lookupsClosed {
+		m.mu.Unlock()
+		return nil, &rejection{wire.CodeMachineFailed, "the machine stopped"}
+	}
+	m.nextSID++
+	sid := m.nextSID
+	ch := make(chan *ctl.Msg, 1)
+	if m.lookups == nil {
+		m.lookups = make(map[uint64]chan *ctl.Msg)
+	}
+	m.lookups[sid] = ch
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		delete(m.lookups, sid)
+		m.mu.Unlock()
+	}()
+	if err := m.ctl.Send(&ctl.Msg{Op: ctl.OpLookup, SID: sid, User: user}); err != nil {
+		return nil, &rejection{wire.CodeMachineFailed, fmt.Sprintf("cannot ask the machine for user %q: %v", user, err)}
+	}
+	t := time.NewTimer(lookupTimeout)
+	defer t.Stop()
+	select {
+	case r, ok := <-ch:
+		switch {
+		case !ok:
+			return nil, &rejection{wire.CodeMachineFailed, "the machine stopped"}
+		case r.Cred == nil:
+			return nil, &rejection{wire.CodeBadUser, r.Message}
+		}
+		return r.Cred, nil
+	case <-t.C:
+		return nil, &rejection{wire.CodeMachineFailed, fmt.Sprintf("the machine did not resolve user %q within %v", user, lookupTimeout)}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/corral-sandbox/corral/image"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/cgroup"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
 	"github.com/corral-sandbox/corral/worker/internal/guest"
 )
 
@@ -178,6 +179,8 @@ type Worker struct {
 	nsCache  map[[2]idMap]*os.File // user namespaces of idmapped mounts, by maps
 	memLimit int64
 	pidLimit int64
+	// configHook, when set (by tests), edits every machine's init config.
+	configHook func(*ctl.Config)
 
 	mu       sync.Mutex
 	gen      int // machines started, for unique cgroup names

@@ -18,6 +18,7 @@ type runFlags struct {
 	host          string
 	project       string
 	cwd           string
+	user          string
 	timeout       time.Duration
 	stdoutLimit   sizeFlag
 	stderrLimit   sizeFlag
@@ -64,6 +65,7 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 	fl.StringVar(&f.host, "host", "", "run in a host project rooted at `DIR`")
 	fl.StringVar(&f.project, "project", "", "run in a managed project whose workspace is `DIR` (root)")
 	fl.StringVar(&f.cwd, "cwd", "", "working `PATH` (host path for --host, guest path for --project)")
+	fl.StringVar(&f.user, "user", "", "run as `NAME|UID` of the machine (--project, --daemon; default: the image's user)")
 	fl.DurationVar(&f.timeout, "timeout", sandbox.DefaultTimeout, "bound the command's run time")
 	fl.Var(&f.stdoutLimit, "stdout-limit", "stdout capture limit (B, KiB, MiB; default 1MiB)")
 	fl.Var(&f.stderrLimit, "stderr-limit", "stderr capture limit (B, KiB, MiB; default 1MiB)")
@@ -101,6 +103,7 @@ func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       env.cwd,
+		User:      f.user,
 		LeaseKind: sandbox.LeaseKind(f.leaseKind),
 		Project:   env.project,
 	}
