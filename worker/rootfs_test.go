@@ -311,3 +311,25 @@ func assertNoRootOwned(t testing.TB, dir string) {
 		return nil
 	})
 }
+
+// TestBaseRootWritesPersist: on base, `--user root` writes outside /usr
+// (the host's, read-only) land in the project's upper layer: seen by the
+// next command, owned on the host by the machine's ids, gone after reset.
+func TestBaseRootWritesPersist(t *testing.T) {
+	h := newHarness(t, nil)
+	c := h.dial(t)
+	p := h.project(t, 1)
+	if r := h.runAs(t, c, p, "root", "sh", "-c", "echo kept > /etc/corral-mark && mkdir -p /opt/tool && touch /usr/x 2>/dev/null || echo usr-read-only"); r.stdout != "usr-read-only\n" {
+		t.Fatalf("root's writes: %v", r)
+	}
+	if r := h.run(t, c, p, "cat", "/etc/corral-mark"); r.stdout != "kept\n" {
+		t.Fatalf("next command: %v", r)
+	}
+	assertNoRootOwned(t, h.w.projectDir(1))
+	if err := h.w.Reset(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.run(t, c, p, "sh", "-c", "test -e /etc/corral-mark || test -e /opt/tool || echo gone"); r.stdout != "gone\n" {
+		t.Fatalf("after reset: %v", r)
+	}
+}
