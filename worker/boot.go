@@ -78,6 +78,11 @@ func (m *machine) boot() (err error) {
 	if err != nil {
 		return err
 	}
+	var layerNS *nsPromise
+	if len(img.Layers) > 0 {
+		layerNS = m.layerUserns()
+		defer layerNS.close()
+	}
 
 	m.cg, err = w.cgroups.New(fmt.Sprintf("machine-%d.%d", m.id, m.gen), cgroup.Limits{Memory: w.memLimit, Pids: w.pidLimit})
 	if err != nil {
@@ -139,7 +144,7 @@ func (m *machine) boot() (err error) {
 		return err
 	}
 	defer func() { closeAll(mounts) }()
-	root, err := m.rootMounts(img, projDir)
+	root, err := m.rootMounts(img, projDir, layerNS)
 	mounts = append(mounts, root...)
 	if err != nil {
 		return err

@@ -103,30 +103,62 @@ func (m *machine) ownHome(home string, uid, gid uint32) error {
 	return os.Lchown(home, int(uid), int(gid))
 }
 
+// nsPromise is a user namespace being made (see layerUserns).
+type nsPromise struct {
+	done    chan struct{}
+	f       *os.File
+	release func()
+	err     error
+}
+
+// layerUserns starts making the user namespace that maps the image store's
+// ids onto the machine's, so that the helper process it may take runs
+// while the machine's init starts. The caller must call close.
+func (m *machine) layerUserns() *nsPromise {
+	p := &nsPromise{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		ids := m.w.images.IDs()
+		if ids.Size < RangeSize {
+			p.err = fmt.Errorf("image store id block of %d ids, want %d", ids.Size, RangeSize)
+			return
+		}
+		p.f, p.release, p.err = m.w.userns(
+			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize},
+			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize})
+	}()
+	return p
+}
+
+func (p *nsPromise) wait() (*os.File, error) {
+	<-p.done
+	return p.f, p.err
+}
+
+// close waits for the namespace and releases it.
+func (p *nsPromise) close() {
+	if _, err := p.wait(); err == nil {
+		p.release()
+	}
+}
+
 // rootMounts prepares the detached mounts of the machine's root, in the
 // order ctl.Config.Mounts gives after the workspace and the home: the
 // project directory (holding the overlay's upper and work directories),
 // each of img's layers idmapped from the image store's ids onto the
 // machine's range, then img's host binds read-only, nosuid and nodev. It
 // returns what it made also on error, for the caller to close.
-func (m *machine) rootMounts(img *image.Image, projDir string) (mounts []*os.File, err error) {
+func (m *machine) rootMounts(img *image.Image, projDir string, layerNS *nsPromise) (mounts []*os.File, err error) {
 	up, _, err := cloneTree(projDir, nil)
 	if err != nil {
 		return nil, err
 	}
 	mounts = append(mounts, up)
 	if len(img.Layers) > 0 {
-		ids := m.w.images.IDs()
-		if ids.Size < RangeSize {
-			return mounts, fmt.Errorf("image store id block of %d ids, want %d", ids.Size, RangeSize)
-		}
-		userns, release, err := m.w.userns(
-			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize},
-			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize})
+		userns, err := layerNS.wait()
 		if err != nil {
 			return mounts, fmt.Errorf("image layers: %w", err)
 		}
-		defer release()
 		for _, l := range img.Layers {
 			f, idmapped, err := cloneTree(l, userns)
 			if err != nil {
