@@ -86,12 +86,23 @@ type RunOptions struct {
 // or was ended by a signal it was not sent by corral. Exactly one of Code and
 // Signal is set. A nonzero Code is a result, not an error.
 //
-// Its JSON form is {"stdout":S,"stderr":S,"code":N|null,"signal":S|null}.
+// Its JSON form is {"stdout":S,"stderr":S,"code":N|null,"signal":S|null}
+// (OutputErr is not part of it).
 type CommandResult struct {
 	Stdout string
 	Stderr string
 	Code   *int
 	Signal string
+	// OutputErr is nil when Stdout and Stderr are complete: every process
+	// holding them had closed them when RunCommand stopped reading. It is
+	// ErrWaitDelay when the main process ended but something it left
+	// behind (a descendant RunCommand could not kill: one that left a
+	// direct host command's process group) still held them open after
+	// ControlOptions.DrainTimeout: the output was cut there, and whatever
+	// that process wrote later is missing. As with os/exec's
+	// ErrWaitDelay, the exit status is still the command's: the result is
+	// returned, not an error.
+	OutputErr error
 }
 
 // MarshalJSON encodes r with null for the absent one of code and signal.

@@ -759,3 +759,38 @@ func TestProjectMachineSpec(t *testing.T) {
 		t.Errorf("tenancy read: %+v", p)
 	}
 }
+
+func TestProjectNetwork(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	off, err := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "off", Root: "/h/off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, err := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "on", Root: "/h/on", Network: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.GetProject(ctx, off.ID); got.Network {
+		t.Errorf("a new project allows the network by default")
+	}
+	if got, _ := s.GetProject(ctx, on.ID); !got.Network {
+		t.Errorf("created with network, read without")
+	}
+	if err := s.SetProjectNetwork(ctx, off.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	acc, err := s.CreateAccount(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: off.ID, Account: acc.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, err := s.GetProjectMember(ctx, off.ID, acc.ID); err != nil || !p.Network {
+		t.Errorf("tenancy read after SetProjectNetwork: %+v, %v", p, err)
+	}
+	if err := s.SetProjectNetwork(ctx, 999, true); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown project: %v, want ErrNotFound", err)
+	}
+}
