@@ -13,7 +13,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
 )
 
 // sitesTestDomain is the sites domain of these tests.
