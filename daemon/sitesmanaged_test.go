@@ -28,6 +28,7 @@ const siteServer = `
 import http.server, time
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
     def log_message(self, *a): pass
     def send(self, body, extra=()):
         b = body.encode()
