@@ -530,13 +530,15 @@ func (g *sitesGateway) exchange(w http.ResponseWriter, r *http.Request, name, to
 		Secure:   g.opts.Scheme == "https",
 		SameSite: http.SameSiteLaxMode,
 	})
-	u := url.URL{Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: withoutParam(r.URL.RawQuery, SiteTokenParam)}
+	// An absolute URL on the same host: a path such as //evil.example/
+	// stays a path of this site.
+	u := url.URL{Scheme: g.opts.Scheme, Host: r.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: withoutParam(r.URL.RawQuery, SiteTokenParam)}
 	if u.Path == "" {
 		u.Path = "/"
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer")
-	http.Redirect(w, r, u.RequestURI(), http.StatusSeeOther)
+	http.Redirect(w, r, u.String(), http.StatusSeeOther)
 	return nil
 }
 

@@ -116,7 +116,7 @@ func TestSitesOwnOriginManaged(t *testing.T) {
 	}
 	ck := siteCookieOf(t, resp, siteCookie)
 	cookie := []string{"Cookie", "mine=1; " + siteCookie + "=" + ck.Value + "; theirs=2"}
-	resp, body = siteDo(t, tcp, "GET", site+resp.Header.Get("Location"), cookie...)
+	resp, body = siteDo(t, tcp, "GET", resp.Header.Get("Location"), cookie...)
 	if resp.StatusCode != 200 || body != "cookie=[mine=1; theirs=2] auth=[] path=/echo" {
 		t.Errorf("echo with the cookie: %d %s", resp.StatusCode, body)
 	}

@@ -132,8 +132,13 @@ func TestSitesOriginAuth(t *testing.T) {
 	// The exchange: a cookie of that origin only, and a redirect to the
 	// same URL without the token.
 	resp, body := siteDo(t, c, "GET", u)
-	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "/a/b?x=1&y=2" {
+	if resp.StatusCode != http.StatusSeeOther || resp.Header.Get("Location") != "http://app.sites.test:8443/a/b?x=1&y=2" {
 		t.Fatalf("exchange: %d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	// A path that looks like another host stays on the site.
+	resp, _ = siteDo(t, c, "GET", "http://app.sites.test//evil.example/x?"+SiteTokenParam+"="+url.QueryEscape(pu.Query().Get(SiteTokenParam)))
+	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther || loc != "http://app.sites.test//evil.example/x" {
+		t.Errorf("exchange of //evil.example/x: %d Location %q", resp.StatusCode, loc)
 	}
 	ck := siteCookieOf(t, resp, siteCookie)
 	if !ck.HttpOnly || ck.Secure || ck.SameSite != http.SameSiteLaxMode || ck.Path != "/" || ck.Domain != "" || ck.MaxAge <= 0 {
