@@ -110,6 +110,9 @@ func TestSitesOriginAuth(t *testing.T) {
 	if err != nil || pu.Scheme != "http" || pu.Host != "app.sites.test:8443" || pu.Path != "/a/b" || pu.Query().Get("x") != "1" || pu.Query().Get(SiteTokenParam) == "" {
 		t.Fatalf("signed URL %s", u)
 	}
+	if cu, err := e.client(tok).SiteURL(ctx, box.ID, "app", "", time.Minute); err != nil || !strings.HasPrefix(cu, "http://app.sites.test:8443/?"+SiteTokenParam+"=") {
+		t.Errorf("client.SiteURL: %q %v", cu, err)
+	}
 	// Minting: members only, the project's own sites, bounded expiry.
 	for _, tc := range []struct {
 		name, token, site string
