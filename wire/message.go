@@ -32,6 +32,9 @@ const (
 	TypeExecCancel   = "exec-cancel"
 	TypeNetDial      = "net-dial"
 	TypeNetDialed    = "net-dialed"
+	// TypeNetListen and TypeNetListening belong to FeatureNetListen.
+	TypeNetListen    = "net-listen"
+	TypeNetListening = "net-listening"
 )
 
 // Error codes carried by error frames ([Error.Code]) and rejections
@@ -85,6 +88,14 @@ const (
 	// FeatureOOMKilled: exec-exit may carry "oomKilled": true beside
 	// "signal" when the kernel's OOM killer killed the session.
 	FeatureOOMKilled = "oom-killed"
+	// FeatureNetListen: the client may send net-listen {id, project, port};
+	// the worker answers net-listening {id, fds:1} carrying a TCP socket
+	// listening on 127.0.0.1:port inside the machine's network namespace,
+	// or error {id, code, message} ("dial-failed" when the project has no
+	// running machine or the port is taken). The worker keeps no copy of
+	// the descriptor and relays no byte: what is accepted on it is the
+	// client's.
+	FeatureNetListen = "net-listen"
 )
 
 // Project identifies a project's machine.
@@ -229,6 +240,21 @@ type NetDialed struct {
 	ID string `json:"id"`
 }
 
+// NetListen asks the worker for a socket listening on 127.0.0.1:port in
+// the network namespace of the project's running machine
+// (FeatureNetListen).
+type NetListen struct {
+	ID      string  `json:"id"`
+	Project Project `json:"project"`
+	Port    int     `json:"port"`
+}
+
+// NetListening answers a NetListen and carries exactly one descriptor: the
+// listening socket (FeatureNetListen).
+type NetListening struct {
+	ID string `json:"id"`
+}
+
 func (Hello) Type() string        { return TypeHello }
 func (Error) Type() string        { return TypeError }
 func (Ping) Type() string         { return TypePing }
@@ -242,6 +268,8 @@ func (ExecExit) Type() string     { return TypeExecExit }
 func (ExecCancel) Type() string   { return TypeExecCancel }
 func (NetDial) Type() string      { return TypeNetDial }
 func (NetDialed) Type() string    { return TypeNetDialed }
+func (NetListen) Type() string    { return TypeNetListen }
+func (NetListening) Type() string { return TypeNetListening }
 
 // Error implements the error interface, so that an error frame can be
 // returned as an error.
@@ -282,6 +310,10 @@ func newMessage(t string) Message {
 		return &NetDial{}
 	case TypeNetDialed:
 		return &NetDialed{}
+	case TypeNetListen:
+		return &NetListen{}
+	case TypeNetListening:
+		return &NetListening{}
 	}
 	return nil
 }
@@ -291,14 +323,14 @@ func typeFDs(t string) int {
 	switch t {
 	case TypeExecAttach:
 		return 3
-	case TypeNetDialed:
+	case TypeNetDialed, TypeNetListening:
 		return 1
 	}
 	return 0
 }
 
 // FDCount reports how many descriptors a message of m's type carries: 3 for
-// exec-attach, 1 for net-dialed, 0 otherwise (and for nil).
+// exec-attach, 1 for net-dialed and net-listening, 0 otherwise (and for nil).
 func FDCount(m Message) int {
 	if isNil(m) {
 		return 0
@@ -386,6 +418,10 @@ func validate(m Message) error {
 	case *NetDial:
 		id = m.ID
 	case *NetDialed:
+		id = m.ID
+	case *NetListen:
+		id = m.ID
+	case *NetListening:
 		id = m.ID
 	default:
 		return protoErr(CodeUnknownType, "unknown message %T", m)

@@ -114,6 +114,8 @@ func allMessages() []Message {
 		&ExecCancel{ID: "s1"},
 		&NetDial{ID: "d1", Project: Project{ID: 7, Workspace: "/srv/p/7"}, Port: 8080},
 		&NetDialed{ID: "d1"},
+		&NetListen{ID: "l1", Project: Project{ID: 7, Workspace: "/srv/p/7"}, Port: 3128},
+		&NetListening{ID: "l1"},
 	}
 }
 
@@ -155,6 +157,8 @@ func TestPinnedFrames(t *testing.T) {
 		{&Hello{Protocol: 2}, `{"type":"hello","protocol":2}`},
 		{&ExecAttach{ID: "x"}, `{"type":"exec-attach","fds":3,"id":"x"}`},
 		{&NetDialed{ID: "x"}, `{"type":"net-dialed","fds":1,"id":"x"}`},
+		{&NetListen{ID: "x", Project: Project{ID: 7, Workspace: "/w"}, Port: 3128}, `{"type":"net-listen","id":"x","project":{"id":7,"workspace":"/w"},"port":3128}`},
+		{&NetListening{ID: "x"}, `{"type":"net-listening","fds":1,"id":"x"}`},
 		{&ExecExit{ID: "x", Code: intp(0)}, `{"type":"exec-exit","id":"x","code":0}`},
 		{&ExecExit{ID: "x", NotStarted: true}, `{"type":"exec-exit","id":"x","notStarted":true}`},
 		{&Ping{}, `{"type":"ping"}`},
@@ -197,6 +201,9 @@ func TestDecodeErrors(t *testing.T) {
 		{"fds negative", `{"type":"net-dialed","fds":-1,"id":"x"}`, 0, CodeFDMismatch},
 		{"fds string", `{"type":"net-dialed","fds":"1","id":"x"}`, 1, CodeFDMismatch},
 		{"fds null", `{"type":"net-dialed","fds":null,"id":"x"}`, 1, CodeFDMismatch},
+		{"net-listening without fd", `{"type":"net-listening","fds":1,"id":"x"}`, 0, CodeFDMismatch},
+		{"net-listen with fd", `{"type":"net-listen","fds":1,"id":"x","port":1}`, 1, CodeFDMismatch},
+		{"net-listening empty id", `{"type":"net-listening","fds":1}`, 1, CodeBadField},
 		{"argv not array", `{"type":"exec-start","id":"x","argv":"sh"}`, 0, CodeBadField},
 		{"protocol string", `{"type":"hello","protocol":"2"}`, 0, CodeBadField},
 		{"empty id", `{"type":"exec-cancel","id":""}`, 0, CodeBadField},

@@ -17,6 +17,8 @@ package worker
 //	  |                           |<------------ notStarted {msg} -----| (exec failed)
 //	  |-- net-dial -------------->| setns+socket+connect
 //	  |<------ net-dialed [1 fd]  |
+//	  |-- net-listen ------------>| setns+socket, bind+listen
+//	  |<---- net-listening [1 fd] |
 //	  |-- (close) --------------->| exec-cancel for every open session
 
 import (
@@ -65,7 +67,7 @@ func (c *conn) serve() {
 		return
 	}
 	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	if err := wire.ServerHello(c.wc, c.w.cfg.Name); err != nil {
+	if err := wire.ServerHello(c.wc, c.w.cfg.Name, features...); err != nil {
 		c.w.log.Debug("handshake failed", "err", err)
 		return
 	}
@@ -190,6 +192,8 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		}
 	case *wire.NetDial:
 		c.netDial(m)
+	case *wire.NetListen:
+		c.netListen(m)
 	default:
 		closeFDs(fds)
 		c.send(&wire.Error{Code: wire.CodeBadFrame, Message: fmt.Sprintf("a client does not send %s", m.Type())})
