@@ -34,6 +34,11 @@ func (m *Machine) ServeHTTP(ln net.Listener) error {
 		return net.ErrClosed
 	}
 	defer m.untrack(ln)
+	return m.serveHTTP(ln)
+}
+
+// serveHTTP is ServeHTTP for a tracked listener.
+func (m *Machine) serveHTTP(ln net.Listener) error {
 	p := goproxy.NewProxyHttpServer()
 	p.Logger = log.New(io.Discard, "", 0)
 	p.Tr = &http.Transport{

@@ -248,11 +248,13 @@ const (
 	ReasonBadName     = "bad name"
 )
 
-// CheckName is the first check of a request for host (a name, not an
-// address) and port: a deny rule for the name refuses; an allow rule for
-// it allows, pending CheckAddr of every address it resolves to; otherwise
-// the request may still be allowed by address (Allowed false, Rule "",
-// meaning: undecided, resolve and let CheckAddr decide by CIDR).
+// CheckName is the first check of a request for name (a host name, not an
+// address literal) and port: a deny rule for the name refuses; an allow
+// rule for it allows, pending CheckAddr of every address it resolves to;
+// anything else is refused (ReasonNoAllowRule) before any resolution.
+// Allow CIDRs allow address literals only: a name no domain rule allows is
+// never looked up, so that code in a machine cannot leak data through the
+// host's resolver.
 func (r *Rules) CheckName(name string, port int) Verdict {
 	if r.mode != ModeProxy {
 		return Verdict{Rule: ReasonModeNone}
@@ -267,12 +269,13 @@ func (r *Rules) CheckName(name string, port int) Verdict {
 			return Verdict{Allowed: true, Rule: x.Text}
 		}
 	}
-	return Verdict{}
+	return Verdict{Rule: ReasonNoAllowRule}
 }
 
 // CheckAddr checks one address the request reaches: a deny CIDR refuses;
-// byName is the verdict of CheckName (an allowed name's addresses need no
-// allow CIDR); otherwise an allow CIDR is needed. The operator's floor is
+// byName is the verdict of CheckName for a name (its addresses need no
+// allow CIDR), the zero Verdict for an address literal, which needs an
+// allow CIDR. The operator's floor is
 // checked separately (Floor.Blocks), before this.
 func (r *Rules) CheckAddr(a netip.Addr, port int, byName Verdict) Verdict {
 	if r.mode != ModeProxy {

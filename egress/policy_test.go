@@ -83,14 +83,14 @@ func TestRules(t *testing.T) {
 		{"pypi.org", 80, true, "pypi.org"},
 		{"files.pythonhosted.org", 443, true, "*.pythonhosted.org"},
 		{"a.b.pythonhosted.org", 443, true, "*.pythonhosted.org"},
-		{"pythonhosted.org", 443, false, ""},                           // the wildcard is not the apex
+		{"pythonhosted.org", 443, false, ReasonNoAllowRule},            // the wildcard is not the apex
 		{"files.pythonhosted.org", 80, false, "*.pythonhosted.org:80"}, // deny wins
 		{"github.com", 443, true, "github.com:443"},
-		{"github.com", 22, false, ""},
+		{"github.com", 22, false, ReasonNoAllowRule},
 		{"evil.example.com", 443, false, "evil.example.com"},
 		{"good.example.com", 443, true, "*.example.com"},
-		{"notpypi.org", 443, false, ""},
-		{"pypi.org.evil.net", 443, false, ""},
+		{"notpypi.org", 443, false, ReasonNoAllowRule},
+		{"pypi.org.evil.net", 443, false, ReasonNoAllowRule},
 	}
 	for _, tt := range names {
 		v := rules.CheckName(tt.name, tt.port)

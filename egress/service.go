@@ -243,7 +243,7 @@ func (m *Machine) open(ctx context.Context, proto, host string, port int) (net.C
 		}
 		rec.Name = name
 		byName = rules.CheckName(name, port)
-		if !byName.Allowed && byName.Rule != "" {
+		if !byName.Allowed {
 			return nil, deny(byName, "")
 		}
 		ctx, cancel := context.WithTimeout(ctx, m.s.opts.DialTimeout)

@@ -40,6 +40,11 @@ func (m *Machine) ServeSOCKS5(ln net.Listener) error {
 		return net.ErrClosed
 	}
 	defer m.untrack(ln)
+	return m.serveSOCKS5(ln)
+}
+
+// serveSOCKS5 is ServeSOCKS5 for a tracked listener.
+func (m *Machine) serveSOCKS5(ln net.Listener) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
