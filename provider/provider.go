@@ -67,6 +67,9 @@ type Options struct {
 	// replaces. Nil adds nothing. The daemon's own environment is never
 	// passed on.
 	Env []string
+	// Egress, if set, is told of every managed session before it starts
+	// (core's egress service): see Egress.
+	Egress Egress
 }
 
 // Provider prepares executions for corral's projects. It is safe for
@@ -79,6 +82,7 @@ type Provider struct {
 	self    string
 	log     *slog.Logger
 	env     []string
+	egress  Egress
 
 	// available reports whether confinement works on this kernel
 	// (confine.Available; replaced in tests).
@@ -103,6 +107,7 @@ func New(opts Options) (*Provider, error) {
 		self:      opts.SelfExe,
 		log:       opts.Logger,
 		env:       append([]string(nil), opts.Env...),
+		egress:    opts.Egress,
 		available: confine.Available,
 	}
 	if p.domain == "" {
