@@ -320,7 +320,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, addMember, list, del)
+	cmd.AddCommand(create, addMember, list, del, newProjectEgressCmd(&state))
 	return cmd
 }
 
