@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -412,4 +413,61 @@ func (c *conn) Close() error {
 		m.audit(r)
 	})
 	return err
+}
+
+// spliceChunk is how much one splice may move before the idle deadline is
+// renewed and the counters updated.
+const spliceChunk = 4 << 20
+
+// WriteTo copies from the upstream to w (io.Copy's fast path). Without a
+// rate limit, and when w is a TCP connection, the kernel moves the bytes
+// (splice), chunk by chunk, each under the idle deadline.
+func (c *conn) WriteTo(w io.Writer) (int64, error) {
+	rf, ok := w.(io.ReaderFrom)
+	tc, tcp := c.Conn.(*net.TCPConn)
+	if _, wtcp := w.(*net.TCPConn); c.m.limiter != nil || !ok || !tcp || !wtcp {
+		return io.Copy(w, struct{ io.Reader }{c})
+	}
+	var total int64
+	for {
+		tc.SetReadDeadline(time.Now().Add(c.idle))
+		n, err := rf.ReadFrom(&io.LimitedReader{R: tc, N: spliceChunk})
+		total += n
+		if n > 0 {
+			c.touch()
+			c.in.Add(n)
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && c.idleFor() < c.idle {
+				continue
+			}
+			return total, err
+		}
+		if n < spliceChunk {
+			return total, nil // end of stream
+		}
+	}
+}
+
+// ReadFrom copies from r to the upstream (io.Copy's fast path), spliced
+// when r is a TCP connection and there is no rate limit.
+func (c *conn) ReadFrom(r io.Reader) (int64, error) {
+	tc, tcp := c.Conn.(*net.TCPConn)
+	if _, rtcp := r.(*net.TCPConn); c.m.limiter != nil || !tcp || !rtcp {
+		return io.Copy(struct{ io.Writer }{c}, r)
+	}
+	var total int64
+	for {
+		tc.SetWriteDeadline(time.Now().Add(c.idle))
+		n, err := tc.ReadFrom(&io.LimitedReader{R: r, N: spliceChunk})
+		total += n
+		if n > 0 {
+			c.touch()
+			c.out.Add(n)
+		}
+		if err != nil || n < spliceChunk {
+			return total, err
+		}
+	}
 }
