@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -79,5 +80,23 @@ func TestEgressAPI(t *testing.T) {
 	}
 	if code, _ := e.do(ctx, "GET", path+"/log?limit=0", mtok, nil); code != http.StatusBadRequest {
 		t.Errorf("limit 0 = %d", code)
+	}
+}
+
+func TestEgressMetrics(t *testing.T) {
+	m := NewMetrics()
+	m.ObserveEgress(egress.Record{Verdict: egress.VerdictAllowed, BytesIn: 1000, BytesOut: 10})
+	m.ObserveEgress(egress.Record{Verdict: egress.VerdictDenied})
+	m.ObserveEgress(egress.Record{Verdict: egress.VerdictDenied})
+	rec := httptest.NewRecorder()
+	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	body := rec.Body.String()
+	for _, want := range []string{
+		`corral_egress_connections_total{verdict="allowed"} 1`, `corral_egress_connections_total{verdict="denied"} 2`,
+		`corral_egress_bytes_total{direction="in"} 1000`, `corral_egress_bytes_total{direction="out"} 10`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }
