@@ -191,6 +191,8 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"POST", "/v1/projects", true, a.createProject},
 		{"GET", "/v1/projects/{id}", true, a.getProject},
 		{"DELETE", "/v1/projects/{id}", true, a.deleteProject},
+		{"PUT", "/v1/projects/{id}/machine", true, a.setMachine},
+		{"POST", "/v1/projects/{id}/reset", true, a.resetMachine},
 		{"GET", "/v1/projects/{id}/members", true, a.listMembers},
 		{"POST", "/v1/projects/{id}/members", true, a.addMember},
 		{"POST", "/v1/projects/{id}/commands", true, a.runCommand},
@@ -420,9 +422,18 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) error {
 		body["sandbox"] = "ok"
 	}
 	body["worker"] = a.metrics.workerState()
+	// A worker that cannot start machines fails every managed command:
+	// unhealthy for a while after each such failure.
+	if at, msg := a.core.Gateway().LastStartFailure(); !at.IsZero() && time.Since(at) < StartFailureWindow {
+		return apiErr(http.StatusServiceUnavailable, KindUnavailable, "worker: failed to start a machine %s ago: %s", time.Since(at).Round(time.Second), msg)
+	}
 	writeJSON(w, http.StatusOK, body)
 	return nil
 }
+
+// StartFailureWindow is how long after the worker last failed to start a
+// machine /healthz answers 503.
+const StartFailureWindow = time.Minute
 
 func (a *App) serveMetrics(w http.ResponseWriter, r *http.Request) error {
 	a.metrics.Handler().ServeHTTP(w, r)

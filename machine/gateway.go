@@ -47,6 +47,12 @@ var (
 	// ErrNotStarted means the worker could not start the program (it was
 	// never executed); it comes from Session.Wait.
 	ErrNotStarted = errors.New("machine: command not started")
+	// ErrMachineFailed means the session's machine died under it (its
+	// init was killed, it ran out of memory, its cgroup was removed): the
+	// worker could not observe the command's end, whose outcome is
+	// unknown, and everything of the machine was killed. For a session it
+	// is a transport failure, like ErrInterrupted.
+	ErrMachineFailed = errors.New("machine: the machine stopped under the session")
 	// ErrClosed means the Gateway was closed.
 	ErrClosed = errors.New("machine: gateway closed")
 	// ErrPingTimeout is the cause of an interruption detected because the
@@ -115,6 +121,30 @@ type Gateway struct {
 	lastErr  error         // why the last attempt failed
 	permErr  error         // non-nil: the transport will never connect again
 	closed   bool
+
+	// startFailed and startFailure are when the worker last refused a
+	// request because it could not start a machine, and its message.
+	startFailed  time.Time
+	startFailure string
+}
+
+// LastStartFailure returns when the worker last refused a request with
+// "machine-failed" (it could not start the project's machine) and the
+// worker's message; the zero time if it never did.
+func (g *Gateway) LastStartFailure() (time.Time, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.startFailed, g.startFailure
+}
+
+// noteRejection records a machine start failure.
+func (g *Gateway) noteRejection(code, msg string) {
+	if code != wire.CodeMachineFailed {
+		return
+	}
+	g.mu.Lock()
+	g.startFailed, g.startFailure = time.Now(), msg
+	g.mu.Unlock()
 }
 
 // New returns a gateway that reaches the worker through transport and
@@ -444,6 +474,44 @@ func (g *Gateway) Dial(ctx context.Context, p Project, port int) (net.Conn, erro
 			}
 		}
 		return nil, ctx.Err()
+	}
+}
+
+// Reset discards the state project p's machine keeps between starts: the
+// upper layer of its root filesystem (what guest root installed or changed
+// outside the workspace and the home), stopping the machine first. The
+// worker refuses while the machine has sessions: a *RejectedError with
+// code wire.CodeBusy. A worker without the extension (wire's
+// FeatureMachineReset) makes it an error wrapping ErrUnsupported; a lost
+// connection wraps ErrInterrupted; ctx bounds the whole call. Resetting a
+// project without a machine or state succeeds.
+func (g *Gateway) Reset(ctx context.Context, p Project) error {
+	c, err := g.connection(ctx)
+	if err != nil {
+		return err
+	}
+	if !c.hello.Has(wire.FeatureMachineReset) {
+		return fmt.Errorf("%w: machine reset (feature %q)", ErrUnsupported, wire.FeatureMachineReset)
+	}
+	id := g.newID("reset")
+	w := c.addDial(id)
+	if w == nil {
+		return c.lossErr
+	}
+	if err := c.wc.Send(&wire.MachineReset{ID: id, Project: wire.Project{ID: p.ID, Workspace: p.Workspace}}); err != nil {
+		c.removeDial(id)
+		c.fail(err)
+		return fmt.Errorf("%w: %w", ErrInterrupted, err)
+	}
+	select {
+	case r := <-w:
+		if r.err != nil {
+			return fmt.Errorf("machine: reset project %d: %w", p.ID, r.err)
+		}
+		return nil
+	case <-ctx.Done():
+		c.removeDial(id)
+		return ctx.Err()
 	}
 }
 

@@ -63,6 +63,7 @@ func startWorkerWith(t testing.TB, root, sock string, mod func(*worker.Config)) 
 		IdleGrace:    time.Minute,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
 		CgroupParent: parent,
+		IDRegistry:   testworker.IDRegistry,
 		Logger:       slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if mod != nil {
@@ -384,6 +385,7 @@ func runChildWorker(sock string) {
 		ProjectsRoot: os.Getenv(childWorkerEnv + "_ROOT"),
 		StateDir:     os.Getenv(childWorkerEnv + "_STATE"),
 		CgroupParent: os.Getenv(childWorkerEnv + "_CGROUP"),
+		IDRegistry:   testworker.IDRegistry,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: childPids()},
 	})
 	if err == nil {
@@ -581,5 +583,95 @@ func TestRealWorkerFastExecsConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// A machine that dies under a started session (its init killed) ends the
+// session's Wait with ErrMachineFailed, promptly: the gateway no longer
+// ignores the worker's error frame for a started session.
+func TestRealWorkerMachineDeathEndsSession(t *testing.T) {
+	in, rw := newIntegration(t)
+	ctx := ctxT(t)
+	s, err := in.g.Exec(ctx, in.req("sleep", "100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ms := rw.w.Machines()
+	if len(ms) != 1 {
+		t.Fatalf("machines %+v", ms)
+	}
+	if err := syscall.Kill(ms[0].InitPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done():
+	case <-ctx.Done():
+		t.Fatal("session still running after its machine died")
+	}
+	if exit, err := s.Wait(); !errors.Is(err, machine.ErrMachineFailed) {
+		t.Fatalf("Wait = %+v, %v; want ErrMachineFailed", exit, err)
+	}
+	// The project gets a new machine.
+	s2, err := in.g.Exec(ctx, in.req("true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if exit, err := s2.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("after the machine died: %+v, %v", exit, err)
+	}
+}
+
+// TestRealWorkerReset: Gateway.Reset is refused "busy" while the machine
+// runs a session, then discards guest root's changes outside the
+// workspace; an unknown image is a rejection "bad-image".
+func TestRealWorkerReset(t *testing.T) {
+	in, _ := newIntegration(t)
+	ctx := ctxT(t)
+	run := func(argv ...string) (machine.Exit, error) {
+		s, err := in.g.Exec(ctx, in.req(argv...))
+		if err != nil {
+			return machine.Exit{}, err
+		}
+		defer s.Close()
+		s.Stdin.Close()
+		go io.Copy(io.Discard, s.Stdout)
+		go io.Copy(io.Discard, s.Stderr)
+		return s.Wait()
+	}
+	s, err := in.g.Exec(ctx, in.req("sleep", "100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var rej *machine.RejectedError
+	if err := in.g.Reset(ctx, in.project); !errors.As(err, &rej) || rej.Code != wire.CodeBusy {
+		t.Fatalf("reset of a busy machine: %v", err)
+	}
+	if err := s.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	// The guest user may write /var/tmp (sticky, in the image): a change
+	// of the upper layer.
+	if exit, err := run("sh", "-c", "echo x > /var/tmp/mark"); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("write: %+v %v", exit, err)
+	}
+	if exit, err := run("test", "-e", "/var/tmp/mark"); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("the change did not persist: %+v %v", exit, err)
+	}
+	if err := in.g.Reset(ctx, in.project); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	if exit, err := run("test", "-e", "/var/tmp/mark"); err != nil || exit.Code == nil || *exit.Code != 1 {
+		t.Fatalf("the change survived a reset: %+v %v", exit, err)
+	}
+	r := in.req("true")
+	r.Project.ID, r.Project.Image = 2, "no-such-image"
+	if _, err := in.g.Exec(ctx, r); !errors.As(err, &rej) || rej.Code != wire.CodeBadImage {
+		t.Fatalf("unknown image: %v", err)
 	}
 }

@@ -48,8 +48,14 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	if in.User != "" {
+		// HOME is the named user's, which the machine knows; USER names
+		// the default user.
+		delete(env, "HOME")
+		delete(env, "USER")
+	}
 	req := machine.ExecRequest{
-		Project: machine.Project{ID: proj.ID, Workspace: proj.Root},
+		Project: machineProject(proj),
 		Account: actor.AccountUserID,
 		// The session is named after its lease (set below): one lease
 		// covers one execution, and an interruption names what it covered.
@@ -58,6 +64,7 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Argv:  in.Command.Argv(),
 		Cwd:   cwd,
 		Env:   env,
+		User:  in.User,
 	}
 	// The request must fit in one protocol frame; refuse it here, before a
 	// lease exists, rather than fail at start.
@@ -89,6 +96,21 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Start:  m.start,
 		Cancel: m.cancel,
 	}, nil
+}
+
+// machineProject is what the worker needs of proj: its id, workspace,
+// image and limits. The default image and limits are sent as nothing, so
+// that a project asking for no more than the defaults runs on a worker
+// without the machine-spec extension too; any other spec needs it (the
+// gateway refuses it with machine.ErrUnsupported otherwise).
+func machineProject(proj store.Project) machine.Project {
+	p := machine.Project{ID: proj.ID, Workspace: proj.Root}
+	if proj.Image != store.DefaultImage {
+		p.Image = proj.Image
+	}
+	l := proj.Limits
+	p.Limits = machine.Limits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}
+	return p
 }
 
 // requestBytes adds up the strings of an exec request.
@@ -172,7 +194,7 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 			settle(sandbox.Exit{}, translate(err))
 			return
 		}
-		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal}, nil)
+		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled}, nil)
 	}()
 	return sess, nil
 }
@@ -200,7 +222,7 @@ func translate(err error) error {
 	switch {
 	case errors.Is(err, machine.ErrNotStarted):
 		return fmt.Errorf("%w: %w", sandbox.ErrNotStarted, err)
-	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrUnavailable),
+	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrMachineFailed), errors.Is(err, machine.ErrUnavailable),
 		errors.Is(err, machine.ErrClosed), errors.Is(err, machine.ErrNoPrivilegedTransport):
 		return fmt.Errorf("%w: %w", sandbox.ErrTransport, err)
 	}

@@ -53,6 +53,11 @@ var (
 	ErrDenied = errors.New("sandbox: access denied")
 	// ErrNotFound is wrapped by providers when the project does not exist.
 	ErrNotFound = errors.New("sandbox: project not found")
+	// ErrWaitDelay is a CommandResult's OutputErr when the command's
+	// output was cut by the drain bound (ControlOptions.DrainTimeout)
+	// because a process it left behind kept its output open: the output
+	// may be incomplete. Like os/exec's ErrWaitDelay.
+	ErrWaitDelay = errors.New("sandbox: output still open after the drain timeout: it may be incomplete")
 )
 
 // CommandError is a command that did not complete. It never carries an exit

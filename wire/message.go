@@ -35,6 +35,10 @@ const (
 	// TypeNetListen and TypeNetListening belong to FeatureNetListen.
 	TypeNetListen    = "net-listen"
 	TypeNetListening = "net-listening"
+	// TypeMachineReset and TypeMachineResetDone belong to
+	// FeatureMachineReset.
+	TypeMachineReset     = "machine-reset"
+	TypeMachineResetDone = "machine-reset-done"
 )
 
 // Error codes carried by error frames ([Error.Code]) and rejections
@@ -59,6 +63,7 @@ const (
 	CodeDialFailed      = "dial-failed"
 	CodeBadUser         = "bad-user"
 	CodeBadImage        = "bad-image"
+	CodeBusy            = "busy"
 	CodeInternal        = "internal"
 	// CodeForbidden is the connection error a worker sends a peer it does
 	// not serve (a uid other than root and the daemon's) before closing.
@@ -96,6 +101,9 @@ const (
 	// the descriptor and relays no byte: what is accepted on it is the
 	// client's.
 	FeatureNetListen = "net-listen"
+	// FeatureMachineReset: the client may send machine-reset (see
+	// [MachineReset]), which discards a project's machine state.
+	FeatureMachineReset = "machine-reset"
 )
 
 // Project identifies a project's machine.
@@ -255,6 +263,23 @@ type NetListening struct {
 	ID string `json:"id"`
 }
 
+// MachineReset asks the worker to discard what the project's machine
+// keeps between starts: the upper layer of its root filesystem (what guest
+// root installed or changed outside the workspace and the home)
+// (FeatureMachineReset). The worker stops the machine first; it refuses
+// (error {id, "busy"}) while the machine has sessions. The answer is
+// machine-reset-done {id} or error {id, code, message}. Resetting a project
+// that has no machine or no state succeeds.
+type MachineReset struct {
+	ID      string  `json:"id"`
+	Project Project `json:"project"`
+}
+
+// MachineResetDone answers a MachineReset that succeeded.
+type MachineResetDone struct {
+	ID string `json:"id"`
+}
+
 func (Hello) Type() string        { return TypeHello }
 func (Error) Type() string        { return TypeError }
 func (Ping) Type() string         { return TypePing }
@@ -270,6 +295,9 @@ func (NetDial) Type() string      { return TypeNetDial }
 func (NetDialed) Type() string    { return TypeNetDialed }
 func (NetListen) Type() string    { return TypeNetListen }
 func (NetListening) Type() string { return TypeNetListening }
+
+func (MachineReset) Type() string     { return TypeMachineReset }
+func (MachineResetDone) Type() string { return TypeMachineResetDone }
 
 // Error implements the error interface, so that an error frame can be
 // returned as an error.
@@ -314,6 +342,10 @@ func newMessage(t string) Message {
 		return &NetListen{}
 	case TypeNetListening:
 		return &NetListening{}
+	case TypeMachineReset:
+		return &MachineReset{}
+	case TypeMachineResetDone:
+		return &MachineResetDone{}
 	}
 	return nil
 }
@@ -422,6 +454,10 @@ func validate(m Message) error {
 	case *NetListen:
 		id = m.ID
 	case *NetListening:
+		id = m.ID
+	case *MachineReset:
+		id = m.ID
+	case *MachineResetDone:
 		id = m.ID
 	default:
 		return protoErr(CodeUnknownType, "unknown message %T", m)

@@ -27,6 +27,7 @@ import (
 	"net"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -34,7 +35,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
+
+// features are the protocol-2 extensions the worker announces.
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -45,6 +50,8 @@ const handshakeTimeout = 10 * time.Second
 type conn struct {
 	w  *Worker
 	wc *wire.Conn
+
+	wg sync.WaitGroup // requests served off the connection's goroutine
 
 	mu       sync.Mutex
 	sessions map[string]*session // accepted and not yet ended, by client id
@@ -134,6 +141,7 @@ func (w *Worker) checkPeer(uc *net.UnixConn) error {
 // shutdown closes the connection and cancels its sessions.
 func (c *conn) shutdown() {
 	c.wc.Close()
+	defer c.wg.Wait()
 	c.mu.Lock()
 	c.closed = true
 	ss := make([]*session, 0, len(c.sessions))
@@ -194,6 +202,14 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		c.netDial(m)
 	case *wire.NetListen:
 		c.netListen(m)
+	case *wire.MachineReset:
+		// Off the connection's goroutine: it waits for a machine to stop
+		// and a tree to be deleted.
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.machineReset(m)
+		}()
 	default:
 		closeFDs(fds)
 		c.send(&wire.Error{Code: wire.CodeBadFrame, Message: fmt.Sprintf("a client does not send %s", m.Type())})
@@ -214,16 +230,15 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(code, "%s", msg)
 		return
 	}
-	env, code, msg := buildEnv(m.Env)
-	if code != "" {
+	if code, msg := checkEnv(m.Env); code != "" {
 		reject(code, "%s", msg)
 		return
 	}
-	cwd := m.Cwd
-	if cwd == "" {
-		cwd = GuestWorkspace
+	if code, msg := checkUser(m.User); code != "" {
+		reject(code, "%s", msg)
+		return
 	}
-	if !validCwd(cwd) {
+	if m.Cwd != "" && !validCwd(m.Cwd) {
 		reject(wire.CodeBadCwd, "cwd %q must be a clean absolute path inside %s or %s", m.Cwd, GuestWorkspace, GuestHome)
 		return
 	}
@@ -234,7 +249,8 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true)
+	lim := c.w.resolve(m.Project.Limits)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, true, lim)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -244,8 +260,27 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		}
 		return
 	}
-	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0])
-	s := mach.newSession(c, m.ID, m.Argv, env, cwd)
+	mach.setLimits(lim)
+	env := buildEnv(m.Env, mach.imageEnv)
+	cwd := m.Cwd
+	if cwd == "" {
+		cwd = mach.imageCwd
+	}
+	var cred *ctl.Cred
+	if m.User != "" && !alwaysKnown(m.User) {
+		if cred, err = mach.lookupUser(m.User); err != nil {
+			mach.release(true)
+			var r *rejection
+			if errors.As(err, &r) {
+				reject(r.code, "%s", r.msg)
+			} else {
+				reject(wire.CodeMachineFailed, "%v", err)
+			}
+			return
+		}
+	}
+	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0], "user", m.User)
+	s := mach.newSession(c, m.ID, m.Argv, env, cwd, m.User, cred)
 	c.mu.Lock()
 	c.sessions[m.ID] = s
 	c.mu.Unlock()
@@ -272,7 +307,7 @@ func (c *conn) netDial(m *wire.NetDial) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, false, c.w.resolve(m.Project.Limits))
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -305,28 +340,71 @@ func checkArgv(argv []string) (code, msg string) {
 	return "", ""
 }
 
-// buildEnv returns a session's environment: PATH and HOME, overridden or
-// extended by the request's variables.
-func buildEnv(req map[string]string) (env []string, code, msg string) {
-	env = make([]string, 0, len(req)+2)
-	_, hasPath := req["PATH"]
-	_, hasHome := req["HOME"]
-	if !hasPath {
-		env = append(env, "PATH="+DefaultPath)
+// maxUser bounds the length of exec-start's user.
+const maxUser = 256
+
+// checkUser validates the syntax of a requested user (the machine's init
+// says whether it exists).
+func checkUser(user string) (code, msg string) {
+	if len(user) > maxUser || strings.ContainsAny(user, "\x00\n") {
+		return wire.CodeBadUser, fmt.Sprintf("user %.40q is not a user name or uid", user)
 	}
-	if !hasHome {
-		env = append(env, "HOME="+GuestHome)
+	return "", ""
+}
+
+// alwaysKnown reports whether every machine knows user, so that no lookup
+// is needed before accepting the session (the init resolves it at the
+// start): root, and a bare uid that the machine maps.
+func alwaysKnown(user string) bool {
+	if user == "root" {
+		return true
 	}
+	if user == "" || strings.TrimLeft(user, "0123456789") != "" || len(user) > 5 {
+		return false
+	}
+	uid, err := strconv.Atoi(user)
+	return err == nil && uid < RangeSize
+}
+
+// checkEnv validates a request's variables.
+func checkEnv(req map[string]string) (code, msg string) {
 	for k, v := range req {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, wire.CodeBadEnv, fmt.Sprintf("invalid variable name %q", k)
+			return wire.CodeBadEnv, fmt.Sprintf("invalid variable name %q", k)
 		}
 		if strings.IndexByte(v, 0) >= 0 {
-			return nil, wire.CodeBadEnv, fmt.Sprintf("variable %q contains a NUL byte", k)
+			return wire.CodeBadEnv, fmt.Sprintf("variable %q contains a NUL byte", k)
 		}
+	}
+	return "", ""
+}
+
+// buildEnv returns a session's environment (req checked by checkEnv):
+// PATH=DefaultPath, then the image's variables, then the request's, which
+// win — except that a request's PATH equal to DefaultPath (what corral's
+// clients send by default) leaves the image's PATH, so that an image's
+// tools (/usr/local/go/bin, /opt/venv/bin, ...) are found. The init adds
+// HOME, the session user's, unless the image or the request sets it.
+func buildEnv(req map[string]string, image []string) []string {
+	vars := make(map[string]string, len(image)+len(req)+2)
+	vars["PATH"] = DefaultPath
+	for _, kv := range image {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && strings.IndexByte(kv, 0) < 0 {
+			vars[k] = v
+		}
+	}
+	imagePath := vars["PATH"]
+	for k, v := range req {
+		vars[k] = v
+	}
+	if req["PATH"] == DefaultPath {
+		vars["PATH"] = imagePath
+	}
+	env := make([]string, 0, len(vars))
+	for k, v := range vars {
 		env = append(env, k+"="+v)
 	}
-	return env, "", ""
+	return env
 }
 
 // validCwd reports whether cwd is a clean absolute guest path inside the

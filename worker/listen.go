@@ -68,7 +68,7 @@ func (c *conn) netListen(m *wire.NetListen) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, false, c.w.resolve(m.Project.Limits))
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -87,6 +87,3 @@ func (c *conn) netListen(m *wire.NetListen) {
 	c.send(&wire.NetListening{ID: m.ID}, f)
 	f.Close()
 }
-
-// features are the protocol extensions this worker announces in its hello.
-var features = []string{wire.FeatureNetListen}

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/idrange"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -223,7 +224,7 @@ func TestMachineIsolation(t *testing.T) {
 		if strings.Join(names, ",") != "0,1,2" {
 			t.Errorf("descriptors of the session seen from the host: %v", names)
 		}
-		if m.HostUID < DefaultUIDBase {
+		if m.HostUID < idrange.Floor {
 			t.Errorf("host uid base %d is privileged", m.HostUID)
 		}
 		if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
@@ -233,10 +234,10 @@ func TestMachineIsolation(t *testing.T) {
 			t.Fatalf("cancelled sleep: %v", r)
 		}
 	})
-	t.Run("root is read-only", func(t *testing.T) {
-		for _, path := range []string{"/x", "/usr/x", "/etc/x"} {
+	t.Run("root is guest root's, the host's /usr read-only", func(t *testing.T) {
+		for path, want := range map[string]string{"/x": "Permission denied", "/etc/x": "Permission denied", "/usr/x": "Read-only file system"} {
 			r := h.run(t, c, p, "touch", path)
-			if r.code() == 0 || !strings.Contains(r.stderr, "Read-only file system") {
+			if r.code() == 0 || !strings.Contains(r.stderr, want) {
 				t.Errorf("touch %s: %v", path, r)
 			}
 		}
@@ -461,6 +462,10 @@ func TestForkBombStaysBounded(t *testing.T) {
 	if peak < pidsMax/2 {
 		t.Errorf("fork bomb only reached %d tasks; did it run?", peak)
 	}
+	// The host can still fork.
+	if err := exec.Command("true").Run(); err != nil {
+		t.Errorf("host fork during the bomb: %v", err)
+	}
 	// The worker still answers, the machine still runs commands.
 	if err := c.Send(&wire.Ping{ID: "p"}); err != nil {
 		t.Fatal(err)
@@ -486,12 +491,21 @@ func TestMemoryHogKilledBySignal(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Limits.Memory = 96 << 20 })
 	c := h.dial(t)
 	p := h.project(t, 1)
-	r := h.run(t, c, p, "python3", "-c", "b = b'x' * (512 << 20); print('survived')")
-	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil || strings.Contains(r.stdout, "survived") {
+	h.run(t, c, p, "true")
+	init := h.machineOf(t, 1).InitPID
+	r := h.run(t, c, p, "python3", "-c", "b = bytearray(2 << 30); print('survived')")
+	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil || strings.Contains(r.stdout, "survived") || !r.exit.OOMKilled {
 		t.Fatalf("memory hog: %v", r)
+	}
+	// A SIGKILL that is not the OOM killer's says nothing of it.
+	if r := h.run(t, c, p, "sh", "-c", "kill -9 $$"); r.exit.Signal != "SIGKILL" || r.exit.OOMKilled {
+		t.Fatalf("kill -9: %v", r)
 	}
 	if r := h.run(t, c, p, "echo", "alive"); r.stdout != "alive\n" {
 		t.Fatalf("after the hog: %v", r)
+	}
+	if h.machineOf(t, 1).InitPID != init {
+		t.Fatal("the OOM kill took the machine's init")
 	}
 }
 
@@ -973,14 +987,26 @@ func TestMachineStartFailure(t *testing.T) {
 	}
 }
 
-func TestIDRangeExhausted(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.UIDBase = 1<<32 - RangeSize + 10 })
+func TestTooManyProjects(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxProjects = 8; c.IdleGrace = time.Millisecond })
 	c := h.dial(t)
-	if err := c.Send(&wire.ExecStart{ID: "x", Project: h.project(t, 1), Argv: []string{"true"}}); err != nil {
+	for id := int64(1); id <= 8; id++ {
+		if r := h.run(t, c, h.project(t, id), "true"); r.code() != 0 {
+			t.Fatalf("project %d: %v", id, r)
+		}
+	}
+	if err := c.Send(&wire.ExecStart{ID: "x", Project: h.project(t, 9), Argv: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
-	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed || !strings.Contains(m.Message, "id range") {
-		t.Fatalf("%#v", m)
+	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed || !strings.Contains(m.Message, "too-many-projects") {
+		t.Fatalf("ninth project: %#v", m)
+	}
+	// Discarding a project frees its slot for the ninth.
+	if err := h.w.ForgetProject(3); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.run(t, c, h.project(t, 9), "true"); r.code() != 0 {
+		t.Fatalf("ninth project after a discard: %v", r)
 	}
 	if _, err := New(Config{ProjectsRoot: h.root, StateDir: t.TempDir(), UIDBase: 1000}); err == nil {
 		t.Fatal("UIDBase 1000 accepted")
@@ -1015,7 +1041,11 @@ func TestOtherProjectsHidden(t *testing.T) {
 func TestNoSetIDFilesInWorkspace(t *testing.T) {
 	h := newHarness(t, nil)
 	c := h.dial(t)
-	p := h.project(t, 1) // owned by host root: what the guest writes is root's
+	p := h.project(t, 1)
+	const owner = 4242 // idmapped: what the guest writes is this user's
+	if err := os.Chown(p.Workspace, owner, owner); err != nil {
+		t.Fatal(err)
+	}
 	r := h.run(t, c, p, "sh", "-c", `
 		cd /workspace && echo x > f && chmod 755 f && echo chmod-ok
 		chmod u+s f 2>/dev/null || echo suid-refused
@@ -1031,11 +1061,61 @@ func TestNoSetIDFilesInWorkspace(t *testing.T) {
 	if err := unix.Stat(filepath.Join(p.Workspace, "f"), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 || st.Uid != 0 {
+	if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 || st.Uid != owner {
 		t.Fatalf("host sees mode %o owner %d", st.Mode, st.Uid)
 	}
 	if _, err := os.Stat(filepath.Join(p.Workspace, "g")); err == nil {
 		t.Fatal("set-uid open created a file")
+	}
+}
+
+// TestWorkspaceOwnership: no guest id writes as host root. A root-owned
+// workspace is bound as is (the guest's files belong to the guest user's
+// host id, root's show as the overflow id); with OwnWorkspaces it is first
+// given to the guest user's host id; the home is the guest user's host
+// id's.
+func TestWorkspaceOwnership(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(map[bool]string{false: "root-owned", true: "owned by the worker"}[own], func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.OwnWorkspaces = own })
+			c := h.dial(t)
+			p := h.project(t, 1)
+			if err := os.Chmod(p.Workspace, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(p.Workspace, "root-file"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := h.run(t, c, p, "sh", "-c", "echo g > /workspace/guest-file && echo h > /home/corral/h && stat -c %u /workspace/root-file")
+			m := h.machineOf(t, 1)
+			wantInside := "65534\n"
+			if own {
+				wantInside = "1000\n"
+			}
+			if r.code() != 0 || r.stdout != wantInside {
+				t.Fatalf("%v", r)
+			}
+			if m.Idmapped {
+				t.Error("a root-owned workspace was idmapped")
+			}
+			guest := m.HostUID + GuestUID
+			for _, f := range []string{filepath.Join(p.Workspace, "guest-file"), filepath.Join(h.w.cfg.HomesRoot, "1", "h"), filepath.Join(h.w.cfg.HomesRoot, "1")} {
+				var st unix.Stat_t
+				if err := unix.Lstat(f, &st); err != nil {
+					t.Fatal(err)
+				}
+				if st.Uid != guest || st.Gid != guest {
+					t.Errorf("%s owned by %d:%d on the host, want the guest user's host id %d", f, st.Uid, st.Gid, guest)
+				}
+			}
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(p.Workspace, "root-file"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if own != (st.Uid == guest) {
+				t.Errorf("the workspace's root file is owned by %d with OwnWorkspaces=%v", st.Uid, own)
+			}
+		})
 	}
 }
 

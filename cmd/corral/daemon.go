@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -28,6 +29,10 @@ func newDaemonCmd() *cobra.Command {
 		debug      bool
 		lspServers []string
 		allowCIDRs []string
+		memory     sizeFlag
+		tmp        sizeFlag
+		pids       int64
+		cpus       float64
 	)
 	cmd := &cobra.Command{
 		Use:   "daemon --state DIR [--listen ADDR] [--worker-socket PATH]",
@@ -73,6 +78,19 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 			cfg.Logger = slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			cfg.WorkerLog = cmd.ErrOrStderr()
 			cfg.SuperviseWorker = cfg.WorkerSocket == "" && os.Geteuid() == 0
+			// The machines' default limits, for the supervised worker.
+			if memory.set {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--memory", memory.String())
+			}
+			if pids != 0 {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--pids", strconv.FormatInt(pids, 10))
+			}
+			if cpus != 0 {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--cpus", strconv.FormatFloat(cpus, 'f', -1, 64))
+			}
+			if tmp.set {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--tmp", tmp.String())
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)
@@ -92,6 +110,10 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.StringArrayVar(&lspServers, "lsp-server", nil, "language server `NAME=COMMAND LINE` run inside machines (repeatable; default gopls)")
 	fl.StringSliceVar(&cfg.DisabledPlugins, "disable-plugin", nil, "built-in plugin `NAME` not to load: sandbox, sites, editor, lsp (repeatable)")
 	fl.StringArrayVar(&cfg.EgressAllowCIDRs, "egress-allow-cidr", nil, "let proxy-mode machines reach the floor range `CIDR` (loopback, private, link-local, CGNAT, metadata and the host's addresses are refused by default; repeatable; e.g. 127.0.0.0/8 for tests)")
+	fl.Var(&memory, "memory", "default memory limit per machine, for the supervised worker (default 1GiB)")
+	fl.Int64Var(&pids, "pids", 0, "default task limit per machine, for the supervised worker (default 512)")
+	fl.Float64Var(&cpus, "cpus", 0, "default CPU limit per machine in CPUs, for the supervised worker (default 1)")
+	fl.Var(&tmp, "tmp", "default size of a machine's /tmp and /dev/shm, for the supervised worker (default 256MiB)")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	return cmd
 }

@@ -18,6 +18,7 @@ type runFlags struct {
 	host          string
 	project       string
 	cwd           string
+	user          string
 	timeout       time.Duration
 	stdoutLimit   sizeFlag
 	stderrLimit   sizeFlag
@@ -27,6 +28,7 @@ type runFlags struct {
 
 	state        string
 	workerSocket string
+	image        string
 
 	daemon    string
 	token     string
@@ -50,8 +52,9 @@ If corral could not complete the command it writes the partial output, then
 "corral: KIND: MESSAGE" on stderr, and exits 124 for a timeout, 125 otherwise.
 
 With --json, exactly one JSON object is written to stdout:
-{"stdout":S,"stderr":S,"code":N|null,"signal":S|null} or
-{"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
+{"stdout":S,"stderr":S,"code":N|null,"signal":S|null} (plus "oomKilled":true
+after "signal":"SIGKILL" when the kernel's OOM killer killed a managed command)
+or {"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
 statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -66,6 +69,7 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 	fl.StringVar(&f.host, "host", "", "run in a host project rooted at `DIR`")
 	fl.StringVar(&f.project, "project", "", "run in a managed project whose workspace is `DIR` (root)")
 	fl.StringVar(&f.cwd, "cwd", "", "working `PATH` (host path for --host, guest path for --project)")
+	fl.StringVar(&f.user, "user", "", "run as `NAME|UID` of the machine (--project, --daemon; default: the image's user)")
 	fl.DurationVar(&f.timeout, "timeout", sandbox.DefaultTimeout, "bound the command's run time")
 	fl.Var(&f.stdoutLimit, "stdout-limit", "stdout capture limit (B, KiB, MiB; default 1MiB)")
 	fl.Var(&f.stderrLimit, "stderr-limit", "stderr capture limit (B, KiB, MiB; default 1MiB)")
@@ -74,6 +78,7 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 	fl.BoolVar(&f.json, "json", false, "write one JSON object to stdout")
 	fl.StringVar(&f.state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
 	fl.StringVar(&f.workerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one (--project)")
+	fl.StringVar(&f.image, "image", "", "the machine's image `NAME` (--project; recorded for the project; default base)")
 	fl.StringVar(&f.daemon, "daemon", "", "run through the corral daemon at `ADDR` (a Unix socket path or host:port)")
 	fl.StringVar(&f.token, "token", "", "bearer token for --daemon (default $CORRAL_TOKEN)")
 	fl.Int64Var(&f.projectID, "project-id", 0, "the daemon's project `ID` (with --daemon)")
@@ -104,6 +109,7 @@ func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       env.cwd,
+		User:      f.user,
 		LeaseKind: sandbox.LeaseKind(f.leaseKind),
 		Project:   env.project,
 	}
@@ -123,6 +129,9 @@ func (f *runFlags) options() (*sandbox.RunOptions, error) {
 	}
 	if (len(f.egressAllow) > 0 || len(f.egressAllowCIDR) > 0) && f.project == "" {
 		return nil, errors.New("--egress-allow and --egress-allow-cidr take --project DIR")
+	}
+	if f.image != "" && f.project == "" {
+		return nil, errors.New("--image goes with --project DIR")
 	}
 	if f.combinedLimit.set && (f.stdoutLimit.set || f.stderrLimit.set) {
 		return nil, errors.New("--combined-limit excludes --stdout-limit and --stderr-limit")

@@ -29,7 +29,10 @@ func MaybeRunChild() {
 		ProjectsRoot: os.Getenv(childEnv + "_ROOT"),
 		StateDir:     os.Getenv(childEnv + "_STATE"),
 		CgroupParent: os.Getenv(childEnv + "_CGROUP"),
+		IDRegistry:   IDRegistry,
 		Limits:       worker.Limits{Memory: 512 << 20, Pids: 256},
+		// Test workspaces are made by root, like the daemon's.
+		OwnWorkspaces: true,
 	})
 	if err == nil {
 		var ln *net.UnixListener
