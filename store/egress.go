@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Egress (schema version 5): a project's network policy, kept as the JSON
+// Egress (schema version 7): a project's network policy, kept as the JSON
 // that package egress validates and reads, and the journal of outbound
 // connections.
 

@@ -1,4 +1,4 @@
--- corral schema version 5 (egress; to be renumbered at merge): a project's
+-- corral schema version 7 (egress): a project's
 -- network policy and the journal of its machine's outbound connections.
 --
 -- egress_policies.policy is the policy as JSON ({"mode":"proxy","allow":[],
