@@ -78,6 +78,10 @@ func newFixture(t *testing.T, p Policy, mod func(*Options)) *fixture {
 			w.Write(make([]byte, k))
 			return
 		}
+		if r.URL.Path == "/host" {
+			fmt.Fprint(w, r.Host)
+			return
+		}
 		fmt.Fprintf(w, "hello from upstream %s", r.URL.Path)
 	}))
 	t.Cleanup(up.Close)
@@ -389,5 +393,27 @@ func TestIdleTimeout(t *testing.T) {
 	}
 	if r := f.rec.next(t); r.Verdict != VerdictAllowed || r.Duration < 200*time.Millisecond {
 		t.Errorf("record %+v", r)
+	}
+}
+
+// TestHostHeaderIgnored: a plain HTTP request that names an allowed host in
+// its URI and another in its Host header reaches the allowed host under
+// the allowed name (the URI wins, RFC 9112 §3.2.2): no virtual host the
+// policy never saw.
+func TestHostHeaderIgnored(t *testing.T) {
+	f := newFixture(t, proxyPolicy("up.test"), nil)
+	c, err := net.Dial("tcp", f.httpProxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET http://up.test:%d/host HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n", f.port)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if want := fmt.Sprintf("up.test:%d", f.port); resp.StatusCode != 200 || string(b) != want {
+		t.Errorf("the upstream saw Host %q (%s), want %q", b, resp.Status, want)
 	}
 }
