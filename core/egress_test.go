@@ -130,3 +130,28 @@ func waitRows(t *testing.T, st *store.Store, project int64, n int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestEgressArmsBeforeFirstCommand: a proxy-mode project whose machine
+// does not run yet has its proxies listening before its first command's
+// program starts (the service starts the machine first).
+func TestEgressArmsBeforeFirstCommand(t *testing.T) {
+	w := testworker.Start(t, testworker.Options{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "first try")
+	}))
+	defer up.Close()
+	port := up.Listener.Addr().(*net.TCPAddr).Port
+	e := build(t, core.Options{Egress: core.EgressOptions{AllowCIDRs: []string{"127.0.0.0/8"},
+		Service: egress.Options{Resolver: testNames{"up.test": "127.0.0.1"}}}}, w)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := egress.StorePolicy(ctx, e.core.Store(), e.managed.ID, egress.Policy{Mode: egress.ModeProxy, Allow: []string{"up.test"}})
+	must(t, err)
+	ctl, err := e.core.Sandbox()
+	must(t, err)
+	res, err := ctl.RunCommand(ctx, e.input(e.managed, "curl", "-sS", fmt.Sprintf("http://up.test:%d/", port)), &e.actor, nil)
+	must(t, err)
+	if res.Stdout != "first try" {
+		t.Errorf("first command: %+v", res)
+	}
+}
