@@ -219,6 +219,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"GET", "/v1/projects/{id}/git/log", true, a.editorGit},
 		{"GET", "/v1/projects/{id}/git/diff", true, a.editorGit},
 		{"GET", "/v1/projects/{id}/git/show", true, a.editorGit},
+		{"GET", "/v1/projects/{id}/egress", true, a.getEgress},
+		{"PUT", "/v1/projects/{id}/egress", true, a.putEgress},
+		{"GET", "/v1/projects/{id}/egress/log", true, a.egressLog},
 		{"", "/sites/{name}/{path...}", true, a.sites.serve},
 	}
 	for _, rt := range a.routes {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
@@ -152,6 +153,8 @@ type Config struct {
 	Sites SitesOptions
 	// LSPServers configures language servers by name (core.Options).
 	LSPServers map[string][]string
+	// EgressAllowCIDRs open ranges of the egress floor (core.EgressOptions).
+	EgressAllowCIDRs []string
 	// DisabledPlugins names built-in plugins not to load (their domains
 	// resolve as absent: "sandbox" makes every command answer 503, "sites"
 	// makes the Sites gateway answer 503 with that reason).
@@ -242,6 +245,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Lease:               cfg.Lease,
 		LSPServers:          cfg.LSPServers,
 		PluginConfig:        plugin.Config{Disabled: cfg.DisabledPlugins},
+		Egress: core.EgressOptions{AllowCIDRs: cfg.EgressAllowCIDRs,
+			Service: egress.Options{Audit: metrics.ObserveEgress}},
 	})
 	if err != nil {
 		return err

@@ -392,7 +392,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, addMember, list, del, networkCmd, newSetMachineCmd(&state), newResetCmd(&state))
+	cmd.AddCommand(create, addMember, list, del, networkCmd, newSetMachineCmd(&state), newResetCmd(&state), newProjectEgressCmd(&state))
 	return cmd
 }
 

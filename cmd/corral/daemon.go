@@ -115,6 +115,7 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.BoolVar(&cfg.Export.AllowInsecure, "export-allow-insecure", false, "let export push to http, file:// and local-path remotes")
 	fl.StringArrayVar(&lspServers, "lsp-server", nil, "language server `NAME=COMMAND LINE` run inside machines (repeatable; default gopls)")
 	fl.StringSliceVar(&cfg.DisabledPlugins, "disable-plugin", nil, "built-in plugin `NAME` not to load: sandbox, sites, editor, lsp (repeatable)")
+	fl.StringArrayVar(&cfg.EgressAllowCIDRs, "egress-allow-cidr", nil, "let proxy-mode machines reach the floor range `CIDR` (loopback, private, link-local, CGNAT, metadata and the host's addresses are refused by default; repeatable; e.g. 127.0.0.0/8 for tests)")
 	fl.Var(&memory, "memory", "default memory limit per machine, for the supervised worker (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "default task limit per machine, for the supervised worker (default 512)")
 	fl.Float64Var(&cpus, "cpus", 0, "default CPU limit per machine in CPUs, for the supervised worker (default 1)")
