@@ -20,6 +20,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -351,15 +352,25 @@ func (a *App) wrap(rt Route) http.Handler {
 	})
 }
 
-// writeError writes e's pinned body with e's status.
-func writeError(w http.ResponseWriter, e *APIError) {
-	if e.Status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
-	}
-	writeJSON(w, e.Status, e)
+// jsonStreamer is a value that streams its own JSON (command results and
+// error bodies: their output may be tens of MiB, which encoding/json would
+// copy several times).
+type jsonStreamer interface {
+	WriteJSON(w io.Writer, escapeHTML bool) error
 }
 
+// writeJSON writes v as JSON with status. The bytes are json.Marshal's
+// and a newline; a jsonStreamer is streamed without a copy.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	if js, ok := v.(jsonStreamer); ok {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(status)
+		if js.WriteJSON(w, true) == nil {
+			_, _ = io.WriteString(w, "\n")
+		}
+		return
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		status = http.StatusInternalServerError

@@ -20,11 +20,11 @@ const KindUnknownRevision = "unknownRevision"
 // control, so that a reloaded editor plugin is picked up at the next call.
 type editorHandlers struct {
 	mu sync.Mutex
-	ed *editorplugin.Editor
+	ed editorplugin.Domain
 	h  http.Handler
 }
 
-func (c *editorHandlers) get(ed *editorplugin.Editor) http.Handler {
+func (c *editorHandlers) get(ed editorplugin.Domain) http.Handler {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ed != ed {
@@ -52,7 +52,7 @@ func (a *App) editorGit(w http.ResponseWriter, r *http.Request) error {
 	if _, _, _, err := a.projectMember(r); err != nil {
 		return err
 	}
-	ed, err := plugin.ResolveCoreAs[*editorplugin.Editor](a.core.Registry(), plugin.DomainEditor)
+	ed, err := plugin.ResolveCoreAs[editorplugin.Domain](a.core.Registry(), plugin.DomainEditor)
 	if err != nil {
 		return err
 	}

@@ -9,9 +9,8 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
-	"github.com/corral-sandbox/corral/plugins/lsp"
+	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -55,7 +54,7 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		return apiErr(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
 	}
-	ctl, err := plugin.ResolveCoreAs[*lspplugin.Control](a.core.Registry(), plugin.DomainLSP)
+	ctl, err := plugin.ResolveCoreAs[lspplugin.Domain](a.core.Registry(), plugin.DomainLSP)
 	if err != nil {
 		return err
 	}
@@ -64,7 +63,7 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	}
 	sess, err := ctl.Open(r.Context(), sandbox.Actor{AccountUserID: acct.ID}, projectRef(proj), server)
 	if err != nil {
-		return lspAPIError(err)
+		return err
 	}
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {
@@ -84,30 +83,6 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	defer a.metrics.sessionsActive.Dec()
 	a.bridgeLSP(conn, sess, ctl.MaxMessage())
 	return nil
-}
-
-// lspAPIError translates Open's own errors; the rest go through toAPIError.
-func lspAPIError(err error) error {
-	switch {
-	case errors.Is(err, lspplugin.ErrUnknownServer):
-		return &APIError{Status: http.StatusNotFound, Kind: KindNotFound, Message: err.Error(), Cause: err}
-	case errors.Is(err, lspplugin.ErrUnsupportedProject):
-		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: err.Error(), Cause: err}
-	}
-	var ce *sandbox.CommandError
-	if errors.As(err, &ce) {
-		return err
-	}
-	switch {
-	case errors.Is(err, sandbox.ErrNotStarted):
-		return &APIError{Status: http.StatusUnprocessableEntity, Kind: string(sandbox.KindStart), Message: err.Error(), Cause: err}
-	case errors.Is(err, machine.ErrUnavailable):
-		// The worker cannot be reached: nothing started.
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: err.Error(), Cause: err}
-	case errors.Is(err, sandbox.ErrTransport):
-		return &APIError{Status: http.StatusBadGateway, Kind: string(sandbox.KindTransport), Message: err.Error(), Cause: err}
-	}
-	return err
 }
 
 // errLSPBinary marks a binary message from the client.

@@ -16,7 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/internal/testworker"
-	"github.com/corral-sandbox/corral/plugins/lsp"
+	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"

@@ -16,13 +16,14 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/store"
 )
 
 // ErrInvalidProject is wrapped by Projects.Create for a specification it
 // refuses (bad name, missing or conflicting sources, a root that is not a
 // directory).
-var ErrInvalidProject = errors.New("daemon: invalid project")
+var ErrInvalidProject = errdefs.New(errdefs.Invalid, "daemon: invalid project")
 
 // CloneTimeout bounds a `git clone` of a new managed project.
 const CloneTimeout = 10 * time.Minute

@@ -12,9 +12,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
-	"github.com/corral-sandbox/corral/plugins/sites"
+	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -53,7 +54,7 @@ func newSitesGateway(a *App) *sitesGateway {
 		Rewrite:   g.rewrite,
 		Transport: g.transport,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			writeError(w, g.dialError(err))
+			writeError(w, toAPIError(&siteDialError{err}))
 		},
 	}
 	return g
@@ -84,21 +85,24 @@ func (g *sitesGateway) dial(ctx context.Context, _, addr string) (net.Conn, erro
 	return g.a.core.Gateway().Dial(ctx, machine.Project{ID: p.ID, Workspace: p.Root}, port)
 }
 
-// dialError translates a proxy failure.
-func (g *sitesGateway) dialError(err error) *APIError {
-	switch {
-	case errors.Is(err, machine.ErrNoPrivilegedTransport):
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: machine.ErrNoPrivilegedTransport.Error(), Cause: err}
-	case errors.Is(err, machine.ErrUnavailable):
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: "the privileged worker is unavailable", Cause: err}
-	case errors.Is(err, context.Canceled):
-		return &APIError{Status: StatusClientClosed, Kind: string("abort"), Message: "client went away", Cause: err}
-	}
+// siteDialError is a failure to proxy to a site (see errorRules): a
+// missing transport or worker is 503, a client gone 499, anything else 502.
+type siteDialError struct{ err error }
+
+func (e *siteDialError) Error() string { return e.err.Error() }
+func (e *siteDialError) Unwrap() error { return e.err }
+
+func siteDialFailure(err error) bool {
+	var de *siteDialError
+	return errors.As(err, &de) && errdefs.KindOf(err) == "" && !errors.Is(err, context.Canceled)
+}
+
+func siteDialMessage(err error) string {
 	var rej *machine.RejectedError
 	if errors.As(err, &rej) {
-		return &APIError{Status: http.StatusBadGateway, Kind: KindBadGateway, Message: fmt.Sprintf("site unreachable: %s: %s", rej.Code, rej.Message), Cause: err}
+		return fmt.Sprintf("site unreachable: %s: %s", rej.Code, rej.Message)
 	}
-	return &APIError{Status: http.StatusBadGateway, Kind: KindBadGateway, Message: "site unreachable", Cause: err}
+	return "site unreachable"
 }
 
 type siteTarget struct {

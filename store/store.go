@@ -37,6 +37,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -46,11 +47,11 @@ import (
 var (
 	// ErrNotFound: the row asked for does not exist (or, for Authenticate,
 	// no live token matches).
-	ErrNotFound = errors.New("store: not found")
+	ErrNotFound = errdefs.New(errdefs.NotFound, "store: not found")
 	// ErrExists: a row with the same unique key already exists.
-	ErrExists = errors.New("store: already exists")
+	ErrExists = errdefs.New(errdefs.Conflict, "store: already exists")
 	// ErrProjectBusy: the project has live leases and cannot be deleted.
-	ErrProjectBusy = errors.New("store: project has live leases")
+	ErrProjectBusy = errdefs.New(errdefs.Conflict, "store: project has live leases")
 	// ErrSchemaMismatch: the database's schema version is not the one this
 	// binary knows and the store was opened without Migrate (or the
 	// database is newer than this binary). The error is a *SchemaError.
@@ -62,7 +63,7 @@ var (
 	ErrLeaseReleased = errors.New("store: lease released")
 	// ErrNotMember: the account is not a member of the project (from
 	// GetProjectMember, whose project exists). It also matches ErrNotFound.
-	ErrNotMember = errors.New("store: not a member")
+	ErrNotMember = errdefs.New(errdefs.Forbidden, "store: not a member")
 )
 
 // errNotMember is ErrNotMember, matching ErrNotFound too.

@@ -45,8 +45,15 @@ const (
 // 403 denied (not a member), 404 notFound (no such project) or
 // unknownRevision, 503 unavailable (no sandbox provider), 504 timeout, 500
 // internal (details are logged to the editor's logger, not sent).
-func Handler(e *Editor, auth func(*http.Request) (sandbox.Actor, error)) http.Handler {
-	h := &handler{e: e, auth: auth, log: e.log}
+//
+// Handler logs to slog.Default() unless e has a Logger() *slog.Logger
+// method (as *Editor has).
+func Handler(e Domain, auth func(*http.Request) (sandbox.Actor, error)) http.Handler {
+	log := slog.Default()
+	if l, ok := e.(interface{ Logger() *slog.Logger }); ok && l.Logger() != nil {
+		log = l.Logger()
+	}
+	h := &handler{e: e, auth: auth, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/projects/{id}/git/status", h.serve(h.status))
 	mux.HandleFunc("GET /v1/projects/{id}/git/log", h.serve(h.logPage))
@@ -56,7 +63,7 @@ func Handler(e *Editor, auth func(*http.Request) (sandbox.Actor, error)) http.Ha
 }
 
 type handler struct {
-	e    *Editor
+	e    Domain
 	auth func(*http.Request) (sandbox.Actor, error)
 	log  *slog.Logger
 }
