@@ -315,19 +315,7 @@ func (a *App) wrap(rt Route) http.Handler {
 		}
 		var ae *APIError
 		if err != nil {
-			ae = toAPIError(err)
-			if ae.Status == StatusClientClosed && r.Context().Err() == nil {
-				// An abort the client did not cause (the daemon is
-				// shutting down) is the server's unavailability.
-				ae.Status = http.StatusServiceUnavailable
-			}
-			if w.status == 0 {
-				writeError(w, ae)
-			} else if w.status != ae.Status {
-				// A hijacked or half-written response: record the
-				// error's status.
-				w.status = ae.Status
-			}
+			ae = a.writeFailure(w, r, err)
 		}
 		status := w.status
 		if status == 0 {
@@ -350,6 +338,29 @@ func (a *App) wrap(rt Route) http.Handler {
 			a.log.Info("request", attrs...)
 		}
 	})
+}
+
+// writeFailure translates err (toAPIError) and writes it, unless a
+// response was written already (then it records the error's status in w, a
+// *statusWriter). A handler that must write its error before it returns
+// (while its output is still reserved) calls it, and returns err too.
+func (a *App) writeFailure(rw http.ResponseWriter, r *http.Request, err error) *APIError {
+	ae := toAPIError(err)
+	if ae.Status == StatusClientClosed && r.Context().Err() == nil {
+		// An abort the client did not cause (the daemon is shutting
+		// down) is the server's unavailability.
+		ae.Status = http.StatusServiceUnavailable
+	}
+	w, ok := rw.(*statusWriter)
+	switch {
+	case !ok || w.status == 0:
+		writeError(rw, ae)
+	case w.status != ae.Status:
+		// A hijacked or half-written response: record the error's
+		// status.
+		w.status = ae.Status
+	}
+	return ae
 }
 
 // jsonStreamer is a value that streams its own JSON (command results and

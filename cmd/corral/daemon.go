@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -74,6 +75,13 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.BoolVar(&cfg.Export.AllowInsecure, "export-allow-insecure", false, "let export push to http, file:// and local-path remotes")
 	fl.StringArrayVar(&lspServers, "lsp-server", nil, "language server `NAME=COMMAND LINE` run inside machines (repeatable; default gopls)")
 	fl.StringSliceVar(&cfg.DisabledPlugins, "disable-plugin", nil, "built-in plugin `NAME` not to load: sandbox, sites, editor, lsp (repeatable)")
+	fl.Var(&limitFlag{p: &cfg.Budget.CapturedBytes, size: true}, "max-captured", "captured output `SIZE` all running commands may hold together: the sum of their output limits (default 1GiB; unlimited)")
+	fl.Var(&limitFlag{p: &cfg.AccountBudget.CapturedBytes, size: true}, "account-max-captured", "captured output `SIZE` one account's running commands may hold (default 512MiB; unlimited)")
+	fl.Var(intLimit(&cfg.Budget.Commands), "max-commands", "concurrent commands of all accounts (`N`, default 256; unlimited)")
+	fl.Var(intLimit(&cfg.AccountBudget.Commands), "account-max-commands", "concurrent commands of one account (`N`, default 64; unlimited)")
+	fl.Var(intLimit(&cfg.Budget.Sessions), "max-sessions", "concurrent sessions (WebSocket, LSP) of all accounts (`N`, default 1024; unlimited)")
+	fl.Var(intLimit(&cfg.AccountBudget.Sessions), "account-max-sessions", "concurrent sessions of one account (`N`, default 128; unlimited)")
+	fl.Var(&limitFlag{p: &cfg.MemoryLimit, size: true}, "memory-limit", "Go soft memory `SIZE` limit (default: --max-captured + 256MiB unless GOMEMLIMIT is set; unlimited leaves it alone)")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	return cmd
 }
@@ -95,3 +103,69 @@ func parseLSPServers(vals []string) (map[string][]string, error) {
 	}
 	return out, nil
 }
+
+// limitFlag is a pflag.Value for a budget: a positive count (or size, with
+// size set) or "unlimited" (stored as -1, which daemon.Config reads as no
+// limit).
+type limitFlag struct {
+	p    *int64
+	size bool
+}
+
+func (f *limitFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	if *f.p < 0 {
+		return "unlimited"
+	}
+	return strconv.FormatInt(*f.p, 10)
+}
+
+func (f *limitFlag) Set(s string) error {
+	if s == "unlimited" {
+		*f.p = -1
+		return nil
+	}
+	var n int64
+	var err error
+	if f.size {
+		n, err = parseSize(s)
+	} else if n, err = strconv.ParseInt(s, 10, 64); err == nil && n <= 0 {
+		err = fmt.Errorf("%q is not a positive number", s)
+	}
+	if err != nil {
+		return err
+	}
+	*f.p = n
+	return nil
+}
+
+func (f *limitFlag) Type() string {
+	if f.size {
+		return "size"
+	}
+	return "count"
+}
+
+// intLimit is a limitFlag for an int budget.
+type intLimitFlag struct {
+	p *int
+	v int64
+}
+
+func intLimit(p *int) *intLimitFlag { return &intLimitFlag{p: p} }
+
+func (f *intLimitFlag) String() string {
+	return (&limitFlag{p: &f.v}).String()
+}
+
+func (f *intLimitFlag) Set(s string) error {
+	if err := (&limitFlag{p: &f.v}).Set(s); err != nil {
+		return err
+	}
+	*f.p = int(f.v)
+	return nil
+}
+
+func (f *intLimitFlag) Type() string { return "count" }
