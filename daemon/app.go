@@ -84,6 +84,14 @@ type AppOptions struct {
 	// credential and which remotes are allowed. The zero value allows
 	// https remotes only and pushes without a credential.
 	Export export.Options
+	// MaxSessionLifetime ends sessions (WebSocket, LSP, proxied site
+	// connections) this long after they opened (close 1008). Zero means
+	// DefaultMaxSessionLifetime (24 h).
+	MaxSessionLifetime time.Duration
+	// SessionCheckInterval is how often live sessions are checked against
+	// the store (token revoked, account deleted, membership removed,
+	// lifetime reached). Zero means DefaultSessionCheckInterval (1 s).
+	SessionCheckInterval time.Duration
 	// ExportSweep tunes the sweeper that deletes export bundles left in
 	// machines; it runs until Close. The zero value means its defaults.
 	ExportSweep export.SweepOptions
@@ -109,8 +117,11 @@ type App struct {
 	ctx     context.Context // ended by Close: cancels sessions
 	cancel  context.CancelFunc
 	sessMu  sync.Mutex
-	closing bool           // guarded by sessMu
-	wg      sync.WaitGroup // sessions in flight
+	closing bool                      // guarded by sessMu
+	live    map[*liveSession]struct{} // guarded by sessMu
+	wg      sync.WaitGroup            // sessions in flight
+
+	followDone chan struct{} // closed when followSessions returned
 	once    sync.Once
 }
 
@@ -143,6 +154,12 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if opts.SessionHeartbeat <= 0 {
 		opts.SessionHeartbeat = DefaultSessionHeartbeat
 	}
+	if opts.MaxSessionLifetime <= 0 {
+		opts.MaxSessionLifetime = DefaultMaxSessionLifetime
+	}
+	if opts.SessionCheckInterval <= 0 {
+		opts.SessionCheckInterval = DefaultSessionCheckInterval
+	}
 	if opts.SessionDrain <= 0 {
 		opts.SessionDrain = 2 * time.Second
 	}
@@ -162,6 +179,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		metrics: m,
 		mux:     http.NewServeMux(),
 		admins:  make(map[string]bool),
+		live:    make(map[*liveSession]struct{}),
+
+		followDone: make(chan struct{}),
 	}
 	for _, n := range opts.Admins {
 		a.admins[n] = true
@@ -175,6 +195,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if err := a.startExport(); err != nil {
 		return nil, err
 	}
+	go a.followSessions()
 	a.routes = []Route{
 		{"GET", "/healthz", false, a.healthz},
 		{"GET", "/metrics", false, a.serveMetrics},
@@ -243,6 +264,7 @@ func (a *App) Close() error {
 		a.sessMu.Unlock()
 		a.cancel()
 		a.wg.Wait()
+		<-a.followDone
 		a.sites.close()
 	})
 	return nil
@@ -305,9 +327,10 @@ func (a *App) wrap(rt Route) http.Handler {
 		var err error
 		if rt.Auth {
 			var acct store.Account
-			acct, err = a.authenticate(r)
+			var tok int64
+			acct, tok, err = a.authenticate(r)
 			if err == nil {
-				r = r.WithContext(withAccount(r.Context(), acct))
+				r = r.WithContext(context.WithValue(withAccount(r.Context(), acct), tokenKey{}, tok))
 			}
 		}
 		if err == nil {

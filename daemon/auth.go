@@ -32,22 +32,23 @@ func bearerToken(r *http.Request) (string, bool) {
 	return tok, tok != ""
 }
 
-// authenticate returns the account of the request's bearer token: 401
+// authenticate returns the account of the request's bearer token and the
+// token's ID: 401
 // without one or for a token that is unknown or revoked. Nothing else —
 // no project, no provider — is looked at before it succeeded.
-func (a *App) authenticate(r *http.Request) (store.Account, error) {
+func (a *App) authenticate(r *http.Request) (store.Account, int64, error) {
 	tok, ok := bearerToken(r)
 	if !ok {
-		return store.Account{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
+		return store.Account{}, 0, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
 	}
-	acct, err := a.store.Authenticate(r.Context(), tok)
+	acct, id, err := a.store.AuthenticateToken(r.Context(), tok)
 	if errors.Is(err, store.ErrNotFound) {
-		return store.Account{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "the bearer token is not valid")
+		return store.Account{}, 0, apiErr(http.StatusUnauthorized, KindUnauthorized, "the bearer token is not valid")
 	}
 	if err != nil {
-		return store.Account{}, err
+		return store.Account{}, 0, err
 	}
-	return acct, nil
+	return acct, id, nil
 }
 
 // member checks that the request's account is a member of project id: 404

@@ -28,6 +28,8 @@ import (
 //
 //	1000  the server exited with code 0 (reason "exited: …")
 //	1001  the daemon is shutting down
+//	1008  the session lost its authorization (token revoked, account
+//	      deleted or removed from the project, lifetime reached)
 //	1003  the client sent a binary message
 //	1007  the client sent a text message that is not one JSON object
 //	1009  the client sent a message over the limit (16 MiB)
@@ -81,7 +83,9 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	a.metrics.sessionsTotal.Inc()
 	a.metrics.sessionsActive.Inc()
 	defer a.metrics.sessionsActive.Dec()
-	a.bridgeLSP(conn, sess, ctl.MaxMessage())
+	ctx, untrack := a.trackSession(a.ctx, r, proj.ID)
+	defer untrack()
+	a.bridgeLSP(ctx, conn, sess, ctl.MaxMessage())
 	return nil
 }
 
@@ -90,8 +94,10 @@ var errLSPBinary = errors.New("binary messages are not LSP messages; send JSON-R
 
 // bridgeLSP carries messages between conn and sess until either ends, and
 // leaves the server torn down and conn closed.
-func (a *App) bridgeLSP(conn *websocket.Conn, sess *lspplugin.Session, maxMessage int) {
-	ctx, cancel := context.WithCancel(a.ctx)
+func (a *App) bridgeLSP(parent context.Context, conn *websocket.Conn, sess *lspplugin.Session, maxMessage int) {
+	// As in wsSession.run: the socket's context ends only when the bridge
+	// returns, so that the close frame goes first.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	defer cancel()
 	conn.SetReadLimit(int64(maxMessage))
 
@@ -153,9 +159,9 @@ func (a *App) bridgeLSP(conn *websocket.Conn, sess *lspplugin.Session, maxMessag
 			_ = conn.CloseNow()
 			_ = sess.Close()
 		}
-	case <-ctx.Done():
+	case <-parent.Done():
 		_ = sess.Close()
-		_ = conn.Close(websocket.StatusGoingAway, "the daemon is shutting down")
+		_ = conn.Close(sessionCloseStatus(parent))
 	}
 	cancel()
 	_ = conn.CloseNow()

@@ -142,6 +142,13 @@ type Config struct {
 	// Ready, if non-nil, is called once the daemon listens.
 	Ready func(socket string)
 
+	// MaxSessionLifetime ends a session (WebSocket, LSP, proxied site
+	// connection) this long after it opened, with close code 1008. Zero
+	// means DefaultMaxSessionLifetime (24 h). Sessions also end within
+	// about a second of their token's revocation, their account's
+	// deletion or removal from the project.
+	MaxSessionLifetime time.Duration
+
 	// Budget bounds what every account together may have in flight (see
 	// sandbox.Budget): the captured bytes of running commands (the sum of
 	// their output limits), concurrent commands and concurrent sessions.
@@ -278,7 +285,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, SessionHeartbeat: beat})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, SessionHeartbeat: beat, MaxSessionLifetime: cfg.MaxSessionLifetime})
 	if err != nil {
 		return err
 	}

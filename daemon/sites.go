@@ -157,7 +157,11 @@ func (g *sitesGateway) serve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	t := siteTarget{site: site, prefix: "/sites/" + name, rest: r.PathValue("path")}
-	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), siteTargetKey{}, t)))
+	// A proxied connection (a WebSocket upgrade included: the proxy
+	// closes it when the context ends) follows the caller's token.
+	ctx, untrack := g.a.trackSession(r.Context(), r, site.Project)
+	defer untrack()
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, siteTargetKey{}, t)))
 	return nil
 }
 

@@ -82,6 +82,7 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.Var(intLimit(&cfg.Budget.Sessions), "max-sessions", "concurrent sessions (WebSocket, LSP) of all accounts (`N`, default 1024; unlimited)")
 	fl.Var(intLimit(&cfg.AccountBudget.Sessions), "account-max-sessions", "concurrent sessions of one account (`N`, default 128; unlimited)")
 	fl.Var(&limitFlag{p: &cfg.MemoryLimit, size: true}, "memory-limit", "Go soft memory `SIZE` limit (default: --max-captured + 256MiB unless GOMEMLIMIT is set; unlimited leaves it alone)")
+	fl.DurationVar(&cfg.MaxSessionLifetime, "max-session-lifetime", daemon.DefaultMaxSessionLifetime, "close sessions (WebSocket, LSP, proxied sites) this long after they opened (`DURATION`)")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	return cmd
 }
