@@ -122,7 +122,7 @@ type App struct {
 	wg      sync.WaitGroup            // sessions in flight
 
 	followDone chan struct{} // closed when followSessions returned
-	once    sync.Once
+	once       sync.Once
 }
 
 // Route is one registered route: Method is empty for routes that accept
