@@ -460,9 +460,28 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// serveMetrics serves GET /metrics: open on the Unix socket (whose mode
+// decides who may connect), and only to an administrator's bearer token on
+// TCP (401 without a valid token, 403 for other accounts). A Prometheus
+// that cannot present one scrapes Config.MetricsListen instead.
 func (a *App) serveMetrics(w http.ResponseWriter, r *http.Request) error {
+	if !overUnixSocket(r) {
+		acct, _, err := a.authenticate(r)
+		if err != nil {
+			return err
+		}
+		if !a.isAdmin(acct) {
+			return apiErr(http.StatusForbidden, KindForbidden, "metrics are for the daemon's administrators (or its Unix socket, or --metrics-listen)")
+		}
+	}
 	a.metrics.Handler().ServeHTTP(w, r)
 	return nil
+}
+
+// overUnixSocket reports whether r arrived on a Unix socket listener.
+func overUnixSocket(r *http.Request) bool {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return ok && addr.Network() == "unix"
 }
 
 func (a *App) openapi(w http.ResponseWriter, _ *http.Request) error {

@@ -52,8 +52,9 @@ func (a *App) authenticate(r *http.Request) (store.Account, int64, error) {
 }
 
 // member checks that the request's account is a member of project id: 404
-// for an unknown project, 403 for a non-member. It consults only the
-// store, so it runs before any provider is contacted.
+// for an unknown project and, with the same message, for a project the
+// account is not a member of (outsiders do not learn which ids exist). It
+// consults only the store, so it runs before any provider is contacted.
 func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, store.Member, error) {
 	acct, ok := accountFrom(r.Context())
 	if !ok {
@@ -68,7 +69,7 @@ func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, s
 	}
 	m, err := a.store.GetMember(r.Context(), id, acct.ID)
 	if errors.Is(err, store.ErrNotFound) {
-		return acct, p, store.Member{}, apiErr(http.StatusForbidden, KindForbidden, "account %s is not a member of project %d", acct.Name, id)
+		return acct, store.Project{}, store.Member{}, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
 	}
 	if err != nil {
 		return acct, p, store.Member{}, err

@@ -69,7 +69,7 @@ func TestLSPRefusals(t *testing.T) {
 		}{
 			{"", 401, KindUnauthorized},
 			{"nope", 401, KindUnauthorized},
-			{stranger, 403, KindForbidden},
+			{stranger, 404, KindNotFound},
 			// The fake setup loads no lsp plugin: absent is 503.
 			{tok, 503, KindUnavailable},
 		} {

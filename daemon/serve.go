@@ -107,7 +107,12 @@ type Config struct {
 	// Required; it is created (mode 0711) if missing.
 	StateDir string
 	// Listen, if non-empty, is a TCP address served besides the socket.
+	// There, /metrics needs an administrator's bearer token.
 	Listen string
+	// MetricsListen, if non-empty, is a TCP address that serves GET
+	// /metrics only, without authentication (bind it to a private
+	// interface for Prometheus).
+	MetricsListen string
 	// WorkerSocket, if non-empty, is the socket of a running worker: the
 	// daemon uses it and starts none.
 	WorkerSocket string
@@ -304,6 +309,26 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("daemon: %w", err)
 		}
 		lns = append(lns, tln)
+	}
+	var metricsDone chan error
+	if cfg.MetricsListen != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			for _, ln := range lns {
+				ln.Close()
+			}
+			return fmt.Errorf("daemon: metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics.Handler())
+		metricsDone = make(chan error, 1)
+		mctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { metricsDone <- Serve(mctx, mux, []net.Listener{mln}, log) }()
+		defer func() {
+			stop()
+			err = errors.Join(err, <-metricsDone)
+		}()
 	}
 	if cfg.Ready != nil {
 		cfg.Ready(sock)

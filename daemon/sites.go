@@ -154,6 +154,13 @@ func (g *sitesGateway) serve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if _, _, _, err := g.a.member(r, site.Project); err != nil {
+		var ae *APIError
+		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+			// A non-member learns no more than of a name nobody
+			// published (the lookup's own answer), not even the
+			// project's id.
+			return fmt.Errorf("%w: %q", sitesplugin.ErrNotFound, name)
+		}
 		return err
 	}
 	t := siteTarget{site: site, prefix: "/sites/" + name, rest: r.PathValue("path")}

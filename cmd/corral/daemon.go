@@ -67,6 +67,7 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl := cmd.Flags()
 	fl.StringVar(&state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
 	fl.StringVar(&cfg.Listen, "listen", "", "also serve on this TCP `ADDR` (host:port)")
+	fl.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve GET /metrics alone, unauthenticated, on this TCP `ADDR` (on --listen it needs an administrator's token)")
 	fl.StringVar(&cfg.WorkerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one")
 	fl.StringSliceVar(&cfg.Admins, "admin", nil, "account `NAME` allowed to create accounts and tokens over HTTP (repeatable)")
 	fl.BoolVar(&cfg.AllowHostPaths, "allow-host-paths", false, "accept host paths over HTTP (host projects, --from copies, file:// git URLs, trusted members)")
