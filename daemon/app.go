@@ -112,7 +112,6 @@ type App struct {
 	sites   *sitesGateway
 
 	exporter *export.Exporter
-	editor   editorHandlers
 
 	ctx     context.Context // ended by Close: cancels sessions
 	cancel  context.CancelFunc

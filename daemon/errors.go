@@ -10,6 +10,7 @@ import (
 
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/internal/errdefs"
+	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -88,6 +89,7 @@ var classStatus = map[errdefs.Kind]struct {
 	errdefs.Conflict:        {http.StatusConflict, KindConflict},
 	errdefs.Unavailable:     {http.StatusServiceUnavailable, KindUnavailable},
 	errdefs.TooLarge:        {http.StatusRequestEntityTooLarge, KindTooLarge},
+	errdefs.Timeout:         {http.StatusGatewayTimeout, string(sandbox.KindTimeout)},
 	errdefs.Busy:            {http.StatusTooManyRequests, KindBusy},
 }
 
@@ -135,6 +137,13 @@ var errorRules = []rule{
 	{is(export.ErrPush), http.StatusBadGateway, KindBadGateway, nil},
 	// Redacted git output of the export: worth showing.
 	{as[*export.GitError](), http.StatusInternalServerError, KindInternal, nil},
+	// Editor Git reads: an unknown ref or path has its own kind; an
+	// internal failure says so in the editor's (redacted) words.
+	{is(editorplugin.ErrUnknownRevision), http.StatusNotFound, KindUnknownRevision, nil},
+	{func(err error) bool {
+		var e *editorplugin.Error
+		return errors.As(err, &e) && e.Kind == editorplugin.KindInternal
+	}, http.StatusInternalServerError, KindInternal, nil},
 	// A site's port could not be reached through the worker.
 	{siteDialFailure, http.StatusBadGateway, KindBadGateway, siteDialMessage},
 	// Session errors outside a CommandError (language servers).

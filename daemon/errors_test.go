@@ -11,6 +11,7 @@ import (
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
+	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
 	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
 	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -47,12 +48,19 @@ func TestErrorTable(t *testing.T) {
 		{&sandbox.CommandError{Kind: sandbox.KindTransport, Cause: machine.ErrUnavailable}, 503, string(sandbox.KindTransport)},
 		{&sandbox.CommandError{Kind: sandbox.KindTimeout, Cause: context.DeadlineExceeded}, 504, string(sandbox.KindTimeout)},
 		{&sandbox.CommandError{Kind: sandbox.KindOverflow}, 413, string(sandbox.KindOverflow)},
+		{&editorplugin.Error{Kind: editorplugin.KindUnknownRevision}, 404, KindUnknownRevision},
+		{&editorplugin.Error{Kind: editorplugin.KindBadRequest}, 400, KindInvalid},
+		{&editorplugin.Error{Kind: editorplugin.KindTimeout, Cause: &sandbox.CommandError{Kind: sandbox.KindTimeout, Stdout: "https://u:p@h/"}}, 504, string(sandbox.KindTimeout)},
+		{&editorplugin.Error{Kind: editorplugin.KindInternal, Message: "git read failed"}, 500, KindInternal},
 		{errors.New("secret detail"), 500, KindInternal},
 	} {
 		ae := toAPIError(tc.err)
 		if ae.Status != tc.status || ae.Kind != tc.kind {
 			t.Errorf("%v: %d %s, want %d %s", tc.err, ae.Status, ae.Kind, tc.status, tc.kind)
 		}
+	}
+	if ae := toAPIError(&editorplugin.Error{Kind: editorplugin.KindTimeout, Message: "git did not finish in time", Cause: &sandbox.CommandError{Kind: sandbox.KindTimeout, Stdout: "https://u:p@h/"}}); ae.Stdout != "" || ae.Message != "git did not finish in time" {
+		t.Errorf("an editor error's cause leaked: %+v", ae)
 	}
 	if ae := toAPIError(errors.New("secret detail")); ae.Message != "internal error" {
 		t.Errorf("an unclassified error's message is sent: %q", ae.Message)

@@ -39,6 +39,8 @@ const (
 	Unavailable Kind = "unavailable"
 	// TooLarge: the request or what it produced exceeds a size bound.
 	TooLarge Kind = "tooLarge"
+	// Timeout: the work did not finish in the time it had.
+	Timeout Kind = "timeout"
 	// Busy: a budget is exhausted (admission control); retry after the
 	// load went down.
 	Busy Kind = "busy"
@@ -53,6 +55,7 @@ var (
 	ErrConflict        = New(Conflict, "conflict")
 	ErrUnavailable     = New(Unavailable, "unavailable")
 	ErrTooLarge        = New(TooLarge, "too large")
+	ErrTimeout         = New(Timeout, "timeout")
 	ErrBusy            = New(Busy, "busy")
 )
 
