@@ -46,6 +46,10 @@ type Options struct {
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Plugins are the plugins to load, in order. Nil means Builtins().
+	// Only the built-in factories receive core's store, lease manager and
+	// machine gateway; one made with Plugin receives Deps (a logger and
+	// configuration) and reaches the rest only through the registry, as
+	// its manifest declares.
 	Plugins []PluginFactory
 	// PluginConfig enables and disables plugins by name.
 	PluginConfig plugin.Config
@@ -154,10 +158,17 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 	if factories == nil {
 		factories = Builtins()
 	}
-	deps := Deps{Store: c.store, Leases: c.leases, Gateway: c.gateway, Logger: log, SelfExe: opts.SelfExe, LSPServers: opts.LSPServers}
+	in := internals{
+		Deps:  Deps{Logger: log, LSPServers: opts.LSPServers},
+		store: c.store, leases: c.leases, gateway: c.gateway, selfExe: opts.SelfExe,
+	}
 	regs := make([]plugin.Registration, 0, len(factories))
-	for _, f := range factories {
-		regs = append(regs, f(deps))
+	for i, f := range factories {
+		reg, ok := f.registration(in)
+		if !ok {
+			return c, fmt.Errorf("core: plugin %d: a zero PluginFactory (make one with core.Plugin)", i)
+		}
+		regs = append(regs, reg)
 	}
 	c.registry.Load(ctx, regs, opts.PluginConfig)
 

@@ -189,7 +189,7 @@ func TestProviderCannotSubstituteRunner(t *testing.T) {
 			Register: func(c *plugin.Context) error { return c.Provide(plugin.DomainSandbox, fake) },
 		}
 	}
-	e := build(t, core.Options{Plugins: []core.PluginFactory{reg}}, nil)
+	e := build(t, core.Options{Plugins: []core.PluginFactory{core.Plugin(reg)}}, nil)
 	ctl, err := e.core.Sandbox()
 	must(t, err)
 	res, err := ctl.RunCommand(context.Background(), e.input(e.host, "echo", "x"), &e.actor, nil)
@@ -216,7 +216,7 @@ func TestPluginCannotResolveArtifacts(t *testing.T) {
 			},
 		}
 	}
-	e := build(t, core.Options{Plugins: append(core.Builtins(), spy)}, nil)
+	e := build(t, core.Options{Plugins: append(core.Builtins(), core.Plugin(spy))}, nil)
 	for i, err := range resolveErrs {
 		if err == nil {
 			t.Errorf("spelling %d resolved sandboxArtifacts", i)
@@ -229,7 +229,7 @@ func TestPluginCannotResolveArtifacts(t *testing.T) {
 			Register: func(*plugin.Context) error { return nil },
 		}
 	}
-	e2 := build(t, core.Options{Plugins: append(core.Builtins(), decl)}, nil)
+	e2 := build(t, core.Options{Plugins: append(core.Builtins(), core.Plugin(decl))}, nil)
 	if st, _ := e2.core.Registry().Status("decl"); st.State != plugin.StateFailed {
 		t.Errorf("plugin declaring sandboxArtifacts: state %s", st.State)
 	}

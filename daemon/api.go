@@ -1,11 +1,12 @@
 package daemon
 
 import (
+	"context"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
+	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -127,9 +128,14 @@ type ProjectRequest struct {
 	// From is a host directory copied into a new managed workspace
 	// (AllowHostPaths only).
 	From string `json:"from,omitempty"`
-	// Git is a URL cloned into a new managed workspace (http, https, ssh
-	// and git protocols; file too with AllowHostPaths).
+	// Git is a URL cloned into a new managed workspace (https and http,
+	// to public addresses unless the operator allowed a range; a host path
+	// or file:// URL with host paths as for From).
 	Git string `json:"git,omitempty"`
+	// ExportRemotes, if non-empty, are the remote patterns the project may
+	// be exported to (see export.ValidRemotePattern), narrowing the
+	// daemon's --export-remote list.
+	ExportRemotes []string `json:"exportRemotes,omitempty"`
 }
 
 // createProject serves POST /v1/projects; the caller becomes its owner.
@@ -143,16 +149,15 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 	if kind == "" {
 		kind = store.ProjectManaged
 	}
-	spec := ProjectSpec{Name: req.Name, Kind: kind, Root: req.Root, From: req.From, Git: req.Git, Owner: acct.ID}
-	if !a.opts.AllowHostPaths {
-		if kind == store.ProjectHost || req.From != "" {
-			return apiErr(http.StatusForbidden, KindForbidden, "host paths are not accepted over HTTP by this daemon (use the corral CLI)")
+	for _, pat := range req.ExportRemotes {
+		if err := export.ValidRemotePattern(pat); err != nil {
+			return apiErr(http.StatusBadRequest, KindInvalid, "%v", err)
 		}
-		if req.Git != "" {
-			if u, err := url.Parse(req.Git); err == nil && (u.Scheme == "file" || u.Scheme == "") && !strings.Contains(req.Git, "@") {
-				return apiErr(http.StatusForbidden, KindForbidden, "local git URLs are not accepted over HTTP by this daemon")
-			}
-			spec.GitProtocols = "https:http:ssh:git"
+	}
+	spec := ProjectSpec{Name: req.Name, Kind: kind, Root: req.Root, From: req.From, Git: req.Git, Owner: acct.ID, ExportRemotes: req.ExportRemotes}
+	if _, localGit := LocalGitPath(req.Git); kind == store.ProjectHost || req.From != "" || localGit {
+		if err := a.requireHostPaths(r.Context(), acct); err != nil {
+			return err
 		}
 	}
 	p, err := a.proj.Create(r.Context(), spec)
@@ -160,6 +165,23 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusCreated, projectJSON(p, store.RoleOwner))
+	return nil
+}
+
+// requireHostPaths answers 403 unless the daemon permits host paths
+// (AllowHostPaths) and an admin granted them to acct (corral account grant
+// host-paths).
+func (a *App) requireHostPaths(ctx context.Context, acct store.Account) error {
+	if !a.opts.AllowHostPaths {
+		return apiErr(http.StatusForbidden, KindForbidden, "host paths (host projects, from, local git URLs) are not accepted over HTTP by this daemon (use the corral CLI)")
+	}
+	ok, err := a.store.HostPaths(ctx, acct.ID)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return apiErr(http.StatusForbidden, KindForbidden, "account %q may not use host paths (host projects, from, local git URLs): an admin grants that with `corral account grant host-paths %s`", acct.Name, acct.Name)
+	}
 	return nil
 }
 
@@ -242,13 +264,14 @@ type MemberRequest struct {
 	Account string `json:"account"`
 	// Role is "member" (the default) or "owner".
 	Role string `json:"role,omitempty"`
-	// Trusted members run host commands unconfined (AllowHostPaths only).
+	// Trusted members run host commands unconfined (AllowHostPaths, and
+	// only an owner granted host paths may grant it).
 	Trusted bool `json:"trusted,omitempty"`
 }
 
 // addMember serves POST /v1/projects/{id}/members (owners only).
 func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
-	_, p, m, err := a.projectMember(r)
+	caller, p, m, err := a.projectMember(r)
 	if err != nil {
 		return err
 	}
@@ -259,8 +282,15 @@ func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
-	if req.Trusted && !a.opts.AllowHostPaths {
-		return apiErr(http.StatusForbidden, KindForbidden, "trusted members are not granted over HTTP by this daemon (use the corral CLI)")
+	if req.Trusted {
+		// A trusted member's host commands run unconfined: granting that is
+		// a host-path permission of the granting owner.
+		if !a.opts.AllowHostPaths {
+			return apiErr(http.StatusForbidden, KindForbidden, "trusted members are not granted over HTTP by this daemon (use the corral CLI)")
+		}
+		if err := a.requireHostPaths(r.Context(), caller); err != nil {
+			return err
+		}
 	}
 	switch store.Role(req.Role) {
 	case "", store.RoleMember, store.RoleOwner:

@@ -62,10 +62,16 @@ type AppOptions struct {
 	// HTTP. Nil allows nobody (use the CLI).
 	Admins []string
 	// AllowHostPaths lets callers name host paths over HTTP: host
-	// projects, managed projects copied from a host directory, git URLs
-	// with the file protocol, and trusted members. False refuses them (400)
-	// — the CLI can still do all of it.
+	// projects, managed projects copied from a host directory and git URLs
+	// with the file protocol, for the accounts an admin granted host paths
+	// (store.SetHostPaths, corral account grant host-paths), and trusted
+	// members. False refuses them to everyone (403) — the CLI can still do
+	// all of it. "/", the state directory and directories containing it
+	// are refused whatever the grant.
 	AllowHostPaths bool
+	// GitImport configures the clones of projects created from a git URL
+	// (which address ranges besides public ones they may reach).
+	GitImport GitImportOptions
 	// MaxBody caps request bodies, in bytes; larger ones are refused with
 	// 413 "requestTooLarge". Zero means DefaultMaxBody (1 MiB).
 	MaxBody int64
@@ -186,7 +192,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		a.admins[n] = true
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.proj = &Projects{Store: a.store, StateDir: opts.StateDir, Logger: log}
+	a.proj = &Projects{Store: a.store, StateDir: opts.StateDir, GitImport: opts.GitImport, Logger: log}
 	if err := m.attach(c); err != nil {
 		return nil, err
 	}

@@ -37,6 +37,8 @@ func TestErrorTable(t *testing.T) {
 		{lspplugin.ErrUnsupportedProject, 400, KindInvalid},
 		{export.ErrTooLarge, 413, KindTooLarge},
 		{export.ErrRejected, 409, KindRejected},
+		{fmt.Errorf("%w: x", export.ErrRemoteNotAllowed), 403, KindForbidden},
+		{ErrHostPath, 403, KindForbidden},
 		{export.ErrNotRepository, 409, KindNotRepository},
 		{&export.HeadMovedError{Branch: "main", Expected: "a", Actual: "b"}, 409, KindHeadMoved},
 		{fmt.Errorf("open: %w", sandbox.ErrNotStarted), 422, string(sandbox.KindStart)},

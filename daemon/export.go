@@ -19,7 +19,8 @@ const (
 // ExportRequest is the body of POST /v1/projects/{id}/export.
 //
 // Remote is the URL pushed to (https; with AppOptions.Export.AllowInsecure
-// also http, file and absolute host paths); Branch a branch name (without
+// also http, file and absolute host paths), which must match the daemon's
+// export remotes and the project's, if it has any (else 403); Branch a branch name (without
 // refs/heads/); ExpectedHead the full object name the branch must point at.
 type ExportRequest struct {
 	Remote       string `json:"remote"`

@@ -89,14 +89,23 @@ func (e *env) journalLen() int {
 // TestExportRoute pushes a branch through the daemon into a local bare
 // repository, then checks the 409 of a moved head and the refusals.
 func TestExportRoute(t *testing.T) {
-	g := newGitEnv(t, AppOptions{Export: export.Options{AllowInsecure: true}})
+	remotes := t.TempDir()
+	g := newGitEnv(t, AppOptions{Export: export.Options{AllowInsecure: true, AllowedRemotes: []string{remotes + "/*"}}})
 	alice, tok := g.account("alice")
 	p, head := g.repoProject("box", alice)
-	remote := filepath.Join(t.TempDir(), "remote.git")
+	remote := filepath.Join(remotes, "remote.git")
 	runGit(t, "/", "init", "-q", "--bare", remote)
 	ctx := context.Background()
 
-	status, body := g.do(ctx, "POST", exportPath(p.ID), tok, map[string]string{"remote": remote, "branch": "main", "expectedHead": head})
+	// A remote the daemon does not list: 403 before anything runs.
+	other := filepath.Join(t.TempDir(), "other.git")
+	runGit(t, "/", "init", "-q", "--bare", other)
+	status, body := g.do(ctx, "POST", exportPath(p.ID), tok, map[string]string{"remote": other, "branch": "main", "expectedHead": head})
+	if kind, _, _, _ := apiError(t, body); status != 403 || kind != KindForbidden {
+		t.Fatalf("unlisted remote: %d %s", status, body)
+	}
+
+	status, body = g.do(ctx, "POST", exportPath(p.ID), tok, map[string]string{"remote": remote, "branch": "main", "expectedHead": head})
 	if status != 200 {
 		t.Fatalf("export: %d %s", status, body)
 	}
@@ -217,7 +226,8 @@ func TestExportSweeperInApp(t *testing.T) {
 // TestExportUnavailable: no privileged transport, or no sandbox provider:
 // 503 after the membership check.
 func TestExportUnavailable(t *testing.T) {
-	for name, o := range map[string]envOpts{"no transport": {}, "sandbox disabled": {disabled: []string{"sandbox"}}} {
+	app := AppOptions{Export: export.Options{AllowedRemotes: []string{"example.com/*"}}}
+	for name, o := range map[string]envOpts{"no transport": {app: app}, "sandbox disabled": {app: app, disabled: []string{"sandbox"}}} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t, o)
 			alice, tok := e.account("alice")

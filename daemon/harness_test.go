@@ -48,6 +48,7 @@ func testWorkerMain(args []string) int {
 	sock := fs.String("socket", "", "")
 	root := fs.String("projects-root", "", "")
 	state := fs.String("state", "", "")
+	allowUID := fs.Uint("allow-uid", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -64,6 +65,7 @@ func testWorkerMain(args []string) int {
 		// which removes the groups when the supervisor tests end.
 		CgroupParent: fmt.Sprintf("corral-daemon-sup-%d", os.Getppid()),
 		Logger:       log,
+		AllowUID:     uint32(*allowUID),
 	})
 	if err != nil {
 		log.Error("worker", "err", err)
@@ -124,12 +126,12 @@ func testLogger(t testing.TB) *slog.Logger {
 
 // fakeSandbox registers p as the sandbox plugin.
 func fakeSandbox(p *sandboxtest.Provider) core.PluginFactory {
-	return func(core.Deps) plugin.Registration {
+	return core.Plugin(func(core.Deps) plugin.Registration {
 		return plugin.Registration{
 			Manifest: plugin.Manifest{Name: "sandbox", Provides: []plugin.Domain{plugin.DomainSandbox}},
 			Register: func(c *plugin.Context) error { return c.Provide(plugin.DomainSandbox, p) },
 		}
-	}
+	})
 }
 
 func newEnv(t *testing.T, o envOpts) *env {
@@ -225,7 +227,8 @@ func (e *env) account(name string) (store.Account, string) {
 // hostProject creates a host project rooted at a new directory.
 func (e *env) hostProject(name string, owner store.Account) store.Project {
 	e.t.Helper()
-	root := filepath.Join(e.dir, "host-"+name)
+	// Outside the state directory, where no project may be rooted.
+	root := filepath.Join(e.t.TempDir(), "host-"+name)
 	if err := os.Mkdir(root, 0o755); err != nil {
 		e.t.Fatal(err)
 	}

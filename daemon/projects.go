@@ -1,22 +1,21 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
+	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/internal/errdefs"
+	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -24,6 +23,11 @@ import (
 // refuses (bad name, missing or conflicting sources, a root that is not a
 // directory).
 var ErrInvalidProject = errdefs.New(errdefs.Invalid, "daemon: invalid project")
+
+// ErrHostPath is wrapped by Projects.Create for a host path no project may
+// use: "/", the state directory, a directory inside it or one containing
+// it. It also matches sandbox.ErrDenied (the API answers 403).
+var ErrHostPath = fmt.Errorf("daemon: host path not allowed: %w", sandbox.ErrDenied)
 
 // CloneTimeout bounds a `git clone` of a new managed project.
 const CloneTimeout = 10 * time.Minute
@@ -42,10 +46,13 @@ type ProjectSpec struct {
 	From  string
 	Git   string
 	Owner int64
-	// GitProtocols, if non-empty, restricts the protocols git may use
-	// (GIT_ALLOW_PROTOCOL, e.g. "https:http:ssh:git"); empty allows git's
-	// defaults, file:// included.
-	GitProtocols string
+	// Progress, if non-nil, receives a clone's progress lines (git's
+	// "Receiving objects: 50% (1/2)", redacted) as it goes; errors are not
+	// progress, they are Create's result.
+	Progress func(line string)
+	// ExportRemotes, if non-empty, are the project's export remote
+	// patterns (export.ValidRemotePattern), narrowing the daemon's.
+	ExportRemotes []string
 }
 
 // Projects creates and deletes projects with their workspaces. The CLI uses
@@ -55,6 +62,8 @@ type Projects struct {
 	// StateDir is the daemon's state directory; managed workspaces live in
 	// StateDir/projects. Empty refuses managed projects.
 	StateDir string
+	// GitImport configures clones of git URLs (see gitimport.go).
+	GitImport GitImportOptions
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -103,6 +112,9 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 		if root, err = existingDir(spec.Root); err != nil {
 			return store.Project{}, err
 		}
+		if err := p.checkHostPath(root); err != nil {
+			return store.Project{}, err
+		}
 	case store.ProjectManaged:
 		if spec.Root != "" {
 			return store.Project{}, fmt.Errorf("%w: a managed project's workspace is made by corral; give a source (from or git), not a root", ErrInvalidProject)
@@ -119,6 +131,18 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 		var from string
 		if spec.From != "" {
 			if from, err = existingDir(spec.From); err != nil {
+				return store.Project{}, err
+			}
+			if err := p.checkHostPath(from); err != nil {
+				return store.Project{}, err
+			}
+		}
+		if local, ok := LocalGitPath(spec.Git); ok {
+			real, err := existingDir(local)
+			if err != nil {
+				return store.Project{}, err
+			}
+			if err := p.checkHostPath(real); err != nil {
 				return store.Project{}, err
 			}
 		}
@@ -147,7 +171,7 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 				return store.Project{}, fmt.Errorf("daemon: copy %s into the workspace: %w", from, err)
 			}
 		case spec.Git != "":
-			if err := gitClone(ctx, spec.Git, root, spec.GitProtocols); err != nil {
+			if err := p.gitClone(ctx, spec.Git, root, spec.Progress); err != nil {
 				return store.Project{}, err
 			}
 		}
@@ -157,6 +181,14 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 	proj, err = p.Store.CreateProject(ctx, store.NewProject{Kind: spec.Kind, Name: spec.Name, Root: root})
 	if err != nil {
 		return store.Project{}, err
+	}
+	if len(spec.ExportRemotes) > 0 {
+		if err = p.Store.SetExportRemotes(ctx, proj.ID, spec.ExportRemotes); err != nil {
+			if derr := p.Store.DeleteProject(context.WithoutCancel(ctx), proj.ID); derr != nil {
+				p.logger().Error("cannot remove a half-created project", "project", proj.ID, "err", derr)
+			}
+			return store.Project{}, err
+		}
 	}
 	if spec.Owner != 0 {
 		if _, err = p.Store.AddMember(ctx, store.Member{Project: proj.ID, Account: spec.Owner, Role: store.RoleOwner}); err != nil {
@@ -191,6 +223,57 @@ func (p *Projects) Delete(ctx context.Context, id int64) error {
 	}
 	p.logger().Info("project deleted", "project", id, "name", proj.Name)
 	return nil
+}
+
+// checkHostPath refuses (ErrHostPath) a host directory no project may be
+// rooted at or copied from: "/", the state directory, anything inside it
+// (the database, other projects' workspaces) or any directory containing
+// it. real is absolute and free of symbolic links.
+func (p *Projects) checkHostPath(real string) error {
+	if real == "/" {
+		return fmt.Errorf("%w: / (the whole host)", ErrHostPath)
+	}
+	if p.StateDir == "" {
+		return nil
+	}
+	state, err := filepath.EvalSymlinks(p.StateDir)
+	if err != nil {
+		state = filepath.Clean(p.StateDir)
+	}
+	if within(real, state) {
+		return fmt.Errorf("%w: %s is in the daemon's state directory", ErrHostPath, real)
+	}
+	if within(state, real) {
+		return fmt.Errorf("%w: %s contains the daemon's state directory", ErrHostPath, real)
+	}
+	return nil
+}
+
+// within reports whether path is dir or lies below it (both clean and
+// absolute).
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
+}
+
+// LocalGitPath reports whether the git URL u names a repository on the
+// host (a file:// URL or a path) and returns that path.
+func LocalGitPath(u string) (string, bool) {
+	if u == "" {
+		return "", false
+	}
+	if strings.HasPrefix(u, "/") {
+		return u, true
+	}
+	if rest, ok := strings.CutPrefix(u, "file://"); ok {
+		if pu, err := url.Parse(u); err == nil && (pu.Host == "" || pu.Host == "localhost") {
+			return pu.Path, true
+		}
+		return rest, true
+	}
+	if !strings.Contains(u, "://") && !strings.Contains(u, "@") && !strings.Contains(u, ":") {
+		return u, true // a relative path
+	}
+	return "", false
 }
 
 // existingDir returns the absolute, symlink-free path of the directory d.
@@ -264,29 +347,4 @@ func copyFile(dst, src string, perm fs.FileMode) error {
 		return err
 	}
 	return out.Close()
-}
-
-// gitClone clones url into the empty directory dir on the host. The URL's
-// credentials never appear in the error.
-func gitClone(ctx context.Context, url, dir, protocols string) error {
-	if strings.HasPrefix(url, "-") {
-		return fmt.Errorf("%w: git URL %q", ErrInvalidProject, core.RedactURL(url))
-	}
-	ctx, cancel := context.WithTimeout(ctx, CloneTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "git", "clone", "--quiet", "--", url, dir)
-	cmd.Env = append(os.Environ(), "GIT_TERMINAL_PROMPT=0", "GIT_ASKPASS=/bin/false")
-	if protocols != "" {
-		cmd.Env = append(cmd.Env, "GIT_ALLOW_PROTOCOL="+protocols)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if len(msg) > 2048 {
-			msg = msg[:2048]
-		}
-		return fmt.Errorf("%w: git clone %s: %v: %s", ErrInvalidProject, core.RedactURL(url), err, core.RedactURL(msg))
-	}
-	return nil
 }

@@ -258,9 +258,9 @@ func TestManagedWorkspaceSources(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(p.Root, "README")); err != nil || string(b) != "cloned" {
 		t.Errorf("cloned file: %q %v", b, err)
 	}
-	// A restricted protocol list refuses file://.
-	if _, err := ps.Create(ctx, ProjectSpec{Name: "restricted", Kind: store.ProjectManaged, Git: "file://" + repo, GitProtocols: "https"}); !errors.Is(err, ErrInvalidProject) {
-		t.Errorf("file clone with https only: %v", err)
+	// Only https and http remotes are cloned.
+	if _, err := ps.Create(ctx, ProjectSpec{Name: "restricted", Kind: store.ProjectManaged, Git: "ssh://git@example.com/x.git"}); !errors.Is(err, ErrGitImport) {
+		t.Errorf("ssh clone: %v", err)
 	}
 	// A failed clone leaves no workspace and no project; its error hides
 	// credentials.

@@ -78,7 +78,7 @@ func seed(t *testing.T, state string) (tok string, host, managed store.Project) 
 		t.Fatal(err)
 	}
 	ps := &Projects{Store: st, StateDir: state}
-	root := filepath.Join(state, "host")
+	root := filepath.Join(t.TempDir(), "host") // outside the state directory
 	if err := os.Mkdir(root, 0o755); err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"strconv"
 	"sync"
 	"time"
 
@@ -101,10 +102,28 @@ func Serve(ctx context.Context, h http.Handler, lns []net.Listener, log *slog.Lo
 	return serveErr
 }
 
+// StateDirMode is the mode of the daemon's state directory: only the
+// daemon's uid (and root) may enter it, whatever the modes of the files
+// inside (the database, the sockets, workspaces).
+const StateDirMode os.FileMode = 0o700
+
+// PrepareStateDir creates dir (and its parents) if missing and gives it
+// StateDirMode, also when it existed with another mode.
+func PrepareStateDir(dir string) error {
+	if err := os.MkdirAll(dir, StateDirMode); err != nil {
+		return fmt.Errorf("daemon: state directory: %w", err)
+	}
+	if err := os.Chmod(dir, StateDirMode); err != nil {
+		return fmt.Errorf("daemon: state directory: %w", err)
+	}
+	return nil
+}
+
 // Config configures Run: the whole daemon process.
 type Config struct {
 	// StateDir holds corral.db, corral.sock, projects/ and worker/.
-	// Required; it is created (mode 0711) if missing.
+	// Required; it is created if missing and made mode 0700 (StateDirMode)
+	// either way.
 	StateDir string
 	// Listen, if non-empty, is a TCP address served besides the socket.
 	// There, /metrics needs an administrator's bearer token.
@@ -127,8 +146,11 @@ type Config struct {
 	// Admins and AllowHostPaths are passed to AppOptions.
 	Admins         []string
 	AllowHostPaths bool
-	// Export configures GitHub export (the host-side push credential).
+	// Export configures GitHub export (the host-side push credential, the
+	// allowed remotes).
 	Export export.Options
+	// GitImport configures clones of projects created from git URLs.
+	GitImport GitImportOptions
 	// LSPServers configures language servers by name (core.Options).
 	LSPServers map[string][]string
 	// DisabledPlugins names built-in plugins not to load (their domains
@@ -218,8 +240,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	if err := os.MkdirAll(state, 0o711); err != nil {
-		return fmt.Errorf("daemon: %w", err)
+	if err := PrepareStateDir(state); err != nil {
+		return err
 	}
 	metrics := NewMetrics()
 
@@ -243,8 +265,9 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("daemon: %w", err)
 		}
 		sup = StartSupervisor(SupervisorOptions{
-			Exe:     exe,
-			Args:    []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker")},
+			Exe: exe,
+			Args: []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
+				"--allow-uid", strconv.Itoa(os.Geteuid())},
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,
 			Metrics: metrics,
@@ -290,7 +313,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, SessionHeartbeat: beat, MaxSessionLifetime: cfg.MaxSessionLifetime})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, SessionHeartbeat: beat, MaxSessionLifetime: cfg.MaxSessionLifetime})
 	if err != nil {
 		return err
 	}

@@ -26,10 +26,18 @@
 //     the branch moved between the check and the bundle).
 //  5. host: git push of refs/heads/B to the remote. The token
 //     (Options.Token or Options.TokenFile) reaches git only through a
-//     credential helper given on git's command line, which reads it from
-//     an environment variable set for that host git process alone. The
-//     token never appears in the machine, in any guest command's
-//     arguments or environment, in any file, or in a response.
+//     credential helper given on git's command line, scoped to the
+//     remote's exact URL (credential.<url>.helper with
+//     credential.useHttpPath, every other helper reset, redirects not
+//     followed), which reads it from an environment variable set for that
+//     host git process alone. The token never appears in the machine, in
+//     any guest command's arguments or environment, in any file, or in a
+//     response.
+//
+// Before step 1, the remote must match one of the daemon's allowed
+// patterns (Options.AllowedRemotes) and, if the project has export
+// remotes of its own (store.ExportRemotes), one of those: otherwise
+// [ErrRemoteNotAllowed], before anything runs or touches the network.
 //
 // The host git runs with the system and global configuration ignored, no
 // terminal prompts, hooks disabled, and only the transports the remote
@@ -53,6 +61,7 @@ import (
 
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/internal/errdefs"
+	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -149,6 +158,11 @@ type Options struct {
 	// Username goes with the token. Empty means DefaultUsername
 	// ("x-access-token", which GitHub accepts with any token).
 	Username string
+	// AllowedRemotes are the patterns (see ValidRemotePattern) of the
+	// remotes exports may push to; a project's own export remotes
+	// (store.ExportRemotes) narrow them further. Empty refuses every export
+	// with ErrRemoteNotAllowed.
+	AllowedRemotes []string
 	// AllowInsecure also accepts remotes that are absolute host paths,
 	// file:// URLs and plain http:// URLs (to which the token is offered
 	// too). Meant for tests and trusted local setups; false refuses them.
@@ -243,7 +257,8 @@ var hexHead = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`
 // the package documentation. It blocks until the push completed or failed;
 // cancelling ctx cancels the running command or git process.
 //
-// Errors: ErrInvalid (nothing ran); sandbox.ErrUnavailable (no sandbox
+// Errors: ErrInvalid (nothing ran); ErrRemoteNotAllowed (nothing ran, no
+// network used); sandbox.ErrUnavailable (no sandbox
 // provider); an error wrapping sandbox.ErrNotFound (no such project) or
 // sandbox.ErrDenied (not a member) from the first preparation, before
 // anything was recorded; ErrNotRepository, ErrNoBranch, *HeadMovedError;
@@ -256,6 +271,9 @@ func (x *Exporter) Export(ctx context.Context, req Request) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := x.allowRemote(remote, shown, nil); err != nil {
+		return nil, err
+	}
 	req.ExpectedHead = strings.ToLower(req.ExpectedHead)
 	if !hexHead().MatchString(req.ExpectedHead) {
 		return nil, fmt.Errorf("%w: expectedHead %q is not a full hexadecimal object name", ErrInvalid, req.ExpectedHead)
@@ -265,6 +283,13 @@ func (x *Exporter) Export(ctx context.Context, req Request) (*Result, error) {
 	}
 	ref, err := x.projectRef(ctx, req.Project)
 	if err != nil {
+		return nil, err
+	}
+	own, err := x.core.Store().ExportRemotes(ctx, req.Project)
+	if err != nil {
+		return nil, fmt.Errorf("export: look up project %d: %w", req.Project, err)
+	}
+	if err := x.allowRemote(remote, shown, own); err != nil {
 		return nil, err
 	}
 	if _, err := x.core.Sandbox(); err != nil {
@@ -439,18 +464,18 @@ func redactURL(u *url.URL) string {
 	return c.String()
 }
 
-var userinfo = sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(`([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@`) })
-
-// redactText removes from s the raw remote, the token and the user
-// information of anything URL-like.
+// redactText removes secrets from s (corral's redactor), and the token
+// and the raw remote's password wherever they occur (a password shorter
+// than 8 bytes only within URLs, lest every occurrence of a common word
+// go).
 func redactText(s, rawRemote, token string) string {
-	if token != "" {
-		s = strings.ReplaceAll(s, token, "[REDACTED]")
-	}
+	known := []string{token}
 	if rawRemote != "" {
 		if u, err := url.Parse(rawRemote); err == nil && u.User != nil {
-			s = strings.ReplaceAll(s, rawRemote, redactURL(u))
+			if p, ok := u.User.Password(); ok && len(p) >= 8 {
+				known = append(known, p)
+			}
 		}
 	}
-	return userinfo().ReplaceAllString(s, "${1}[REDACTED]@")
+	return redact.New(known...).String(s)
 }

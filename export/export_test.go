@@ -123,6 +123,10 @@ func (e *env) exporter(opts Options) *Exporter {
 	if opts.Logger == nil {
 		opts.Logger = testLogger(e.t)
 	}
+	if opts.AllowedRemotes == nil {
+		// Every host path and every local test server.
+		opts.AllowedRemotes = []string{"/**", "127.0.0.1:*/**"}
+	}
 	x, err := New(e.core, opts)
 	must(e.t, err)
 	return x

@@ -42,6 +42,18 @@ const (
 // the environment. Its text names the variables, never their values.
 const credentialHelper = `!f() { test "$1" = get || exit 0; echo "username=${` + envUsername + `}"; echo "password=${` + envToken + `}"; }; f`
 
+// credentialArgs configure the credential helper for exactly the remote's
+// URL: git consults it only for a credential request whose protocol, host,
+// port and path match (useHttpPath makes the path count), never for
+// another server or repository.
+func credentialArgs(remote *url.URL) []string {
+	u := credentialURL(remote)
+	return []string{
+		"-c", "credential.useHttpPath=true",
+		"-c", "credential." + u + ".helper=" + credentialHelper,
+	}
+}
+
 // hostResult is a finished host git.
 type hostResult struct {
 	stdout, stderr string
@@ -168,7 +180,7 @@ func (h *hostRepo) push(ctx context.Context, rawRemote string, remote *url.URL, 
 	}
 	var env []string
 	if token != "" && (remote.Scheme == "https" || remote.Scheme == "http") {
-		args = append(args, "-c", "credential.helper="+credentialHelper)
+		args = append(args, credentialArgs(remote)...)
 		env = []string{envUsername + "=" + h.x.opts.Username, envToken + "=" + token}
 	}
 	ref := "refs/heads/" + branch

@@ -75,8 +75,10 @@ type RunOptions struct {
 	// returned-target validation and the initial abort check, immediately
 	// before the command starts. If it returns an error the command is not
 	// started: RunCommand cancels the preparation, releases the lease and
-	// rejects with KindStart wrapping that error. If OnStart is nil,
-	// execution is unchanged.
+	// rejects with KindStart wrapping that error. A panic in OnStart is
+	// recovered and handled the same way, the error being an
+	// *OnStartPanic holding the panic value. If OnStart is nil, execution
+	// is unchanged.
 	OnStart func(StartInfo) error
 }
 

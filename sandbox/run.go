@@ -150,7 +150,7 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 	}
 	if r.opts.OnStart != nil {
 		info := StartInfo{LeaseID: r.common.Lease.ID(), Project: r.common.Project, DisplayCwd: r.common.DisplayCwd}
-		if err := r.opts.OnStart(info); err != nil {
+		if err := callOnStart(r.opts.OnStart, info); err != nil {
 			return nil, r.failUnstarted(ctx, newError(KindStart, err, "onStart: %v", err))
 		}
 	}
@@ -359,4 +359,24 @@ func (r *run) startHeartbeat(ctx context.Context) {
 		cancel()
 		<-done
 	}
+}
+
+// OnStartPanic is the error of an OnStart callback that panicked: the
+// command is treated as if OnStart had returned it (not started, the
+// preparation cancelled, the lease released, KindStart).
+type OnStartPanic struct {
+	// Value is what OnStart panicked with.
+	Value any
+}
+
+func (e *OnStartPanic) Error() string { return fmt.Sprintf("panic: %v", e.Value) }
+
+// callOnStart calls f, turning a panic into an *OnStartPanic.
+func callOnStart(f func(StartInfo) error, info StartInfo) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &OnStartPanic{Value: v}
+		}
+	}()
+	return f(info)
 }

@@ -77,6 +77,7 @@ func TestCancelThenReleaseExactlyOnce(t *testing.T) {
 		{name: "overflow", argv: []string{"sh", "-c", "yes"}, opts: &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Stdout: 10}}, kind: sandbox.KindOverflow, cancel: 1},
 		{name: "combinedOverflow", argv: []string{"sh", "-c", "yes >&2"}, opts: &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Combined: 10}}, kind: sandbox.KindOverflow, cancel: 1},
 		{name: "onStart", argv: []string{"true"}, opts: &sandbox.RunOptions{OnStart: func(sandbox.StartInfo) error { return boom }}, kind: sandbox.KindStart, cancel: 1},
+		{name: "onStartPanic", argv: []string{"true"}, opts: &sandbox.RunOptions{OnStart: func(sandbox.StartInfo) error { panic("kaboom") }}, kind: sandbox.KindStart, cancel: 1},
 		{name: "heartbeat", argv: []string{"sleep", "100"}, hbErr: true, kind: sandbox.KindTransport, cancel: 1},
 		{name: "notStarted", argv: []string{"/no/such/program"}, kind: sandbox.KindStart, cancel: 1},
 	}

@@ -26,13 +26,36 @@ type Project struct {
 	// directory on the host of a managed project.
 	Root    string
 	Created time.Time
+	// Image names the image of a managed project's machine ("base", the
+	// embedded default, unless set).
+	Image string
+	// Limits override the worker's default limits of a managed project's
+	// machine; a zero field means the default.
+	Limits MachineLimits
 }
+
+// MachineLimits are a machine's resource limits as a project records them. A zero
+// field means the worker's default; a negative one means no limit.
+type MachineLimits struct {
+	Memory    int64 // bytes
+	Pids      int64 // tasks
+	CPUMillis int64 // thousandths of a CPU
+	Disk      int64 // bytes: workspace, home and upper layer
+	Tmp       int64 // bytes: /tmp and /dev/shm
+}
+
+// DefaultImage is the image of a project that names none.
+const DefaultImage = "base"
 
 // NewProject describes a project to create.
 type NewProject struct {
 	Kind ProjectKind
 	Name string // unique
 	Root string
+	// Image is the managed machine's image; empty means DefaultImage.
+	Image string
+	// Limits override the worker's defaults; zero fields mean the default.
+	Limits MachineLimits
 }
 
 // Role is a member's role in a project.
@@ -63,10 +86,15 @@ func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error
 	if p.Name == "" || p.Root == "" {
 		return Project{}, fmt.Errorf("store: create project: name and root are required")
 	}
-	out := Project{Kind: p.Kind, Name: p.Name, Root: p.Root, Created: s.stamp()}
+	if p.Image == "" {
+		p.Image = DefaultImage
+	}
+	out := Project{Kind: p.Kind, Name: p.Name, Root: p.Root, Created: s.stamp(), Image: p.Image, Limits: p.Limits}
+	l := p.Limits
 	err := s.w.QueryRowContext(ctx,
-		"INSERT INTO projects (kind, name, root, created_at) VALUES (?, ?, ?, ?) RETURNING id",
-		string(p.Kind), p.Name, p.Root, ms(out.Created)).Scan(&out.ID)
+		`INSERT INTO projects (kind, name, root, created_at, image, limit_memory, limit_pids, limit_cpu_millis, limit_disk, limit_tmp)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		string(p.Kind), p.Name, p.Root, ms(out.Created), p.Image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp).Scan(&out.ID)
 	if err != nil {
 		return Project{}, classifyExists(err, fmt.Sprintf("project %q", p.Name), fmt.Sprintf("create project %q", p.Name))
 	}
@@ -74,10 +102,11 @@ func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error
 }
 
 const (
-	projectCols   = "id, kind, name, root, created_at"
+	projectCols   = "id, kind, name, root, created_at, image, limit_memory, limit_pids, limit_cpu_millis, limit_disk, limit_tmp"
 	sqlGetProject = "SELECT " + projectCols + " FROM projects WHERE id = ?"
 	sqlGetMember  = "SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?"
-	sqlGetTenancy = `SELECT p.id, p.kind, p.name, p.root, p.created_at, m.role, m.trusted, m.created_at
+	sqlGetTenancy = `SELECT p.id, p.kind, p.name, p.root, p.created_at, p.image, p.limit_memory, p.limit_pids,
+		p.limit_cpu_millis, p.limit_disk, p.limit_tmp, m.role, m.trusted, m.created_at
 		FROM projects p LEFT JOIN members m ON m.project = p.id AND m.account = ?2 WHERE p.id = ?1`
 )
 
@@ -87,7 +116,8 @@ func scanProject(r scanner, what string) (Project, error) {
 		kind    string
 		created int64
 	)
-	if err := r.Scan(&p.ID, &kind, &p.Name, &p.Root, &created); err != nil {
+	l := &p.Limits
+	if err := r.Scan(&p.ID, &kind, &p.Name, &p.Root, &created, &p.Image, &l.Memory, &l.Pids, &l.CPUMillis, &l.Disk, &l.Tmp); err != nil {
 		return Project{}, classify(err, what)
 	}
 	p.Kind, p.Created = ProjectKind(kind), fromMS(created)
@@ -231,7 +261,8 @@ func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (P
 		role            sql.NullString
 		trusted, joined sql.NullInt64
 	)
-	err = st.QueryRowContext(ctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created, &role, &trusted, &joined)
+	err = st.QueryRowContext(ctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
+		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &role, &trusted, &joined)
 	if err != nil {
 		return Project{}, Member{}, classify(err, fmt.Sprintf("project %d", project))
 	}
@@ -276,4 +307,43 @@ func scanMember(r scanner, what string) (Member, error) {
 	}
 	m.Role, m.Created = Role(role), fromMS(created)
 	return m, nil
+}
+
+// SetProjectMachine records what a managed project's machine is built from:
+// its image (empty means DefaultImage) and its limits. A running machine
+// picks the change up at its next request (limits) or restart (image).
+// An unknown project is ErrNotFound.
+func (s *Store) SetProjectMachine(ctx context.Context, id int64, image string, l MachineLimits) error {
+	if image == "" {
+		image = DefaultImage
+	}
+	res, err := s.w.ExecContext(ctx,
+		`UPDATE projects SET image = ?, limit_memory = ?, limit_pids = ?, limit_cpu_millis = ?, limit_disk = ?, limit_tmp = ?
+		WHERE id = ?`, image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp, id)
+	if err != nil {
+		return classify(err, fmt.Sprintf("set machine of project %d", id))
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		return fmt.Errorf("store: project %d: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// ProjectsUsingImage returns the projects whose machine is built from the
+// named image, by ID.
+func (s *Store) ProjectsUsingImage(ctx context.Context, image string) ([]Project, error) {
+	rows, err := s.r.QueryContext(ctx, "SELECT "+projectCols+" FROM projects WHERE image = ? ORDER BY id", image)
+	if err != nil {
+		return nil, fmt.Errorf("store: projects using image %q: %w", image, err)
+	}
+	defer rows.Close()
+	var out []Project
+	for rows.Next() {
+		p, err := scanProject(rows, "projects using image")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, rows.Err()
 }

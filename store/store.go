@@ -133,7 +133,9 @@ type Store struct {
 }
 
 // Open opens (and with opts.Migrate, creates and migrates) the database at
-// path. On error nothing stays open.
+// path. On error nothing stays open. The database file and its -wal and
+// -shm files are given mode FileMode (0600) whatever the umask, including
+// files an older version left more open.
 func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -163,6 +165,17 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 	mode := "rw"
 	if opts.Migrate {
 		mode = "rwc"
+		// The database holds every account's secrets: create it 0600
+		// before SQLite would (0644 less the umask). SQLite gives its -wal
+		// and -shm files the database file's mode.
+		f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, FileMode)
+		if err != nil {
+			return nil, fmt.Errorf("store: create %s: %w", abs, err)
+		}
+		f.Close()
+	}
+	if err := restrictFiles(abs); err != nil {
+		return nil, err
 	}
 	base := (&url.URL{Scheme: "file", Path: abs}).String()
 	common := "&_pragma=busy_timeout(" + strconv.FormatInt(busy.Milliseconds(), 10) + ")" +
@@ -200,6 +213,10 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
+	if err := restrictFiles(abs); err != nil { // -wal and -shm now exist
+		s.w.Close()
+		return nil, err
+	}
 	if opts.Migrate {
 		if err := s.migrate(ctx); err != nil {
 			s.w.Close()
@@ -236,6 +253,30 @@ func Open(ctx context.Context, path string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// FileMode is the mode of the database file and of its -wal and -shm
+// files, whatever the umask: Open creates the database with it and sets it
+// on all three where they exist and are another mode.
+const FileMode os.FileMode = 0o600
+
+// restrictFiles gives the database, -wal and -shm files FileMode.
+func restrictFiles(db string) error {
+	for _, p := range []string{db, db + "-wal", db + "-shm"} {
+		st, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+		if st.Mode().Perm() != FileMode {
+			if err := os.Chmod(p, FileMode); err != nil {
+				return fmt.Errorf("store: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // walAutoCheckpoint is the writer's wal_autocheckpoint, in pages.

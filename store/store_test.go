@@ -703,3 +703,59 @@ func TestTwoHandlesShareLeases(t *testing.T) {
 		t.Fatalf("DeleteProject after the runner released: %v", err)
 	}
 }
+
+func TestProjectMachineSpec(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	a, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "a", Root: "/w/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Image != DefaultImage || a.Limits != (MachineLimits{}) {
+		t.Errorf("new project: image %q limits %+v, want %q and none", a.Image, a.Limits, DefaultImage)
+	}
+	b, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "b", Root: "/w/b", Image: "debian",
+		Limits: MachineLimits{Memory: 1 << 30, CPUMillis: 500}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := MachineLimits{Memory: 256 << 20, Pids: 64, CPUMillis: 1500, Disk: 1 << 30, Tmp: 64 << 20}
+	if err := s.SetProjectMachine(ctx, a.ID, "debian", want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetProject(ctx, a.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Image != "debian" || got.Limits != want {
+		t.Errorf("after set: image %q limits %+v, want debian %+v", got.Image, got.Limits, want)
+	}
+	using, err := s.ProjectsUsingImage(ctx, "debian")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(using) != 2 || using[0].ID != a.ID || using[1].ID != b.ID || using[1].Limits.CPUMillis != 500 {
+		t.Errorf("projects using debian: %+v", using)
+	}
+	if using, _ := s.ProjectsUsingImage(ctx, DefaultImage); len(using) != 0 {
+		t.Errorf("projects using base: %+v", using)
+	}
+	if err := s.SetProjectMachine(ctx, 999, "", MachineLimits{}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown project: %v, want ErrNotFound", err)
+	}
+	// The tenancy read carries the spec too.
+	acc, err := s.CreateAccount(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: a.ID, Account: acc.ID, Role: RoleOwner}); err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := s.GetProjectMember(ctx, a.ID, acc.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Image != "debian" || p.Limits != want {
+		t.Errorf("tenancy read: %+v", p)
+	}
+}

@@ -80,6 +80,15 @@
 //
 // New rejection codes of these features: "bad-user", "bad-image".
 //
+// A worker may refuse a connection because of who the peer is (corral's
+// worker serves only root and the daemon's uid, by SO_PEERCRED): it then
+// sends, before interpreting anything the peer sent, the connection error
+// frame
+//
+//	{"type":"error","code":"forbidden","message":"<text>"}
+//
+// and closes. A client reads it where it expects the worker's hello.
+//
 // Session ids are chosen by the client and are unique per connection; every
 // frame about a session carries its id. An error frame about one request
 // carries that request's id; an error frame without an id is about the

@@ -57,6 +57,9 @@ const (
 	CodeBadUser         = "bad-user"
 	CodeBadImage        = "bad-image"
 	CodeInternal        = "internal"
+	// CodeForbidden is the connection error a worker sends a peer it does
+	// not serve (a uid other than root and the daemon's) before closing.
+	CodeForbidden = "forbidden"
 )
 
 // Message is one decoded frame. Every message struct of this package

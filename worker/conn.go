@@ -4,6 +4,10 @@ package worker
 // session crosses into a machine (the control channel of internal/ctl):
 //
 //	client                      worker (conn, machine)             init
+//	  |-- (connect) ------------->| SO_PEERCRED: root or AllowUID, else
+//	  |<--- error {forbidden} ----|   this, then discard until close
+//	  |-- hello ----------------->|
+//	  |<--------------------hello |
 //	  |-- exec-start ------------>| validate; acquire the machine
 //	  |<----------- exec-accepted | (or exec-rejected {code})
 //	  |-- exec-attach [3 fds] --->|-- start {sid} [3 fds] ------------>| fork+exec
@@ -18,11 +22,14 @@ package worker
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
 )
@@ -51,6 +58,12 @@ func newConn(w *Worker, wc *wire.Conn) *conn {
 func (c *conn) serve() {
 	defer c.shutdown()
 	uc := c.wc.UnixConn()
+	if err := c.w.checkPeer(uc); err != nil {
+		c.w.log.Warn("connection refused", "err", err)
+		c.send(&wire.Error{Code: wire.CodeForbidden, Message: err.Error()})
+		discardUntilEOF(uc)
+		return
+	}
 	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
 	if err := wire.ServerHello(c.wc, c.w.cfg.Name); err != nil {
 		c.w.log.Debug("handshake failed", "err", err)
@@ -71,6 +84,49 @@ func (c *conn) serve() {
 			return
 		}
 	}
+}
+
+// forbiddenDrain bounds how long a refused peer's frames are discarded.
+const forbiddenDrain = time.Second
+
+// discardUntilEOF stops sending on uc and discards what the peer sends
+// (uninterpreted; descriptors in it are closed by the kernel) until it
+// closes, for at most forbiddenDrain. Closing a socket with unread frames
+// would make the peer's next read fail with ECONNRESET instead of
+// delivering the error frame sent just before.
+func discardUntilEOF(uc *net.UnixConn) {
+	_ = uc.CloseWrite()
+	_ = uc.SetReadDeadline(time.Now().Add(forbiddenDrain))
+	buf := make([]byte, 512)
+	for {
+		if _, err := uc.Read(buf); err != nil {
+			return
+		}
+	}
+}
+
+// checkPeer returns an error unless uc's peer runs as root or as
+// Config.AllowUID. The credentials are those the peer had when it
+// connected (SO_PEERCRED), which a later setuid cannot change.
+func (w *Worker) checkPeer(uc *net.UnixConn) error {
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return fmt.Errorf("peer credentials: %w", err)
+	}
+	if cerr != nil {
+		return fmt.Errorf("peer credentials: %w", cerr)
+	}
+	if cred.Uid != 0 && cred.Uid != w.cfg.AllowUID {
+		return fmt.Errorf("peer uid %d (pid %d) may not use this worker: it serves only root and uid %d", cred.Uid, cred.Pid, w.cfg.AllowUID)
+	}
+	return nil
 }
 
 // shutdown closes the connection and cancels its sessions.

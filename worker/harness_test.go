@@ -21,6 +21,9 @@ import (
 
 func TestMain(m *testing.M) {
 	MaybeRunInit()
+	if sock := os.Getenv("CORRAL_TEST_DIAL_AS_OTHER"); sock != "" {
+		os.Exit(dialAndHello(sock))
+	}
 	if sock := os.Getenv("CORRAL_TEST_WORKER_SOCKET"); sock != "" {
 		os.Exit(runTestWorker(sock))
 	}

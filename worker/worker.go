@@ -105,6 +105,12 @@ type Config struct {
 	// Name is the worker's name in its hello frame. Empty means
 	// "corral-worker".
 	Name string
+	// AllowUID is the one uid besides root whose connections are served
+	// (the daemon's, when it does not run as root). The worker reads each
+	// accepted connection's peer credentials (SO_PEERCRED) and answers any
+	// other peer a connection error frame with code "forbidden" before
+	// interpreting anything it sends, then closes it. Zero means root only.
+	AllowUID uint32
 	// GoHolders makes every session's pid-namespace holder corral's own
 	// binary (SelfExe) instead of `env --ignore-signal=CHLD sleep infinity`
 	// from the host, which machines use when the host's env supports that

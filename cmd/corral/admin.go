@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"text/tabwriter"
@@ -14,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -29,8 +29,8 @@ func openState(ctx context.Context, flag string) (string, *store.Store, error) {
 	if dir, err = filepath.Abs(dir); err != nil {
 		return "", nil, err
 	}
-	if err := os.MkdirAll(dir, 0o711); err != nil {
-		return "", nil, fmt.Errorf("state directory: %w", err)
+	if err := daemon.PrepareStateDir(dir); err != nil {
+		return "", nil, err
 	}
 	st, err := store.Open(ctx, filepath.Join(dir, "corral.db"), store.Options{Migrate: true})
 	if err != nil {
@@ -76,7 +76,7 @@ func newAccountCmd() *cobra.Command {
 				return nil
 			})
 		},
-	}, &cobra.Command{
+	}, grantCmd(&state, true), grantCmd(&state, false), &cobra.Command{
 		Use:   "list",
 		Short: "List accounts",
 		Args:  cobra.NoArgs,
@@ -158,6 +158,36 @@ func optTime(t time.Time) *time.Time {
 		return nil
 	}
 	return &t
+}
+
+// grantCmd is `account grant` (on) or `account revoke` (off): the
+// permissions an account has beyond its memberships.
+func grantCmd(state *string, on bool) *cobra.Command {
+	verb, short := "grant", "Grant an account a permission"
+	if !on {
+		verb, short = "revoke", "Revoke a permission of an account"
+	}
+	return &cobra.Command{
+		Use:   verb + " host-paths ACCOUNT",
+		Short: short,
+		Long: short + `. The one permission so far is host-paths: creating host
+projects and managed projects copied from a host directory or a local git
+repository over HTTP, where the daemon runs with --allow-host-paths. "/", the
+state directory and directories containing it stay refused.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] != "host-paths" {
+				return fmt.Errorf("unknown permission %q (known: host-paths)", args[0])
+			}
+			return withState(cmd, *state, func(ctx context.Context, _ string, st *store.Store) error {
+				a, err := accountArg(ctx, st, args[1])
+				if err != nil {
+					return err
+				}
+				return st.SetHostPaths(ctx, a.ID, on)
+			})
+		},
+	}
 }
 
 func newTokenCmd() *cobra.Command {
@@ -296,6 +326,7 @@ func newProjectCmd() *cobra.Command {
 		managed         bool
 		host, from, git string
 		owner           string
+		exportRemotes   []string
 	)
 	create := &cobra.Command{
 		Use:   "create NAME (--managed [--from DIR | --git URL] | --host DIR) --owner ACCOUNT",
@@ -325,6 +356,13 @@ host). --host DIR makes a host project rooted at the existing directory DIR.`,
 				if host != "" {
 					spec = daemon.ProjectSpec{Name: args[0], Kind: store.ProjectHost, Root: absOrEmpty(host), Owner: a.ID}
 				}
+				for _, p := range exportRemotes {
+					if err := export.ValidRemotePattern(p); err != nil {
+						return err
+					}
+				}
+				spec.ExportRemotes = exportRemotes
+				spec.Progress = func(line string) { fmt.Fprintln(cmd.ErrOrStderr(), line) }
 				p, err := (&daemon.Projects{Store: st, StateDir: dir}).Create(ctx, spec)
 				if err != nil {
 					return err
@@ -340,6 +378,7 @@ host). --host DIR makes a host project rooted at the existing directory DIR.`,
 	cf.StringVar(&from, "from", "", "copy the workspace from the host `DIR` (--managed)")
 	cf.StringVar(&git, "git", "", "clone the workspace from `URL` (--managed)")
 	cf.StringVar(&owner, "owner", "", "the owning `ACCOUNT` (name or id)")
+	cf.StringArrayVar(&exportRemotes, "export-remote", nil, "export only to remotes matching `PATTERN` too (narrows the daemon's --export-remote; repeatable)")
 
 	var trusted, asOwner bool
 	addMember := &cobra.Command{

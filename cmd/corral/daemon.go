@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/signal"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/export"
 )
 
 // daemonCommands are the daemon's subcommands: daemon, account, token and
@@ -26,6 +28,7 @@ func newDaemonCmd() *cobra.Command {
 		state      string
 		debug      bool
 		lspServers []string
+		allowCIDRs []string
 	)
 	cmd := &cobra.Command{
 		Use:   "daemon --state DIR [--listen ADDR] [--worker-socket PATH]",
@@ -52,6 +55,18 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 			if cfg.LSPServers, err = parseLSPServers(lspServers); err != nil {
 				return err
 			}
+			for _, p := range cfg.Export.AllowedRemotes {
+				if err := export.ValidRemotePattern(p); err != nil {
+					return fmt.Errorf("--export-remote: %w", err)
+				}
+			}
+			for _, c := range allowCIDRs {
+				pfx, err := netip.ParsePrefix(c)
+				if err != nil {
+					return fmt.Errorf("--git-import-allow-cidr %q: %w", c, err)
+				}
+				cfg.GitImport.AllowCIDRs = append(cfg.GitImport.AllowCIDRs, pfx.Masked())
+			}
 			level := slog.LevelInfo
 			if debug {
 				level = slog.LevelDebug
@@ -70,9 +85,11 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve GET /metrics alone, unauthenticated, on this TCP `ADDR` (on --listen it needs an administrator's token)")
 	fl.StringVar(&cfg.WorkerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one")
 	fl.StringSliceVar(&cfg.Admins, "admin", nil, "account `NAME` allowed to create accounts and tokens over HTTP (repeatable)")
-	fl.BoolVar(&cfg.AllowHostPaths, "allow-host-paths", false, "accept host paths over HTTP (host projects, --from copies, file:// git URLs, trusted members)")
+	fl.BoolVar(&cfg.AllowHostPaths, "allow-host-paths", false, "accept host paths over HTTP (host projects, --from copies, file:// git URLs, trusted members) from accounts granted them (corral account grant host-paths NAME)")
 	fl.StringVar(&cfg.Export.TokenFile, "export-token-file", "", "`FILE` holding the token GitHub export pushes with (used only by host git, never inside a machine)")
 	fl.StringVar(&cfg.Export.Username, "export-username", "", "user name sent with the export token (default x-access-token)")
+	fl.StringArrayVar(&cfg.Export.AllowedRemotes, "export-remote", nil, "allow export to remotes matching `PATTERN` (host[:port]/path, * per segment, /** for any depth, e.g. 'github.com/org/*'; repeatable; none refuses every export)")
+	fl.StringArrayVar(&allowCIDRs, "git-import-allow-cidr", nil, "let git imports (project creation from a git URL) reach the non-public address range `CIDR` (repeatable; default public addresses only)")
 	fl.BoolVar(&cfg.Export.AllowInsecure, "export-allow-insecure", false, "let export push to http, file:// and local-path remotes")
 	fl.StringArrayVar(&lspServers, "lsp-server", nil, "language server `NAME=COMMAND LINE` run inside machines (repeatable; default gopls)")
 	fl.StringSliceVar(&cfg.DisabledPlugins, "disable-plugin", nil, "built-in plugin `NAME` not to load: sandbox, sites, editor, lsp (repeatable)")

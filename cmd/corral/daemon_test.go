@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/store"
 )
 
 // cli runs corral in-process with the daemon's subcommands registered.
@@ -222,5 +223,52 @@ func TestRunViaDaemonContract(t *testing.T) {
 	_, errs, status := cli("run", "--daemon", filepath.Join(state, "nope.sock"), "--project-id", id, "--", "true")
 	if status != 125 || !strings.Contains(errs, "corral: prepare: cannot reach the daemon") {
 		t.Errorf("unreachable: %d %q", status, errs)
+	}
+}
+
+// TestAccountGrantHostPaths: `corral account grant|revoke host-paths NAME`
+// set the account's grant, and the state directory is 0700 afterwards.
+func TestAccountGrantHostPaths(t *testing.T) {
+	state := filepath.Join(t.TempDir(), "state")
+	mustCLI(t, "account", "create", "carol", "--state", state)
+	open := func() *store.Store {
+		st, err := store.Open(context.Background(), filepath.Join(state, "corral.db"), store.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	}
+	granted := func() bool {
+		st := open()
+		a, err := st.AccountByName(context.Background(), "carol")
+		if err != nil {
+			t.Fatal(err)
+		}
+		on, err := st.HostPaths(context.Background(), a.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.Close()
+		return on
+	}
+	if granted() {
+		t.Fatal("granted by default")
+	}
+	mustCLI(t, "account", "grant", "host-paths", "carol", "--state", state)
+	if !granted() {
+		t.Fatal("grant did not grant")
+	}
+	mustCLI(t, "account", "revoke", "host-paths", "carol", "--state", state)
+	if granted() {
+		t.Fatal("revoke did not revoke")
+	}
+	for _, bad := range [][]string{{"account", "grant", "root", "carol"}, {"account", "grant", "host-paths", "nobody"}} {
+		if _, _, status := cli(append(bad, "--state", state)...); status == 0 {
+			t.Errorf("corral %v accepted", bad)
+		}
+	}
+	if st, err := os.Stat(state); err != nil || st.Mode().Perm() != 0o700 {
+		t.Errorf("state directory: %v %v", st.Mode(), err)
 	}
 }

@@ -23,13 +23,16 @@ func newWorkerCmd() *cobra.Command {
 		memory                      sizeFlag
 		pids                        int64
 		maxSessions                 int
+		allowUID                    uint32
 	)
 	cmd := &cobra.Command{
 		Use:   "worker --socket PATH --projects-root DIR",
 		Short: "Serve protocol 2 as the privileged worker (root)",
 		Long: `Run the persistent privileged worker: it listens on a SOCK_SEQPACKET Unix
 socket (mode 0600) and runs one machine per project whose workspace lies under
---projects-root. It must run as root. SIGTERM or SIGINT stops every machine.`,
+--projects-root. It must run as root. It serves connections only from root
+and from the uid given by --allow-uid (the daemon's); others get a
+"forbidden" error frame and are closed. SIGTERM or SIGINT stops every machine.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := worker.RequireRoot(); err != nil {
@@ -53,6 +56,7 @@ socket (mode 0600) and runs one machine per project whose workspace lies under
 				Limits:       worker.Limits{Memory: memory.n, Pids: pids},
 				Logger:       log,
 				Name:         "corral-worker/" + version,
+				AllowUID:     allowUID,
 			})
 			if err != nil {
 				return err
@@ -81,6 +85,7 @@ socket (mode 0600) and runs one machine per project whose workspace lies under
 	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
 	fl.Var(&memory, "memory", "memory limit per machine (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "task limit per machine (default 512)")
+	fl.Uint32Var(&allowUID, "allow-uid", 0, "also serve connections from this `UID` (the daemon's; root is always served)")
 	fl.IntVar(&maxSessions, "max-sessions", 0, "sessions per machine (default 64)")
 	return cmd
 }

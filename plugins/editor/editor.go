@@ -36,9 +36,10 @@
 // read outside it. Pathspecs are literal (--literal-pathspecs) and refs are
 // passed after --end-of-options.
 //
-// Every output, including error messages, passes through a redactor that
-// removes the userinfo of anything URL-like (https://user:secret@host
-// becomes https://[REDACTED]@host), so credentials in remote URLs never
+// Every output, including error messages, passes through corral's redactor
+// (internal/redact), which removes among others the userinfo of anything
+// URL-like (https://user:secret@host becomes https://[REDACTED]@host,
+// https://bob:p@ss@host too), so credentials in remote URLs never
 // reach a response. This also applies to file contents and diffs; Show and
 // Diff report when it changed something.
 //

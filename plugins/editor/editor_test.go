@@ -43,10 +43,6 @@ type env struct {
 	outsider sandbox.Actor
 }
 
-func editorFactory(d core.Deps) plugin.Registration {
-	return editorplugin.Registration(editorplugin.Options{ProjectKind: editorplugin.StoreProjectKind(d.Store), Logger: d.Logger})
-}
-
 func newEnv(t *testing.T, disabled ...string) *env {
 	t.Helper()
 	if os.Geteuid() != 0 {
@@ -60,7 +56,7 @@ func newEnv(t *testing.T, disabled ...string) *env {
 	c, err := core.Build(ctx, core.Options{
 		StorePath:    filepath.Join(dir, "corral.db"),
 		Migrate:      true,
-		Plugins:      []core.PluginFactory{core.SandboxPlugin, editorFactory},
+		Plugins:      []core.PluginFactory{core.SandboxPlugin, core.EditorPlugin},
 		PluginConfig: plugin.Config{Disabled: disabled},
 		Logger:       slog.New(slog.DiscardHandler),
 	})

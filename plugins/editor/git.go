@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -72,7 +73,7 @@ type gitOutput struct {
 }
 
 func newOutput(stdout, stderr string) *gitOutput {
-	o := &gitOutput{stdout: redact(stdout), stderr: redact(stderr)}
+	o := &gitOutput{stdout: redact.String(stdout), stderr: redact.String(stderr)}
 	o.redacted = o.stdout != stdout
 	return o
 }

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -271,7 +272,7 @@ func newError(err error) *Error {
 	default:
 		status, kind, msg = http.StatusInternalServerError, KindInternal, "git read failed"
 	}
-	return &Error{Status: status, Kind: kind, Message: redact(msg), Cause: err}
+	return &Error{Status: status, Kind: kind, Message: redact.String(msg), Cause: err}
 }
 
 func writeError(w http.ResponseWriter, status int, kind, msg string) {

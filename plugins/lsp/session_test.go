@@ -142,13 +142,13 @@ func newFixture(t *testing.T, opts lspplugin.Options, disabled ...string) *fixtu
 		Migrate:   true,
 		Logger:    opts.Logger,
 		Plugins: []core.PluginFactory{
-			func(core.Deps) plugin.Registration {
+			core.Plugin(func(core.Deps) plugin.Registration {
 				return plugin.Registration{
 					Manifest: plugin.Manifest{Name: "sandbox", Provides: []plugin.Domain{plugin.DomainSandbox}},
 					Register: func(c *plugin.Context) error { return c.Provide(plugin.DomainSandbox, f.sandbox) },
 				}
-			},
-			func(core.Deps) plugin.Registration { return lspplugin.Registration(opts) },
+			}),
+			core.Plugin(func(core.Deps) plugin.Registration { return lspplugin.Registration(opts) }),
 		},
 		PluginConfig: plugin.Config{Disabled: disabled},
 	})

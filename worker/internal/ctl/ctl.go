@@ -95,6 +95,9 @@ type Config struct {
 	// MaxSessions is how many sessions the worker admits at once; the init
 	// keeps as many unused namespace holders (and a few). Zero: unknown.
 	MaxSessions int `json:"maxSessions,omitempty"`
+	// TmpSize, when positive, is the size limit in bytes of the machine's
+	// /tmp and of its /dev/shm (each). Zero: unsized.
+	TmpSize int64 `json:"tmpSize,omitempty"`
 }
 
 // Msg is one control packet.

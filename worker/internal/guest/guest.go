@@ -119,7 +119,7 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 type pid1 struct {
 	c     *ctl.Endpoint
 	cfg   *ctl.Config
-	ownNS int // the init's pid namespace, to return to after a fork
+	home  nsHome // the init's namespaces, to return to after a fork
 	pool  *holderPool
 	byPID map[int]*session // running sessions by pid of main process and of holder
 	bySID map[uint64]*session
@@ -163,15 +163,17 @@ type session struct {
 	exit   *ctl.Msg
 }
 
-// preparePidNS opens what start needs: the init's own pid namespace and
-// the holder pool. Called once, after setup (the pool's /dev/null is the
-// machine's).
+// preparePidNS readies what start needs: this thread's own fs (to enter
+// holders' mount namespaces), the init's own namespaces and the holder
+// pool. Called once, after setup (the pool's /dev/null is the machine's).
 func (in *pid1) preparePidNS() error {
-	fd, err := unix.Open("/proc/self/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("open own pid namespace: %w", err)
+	if err := unshareFS(); err != nil {
+		return err
 	}
-	in.ownNS = fd
+	var err error
+	if in.home, err = openNSHome(); err != nil {
+		return err
+	}
 	if in.childs, err = openChildren(os.Getpid(), unix.Gettid()); err != nil {
 		return fmt.Errorf("open own children list: %w", err)
 	}
@@ -182,8 +184,14 @@ func (in *pid1) preparePidNS() error {
 	if err != nil {
 		return err
 	}
-	in.pool = newHolderPool(null, in.cfg.GoHolder, retainFor(in.cfg.MaxSessions))
-	return nil
+	in.pool, err = newHolderPool(null, in.home, in.fatal, in.cfg.GoHolder, retainFor(in.cfg.MaxSessions))
+	return err
+}
+
+// fatal reports an error after which the init cannot go on (a thread
+// stuck in a holder's namespaces); the caller exits.
+func (in *pid1) fatal(err error) {
+	_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 }
 
 // loop serves the worker's requests and reports exits until the control
@@ -339,23 +347,24 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 // dead: one from the pool, then one spawned for it.
 const maxForkAttempts = 2
 
-// errEnter marks a failure to enter a holder's pid namespace: the holder
+// errEnter marks a failure to enter a holder's namespaces: the holder
 // is unusable, whatever the reason.
-var errEnter = errors.New("enter the session's pid namespace")
+var errEnter = errors.New("enter the session's namespaces")
 
-// forkIn forks and execs a child of the init inside h's pid namespace:
-// setns(CLONE_NEWPID) sets where this thread's next child goes, not the
-// thread's own namespace, so the child is an ordinary process there (not
-// its PID 1) whose parent is the init. The thread then returns to the
-// init's namespace; if it cannot, the init cannot go on safely and exits
-// (the machine fails).
+// forkIn forks and execs a child of the init inside h's namespaces:
+// enterHolder moves this thread into h's mount namespace (the child sees
+// the holder's /proc) and sets where its next child goes in pid terms, not
+// the thread's own pid namespace, so the child is an ordinary process
+// there (not its PID 1) whose parent is the init. The thread then returns
+// to the init's namespaces; if it cannot, the init cannot go on safely and
+// exits (the machine fails).
 func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.ProcAttr) (int, error) {
-	if err := unix.Setns(h.pidfd, unix.CLONE_NEWPID); err != nil {
+	if err := enterHolder(h); err != nil {
 		return 0, fmt.Errorf("%w: %w", errEnter, err)
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
-	if serr := unix.Setns(in.ownNS, unix.CLONE_NEWPID); serr != nil {
-		_ = in.c.Send(&ctl.Msg{Op: ctl.OpFail, Message: "return to the init's pid namespace: " + serr.Error()})
+	if serr := in.home.restore(); serr != nil {
+		in.fatal(serr)
 		os.Exit(1)
 	}
 	return pid, err

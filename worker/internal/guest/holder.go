@@ -2,9 +2,12 @@ package guest
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -17,10 +20,12 @@ import (
 // holder: this binary re-executed (see Holder) as guest root, with its
 // stdio on /dev/null and nothing else open. The session's main process is
 // an ordinary process of that namespace, forked by the init after it
-// pointed its thread's pid_ns_for_children at the holder's namespace, so
-// that it keeps the init as its parent (which reaps it and reports its
-// real exit) and ordinary signal semantics. Killing the holder makes the
-// kernel kill every process of the namespace: the tree kill.
+// pointed its thread's pid_ns_for_children at the holder's namespace and
+// entered the holder's mount namespace, whose /proc is the holder's pid
+// namespace's (see procfs.go), so that it keeps the init as its parent
+// (which reaps it and reports its real exit) and ordinary signal
+// semantics. Killing the holder makes the kernel kill every process of
+// the namespace: the tree kill.
 //
 // A session that leaves nothing behind (see pid1.nsEmpty) returns its
 // holder to the pool; one that does, or is cancelled, has its holder
@@ -70,7 +75,19 @@ var holderEnv = []string{"GOMAXPROCS=1", "GOGC=off"}
 // was set (the runtime starts with a handler) are reaped once. The holder
 // then blocks until it is killed. Signals from the session cannot reach
 // it: it runs as guest root and the session as the guest user.
+//
+// Started with holderMountArg, it first replaces its mount namespace's
+// /proc by its own pid namespace's (ownProc) and reports holderMounted, or
+// the error, on descriptor 3, which it then closes.
 func Holder() {
+	if len(os.Args) > 2 && os.Args[2] == holderMountArg {
+		if err := ownProc(); err != nil {
+			_, _ = unix.Write(3, []byte(err.Error()))
+			os.Exit(1)
+		}
+		_, _ = unix.Write(3, []byte(holderMounted))
+		unix.Close(3)
+	}
 	signal.Ignore(syscall.SIGCHLD)
 	for {
 		pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
@@ -94,6 +111,11 @@ type holder struct {
 	// exec then closes).
 	pidfd  int
 	childs int // its /proc children file, read with pread
+	// mntns holds its mount namespace, so that the namespace's teardown
+	// (its mounts, its /proc) is not part of the holder's exit, which a
+	// session's exit report may wait for, but of close, after the report,
+	// on another thread.
+	mntns  int
 	killed bool
 }
 
@@ -110,6 +132,13 @@ type holder struct {
 // path is not visible in the machine.
 var goHolderArgv = []string{"corral-ns-holder", HolderArg}
 
+// holderMountArg makes a Go holder mount its own /proc and report
+// holderMounted, or an error (see Holder).
+const (
+	holderMountArg = "mount-proc"
+	holderMounted  = "ok"
+)
+
 var holderCommand = sync.OnceValues(func() (string, []string) {
 	self := goHolderArgv
 	env, sleep := "/usr/bin/env", "/bin/sleep"
@@ -124,40 +153,87 @@ var holderCommand = sync.OnceValues(func() (string, []string) {
 	return env, []string{"corral-ns-holder", "--ignore-signal=CHLD", sleep, "infinity"}
 })
 
-// spawnHolder starts a holder in a new pid namespace. null is /dev/null,
-// given to it as stdio; every other descriptor of the init is
-// close-on-exec.
-func spawnHolder(null int, goHolder bool) (*holder, error) {
+// spawn starts a holder in a new pid namespace and a new mount namespace,
+// whose /proc it replaces by one of the holder's pid namespace
+// (sessionProc). p.null is given to it as stdio; every other descriptor
+// of the init is close-on-exec. It must run on a locked thread that has
+// unshared its fs (unshareFS), in the init's namespaces: the init's loop
+// or the pool's spawner.
+func (p *holderPool) spawn() (*holder, error) {
 	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   "/",
 		Env:   holderEnv,
-		Files: []uintptr{uintptr(null), uintptr(null), uintptr(null)},
+		Files: []uintptr{uintptr(p.null), uintptr(p.null), uintptr(p.null)},
 		Sys: &syscall.SysProcAttr{
-			Cloneflags: syscall.CLONE_NEWPID,
+			Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS,
 			PidFD:      &pidfd,
 		},
 	}
 	path, argv := holderCommand()
-	if goHolder {
+	if p.goHolder {
 		path, argv = "/proc/self/exe", goHolderArgv
+	}
+	// A self-mounting holder reports on a pipe (see Holder).
+	var report, w *os.File
+	if p.selfMount {
+		var err error
+		if report, w, err = os.Pipe(); err != nil {
+			return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
+		}
+		defer report.Close()
+		path, argv = "/proc/self/exe", append(goHolderArgv[:len(goHolderArgv):len(goHolderArgv)], holderMountArg)
+		attr.Files = append(attr.Files, w.Fd())
 	}
 	if path != "/proc/self/exe" {
 		attr.Env = nil
 	}
 	pid, err := syscall.ForkExec(path, argv, attr)
+	if w != nil {
+		w.Close()
+	}
 	if err != nil {
 		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
 	}
-	h := &holder{pid: pid, pidfd: pidfd, childs: -1}
+	h := &holder{pid: pid, pidfd: pidfd, childs: -1, mntns: -1}
 	// Opened now, off the exec path. The holder is an unreaped child: its
 	// pid cannot name another process.
 	h.childs, err = openChildren(pid, pid)
+	if err == nil {
+		h.mntns, err = unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	}
 	if err != nil {
 		h.discard()
 		return nil, fmt.Errorf("pid namespace holder: %w", err)
 	}
+	if report != nil {
+		err = holderReport(report)
+	} else {
+		err = sessionProc(h, p.home, p.fail)
+	}
+	if err != nil {
+		h.discard()
+		return nil, fmt.Errorf("pid namespace holder's /proc: %w", err)
+	}
+	// Per-holder settings made from outside (such as oom_score_adj, which
+	// the limits of a machine may set on its holders) belong here: the
+	// holder is not yet in the pool, and no session is in its namespace.
 	return h, nil
+}
+
+// holderReport waits for a self-mounting holder's report on r.
+func holderReport(r *os.File) error {
+	b, err := io.ReadAll(r)
+	switch {
+	case err != nil:
+		return err
+	case string(b) != holderMounted:
+		if len(b) == 0 {
+			return errors.New("holder exited before it mounted its /proc")
+		}
+		return errors.New(string(b))
+	}
+	return nil
 }
 
 // alive reports whether h has not exited (a holder of the pool may have
@@ -187,12 +263,17 @@ func (h *holder) discard() {
 	h.close()
 }
 
-// close closes h's descriptors.
+// close closes h's descriptors. The last reference to a dead holder's
+// mount namespace is dropped by another goroutine, so that its teardown
+// (an RCU grace period, about 0.1 ms) does not hold up the caller.
 func (h *holder) close() {
 	for _, fd := range []int{h.pidfd, h.childs} {
 		if fd >= 0 {
 			unix.Close(fd)
 		}
+	}
+	if h.mntns >= 0 {
+		go unix.Close(h.mntns)
 	}
 }
 
@@ -201,24 +282,38 @@ func (h *holder) close() {
 // a fork and an exec of the init's binary stay off the exec path.
 type holderPool struct {
 	null int
+	home nsHome      // the init's namespaces, to return to after a spawn
+	fail func(error) // reports a fatal error before the init exits
 	// goHolder makes every holder this binary (Config.GoHolder).
 	goHolder bool
-	retain   int           // unused holders kept (retainFor)
-	retry    time.Duration // wait after a failed spawn (at the pids limit)
-	wake     chan struct{} // wakes the spawner; capacity 1
+	// selfMount makes every holder this binary, mounting its own /proc:
+	// where procfs lacks the pidns option (pidnsOption), the mount must be
+	// made from inside the pid namespace. It costs a Go start per holder
+	// and the Go holder's threads and memory.
+	selfMount bool
+	retain    int           // unused holders kept (retainFor)
+	retry     time.Duration // wait after a failed spawn (at the pids limit)
+	wake      chan struct{} // wakes the spawner; capacity 1
 
 	mu      sync.Mutex
 	ready   []*holder
 	pending int // spawns ordered and not yet delivered
 }
 
-func newHolderPool(null int, goHolder bool, retain int) *holderPool {
-	p := &holderPool{null: null, goHolder: goHolder, retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+// newHolderPool starts a pool and its spawner, and orders poolSize
+// holders. It fails if the spawner's thread cannot be made ready to enter
+// holders' mount namespaces.
+func newHolderPool(null int, home nsHome, fail func(error), goHolder bool, retain int) (*holderPool, error) {
+	p := &holderPool{null: null, home: home, fail: fail, goHolder: goHolder, selfMount: !pidnsOption(), retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+	ready := make(chan error, 1)
+	go p.run(ready)
+	if err := <-ready; err != nil {
+		return nil, err
+	}
 	p.mu.Lock()
 	p.orderLocked(poolSize)
 	p.mu.Unlock()
-	go p.run()
-	return p
+	return p, nil
 }
 
 // orderLocked orders n more holders. Called with p.mu held.
@@ -233,7 +328,15 @@ func (p *holderPool) orderLocked(n int) {
 	}
 }
 
-func (p *holderPool) run() {
+// run is the spawner. Its thread stays locked (and so is never reused by
+// the runtime): spawning enters holders' mount namespaces.
+func (p *holderPool) run(ready chan<- error) {
+	runtime.LockOSThread()
+	if err := unshareFS(); err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
 	for range p.wake {
 		for {
 			p.mu.Lock()
@@ -242,7 +345,7 @@ func (p *holderPool) run() {
 			if n == 0 {
 				break
 			}
-			h, err := spawnHolder(p.null, p.goHolder)
+			h, err := p.spawn()
 			if err != nil {
 				time.Sleep(p.retry)
 				continue
@@ -280,7 +383,7 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 	}
 	p.mu.Unlock()
 	if h == nil {
-		h, err = spawnHolder(p.null, p.goHolder)
+		h, err = p.spawn()
 		return h, err == nil, err
 	}
 	return h, false, nil
@@ -290,7 +393,7 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 // ready holders may all be dead or dying); it is a child of the calling
 // thread.
 func (p *holderPool) fresh() (*holder, error) {
-	return spawnHolder(p.null, p.goHolder)
+	return p.spawn()
 }
 
 // purge discards every ready holder that has died and orders

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 
@@ -77,10 +78,13 @@ func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
 			return fmt.Errorf("mount sys: %w", err)
 		}
 	}
-	if err := unix.Mount("tmpfs", newroot+"/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+	if err := unix.Mount("tmpfs", newroot+"/tmp", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpfsOptions("mode=1777", cfg.TmpSize)); err != nil {
 		return fmt.Errorf("mount /tmp: %w", err)
 	}
-	if err := setupDev(); err != nil {
+	if err := setupDev(cfg.TmpSize); err != nil {
+		return err
+	}
+	if err := maskSys(newroot+"/sys", newroot+"/dev/null"); err != nil {
 		return err
 	}
 	if err := moveMount(mountFDs[0], newroot+cfg.GuestWorkspace); err != nil {
@@ -179,8 +183,10 @@ func touch(path string) error {
 
 // setupDev builds a minimal /dev: a tmpfs with the host's harmless
 // character devices bound in (a user namespace cannot mknod), a private
-// devpts instance and a tmpfs /dev/shm.
-func setupDev() error {
+// devpts instance (newinstance: its ptys are the machine's alone) with
+// /dev/ptmx a link to its ptmx, and a tmpfs /dev/shm of shmSize bytes
+// (unsized if zero).
+func setupDev(shmSize int64) error {
 	dev := newroot + "/dev"
 	if err := unix.Mount("tmpfs", dev, "tmpfs", unix.MS_NOSUID|unix.MS_NOEXEC, "mode=0755"); err != nil {
 		return fmt.Errorf("mount /dev: %w", err)
@@ -201,7 +207,7 @@ func setupDev() error {
 	if err := unix.Mount("devpts", dev+"/pts", "devpts", unix.MS_NOSUID|unix.MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"); err != nil {
 		return fmt.Errorf("mount devpts: %w", err)
 	}
-	if err := unix.Mount("tmpfs", dev+"/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=1777"); err != nil {
+	if err := unix.Mount("tmpfs", dev+"/shm", "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpfsOptions("mode=1777", shmSize)); err != nil {
 		return fmt.Errorf("mount /dev/shm: %w", err)
 	}
 	for link, target := range map[string]string{
@@ -213,6 +219,15 @@ func setupDev() error {
 		}
 	}
 	return nil
+}
+
+// tmpfsOptions returns tmpfs mount options: opts, and size= when size is
+// positive.
+func tmpfsOptions(opts string, size int64) string {
+	if size > 0 {
+		opts += ",size=" + strconv.FormatInt(size, 10)
+	}
+	return opts
 }
 
 // loopbackUp sets IFF_UP on lo, the only interface of a fresh network

@@ -1,0 +1,173 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/image"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// The image subcommands work on the image store STATE/images directly
+// (the daemon may be running: the store locks itself); rm consults
+// STATE/corral.db for the projects that use the image.
+
+type imageFlags struct {
+	state    string
+	registry string // the idrange registry: hidden, for tests
+}
+
+func (f *imageFlags) open(ctx context.Context) (string, *image.Store, error) {
+	dir, err := stateDir(f.state)
+	if err != nil {
+		return "", nil, err
+	}
+	// The state directory as the other commands make it; the store
+	// inside is 0700.
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return "", nil, fmt.Errorf("state directory: %w", err)
+	}
+	s, err := image.Open(filepath.Join(dir, "images"), image.Options{Registry: f.registry, Logger: cliLogger()})
+	return dir, s, err
+}
+
+// imageFailed reports an operational failure (exit status 1; usage
+// errors are 2).
+func imageFailed(cmd *cobra.Command, err error) error {
+	fmt.Fprintf(cmd.ErrOrStderr(), "corral: %v\n", err)
+	return exitError{1}
+}
+
+func newImageCmd() *cobra.Command {
+	var f imageFlags
+	cmd := &cobra.Command{
+		Use:   "image",
+		Short: "Manage the root filesystem images of machines",
+		Long: `Manage the images machines are built from, kept in STATE/images.
+
+The image "base" is made from the host on first use: the host's /usr
+read-only and a generated /etc with only root and the guest user "user".`,
+	}
+	stateFlag(cmd, &f.state)
+	cmd.PersistentFlags().StringVar(&f.registry, "id-registry", "", "the host id registry `FILE` (for tests)")
+	cmd.PersistentFlags().MarkHidden("id-registry")
+
+	var name string
+	imp := &cobra.Command{
+		Use:   "import SOURCE --name NAME",
+		Short: "Import an OCI image layout directory or an image tarball",
+		Long: `Import the image at SOURCE under NAME, replacing an image of that name.
+
+SOURCE is an OCI image layout directory, a docker-archive tar (docker save,
+skopeo copy ... docker-archive:FILE) or an oci-archive tar (skopeo copy ...
+oci-archive:FILE). Layers are unpacked once and shared between images; an
+archive that would write outside its tree is refused.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if name == "" {
+				return errors.New("image import: --name NAME is required")
+			}
+			_, s, err := f.open(cmd.Context())
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			start := time.Now()
+			im, err := s.Import(cmd.Context(), args[0], name)
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%d layers, %s) in %v\n", im.Name, im.ID, len(im.Layers), mib(im.Size), time.Since(start).Round(time.Millisecond))
+			return nil
+		},
+	}
+	imp.Flags().StringVar(&name, "name", "", "the image's `NAME` ([a-z0-9][a-z0-9._-]*)")
+
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list [--json]",
+		Short: "List images",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, s, err := f.open(cmd.Context())
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			ims, err := s.List(cmd.Context())
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			if asJSON {
+				if ims == nil {
+					ims = []image.Image{}
+				}
+				enc := json.NewEncoder(cmd.OutOrStdout())
+				enc.SetIndent("", "  ")
+				return enc.Encode(ims)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tID\tLAYERS\tSIZE\tCREATED")
+			for _, im := range ims {
+				id := im.ID
+				if len(id) > 19 {
+					id = id[:19]
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", im.Name, id, len(im.Layers), mib(im.Size), im.Created.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print the images as JSON")
+
+	rm := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Remove an image no project uses",
+		Long: `Remove the image NAME and the layers no other image shares. An image a
+project uses is refused. Removing "base" is allowed while no project uses it:
+it is made again on next use.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			dir, s, err := f.open(ctx)
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			db, err := store.Open(ctx, filepath.Join(dir, "corral.db"), store.Options{Migrate: true})
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			defer db.Close()
+			var users []store.Project
+			err = s.Remove(ctx, args[0], func(name string) (bool, error) {
+				users, err = db.ProjectsUsingImage(ctx, name)
+				return len(users) > 0, err
+			})
+			if errors.Is(err, image.ErrInUse) {
+				names := ""
+				for i, p := range users {
+					if i > 0 {
+						names += ", "
+					}
+					names += p.Name
+				}
+				err = fmt.Errorf("%w (used by project(s) %s)", err, names)
+			}
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(imp, list, rm)
+	return cmd
+}
+
+// mib formats a size in MiB with one decimal.
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

@@ -1,0 +1,82 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Permissions beyond membership (schema version 4): an account's host-path
+// grant, and a project's export remotes.
+
+// SetHostPaths grants (on) or revokes the use of host paths to an account:
+// creating host projects and managed projects copied from a host
+// directory, where the daemon permits host paths at all. It is idempotent;
+// an unknown account is ErrNotFound.
+func (s *Store) SetHostPaths(ctx context.Context, account int64, on bool) error {
+	v := 0
+	if on {
+		v = 1
+	}
+	res, err := s.w.ExecContext(ctx, "UPDATE accounts SET host_paths = ? WHERE id = ?", v, account)
+	if err != nil {
+		return classify(err, fmt.Sprintf("set host paths of account %d", account))
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: account %d: %w", account, ErrNotFound)
+	}
+	return nil
+}
+
+// HostPaths reports whether the account was granted host paths. An
+// unknown account is ErrNotFound.
+func (s *Store) HostPaths(ctx context.Context, account int64) (bool, error) {
+	var v int
+	err := s.r.QueryRowContext(ctx, "SELECT host_paths FROM accounts WHERE id = ?", account).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false, fmt.Errorf("store: account %d: %w", account, ErrNotFound)
+	}
+	if err != nil {
+		return false, classify(err, fmt.Sprintf("host paths of account %d", account))
+	}
+	return v == 1, nil
+}
+
+// SetExportRemotes sets the remote patterns a project may be exported to
+// (narrowing the daemon's); nil or empty means the daemon's alone. An
+// empty or multi-line pattern is refused with an error; an unknown project
+// is ErrNotFound.
+func (s *Store) SetExportRemotes(ctx context.Context, project int64, patterns []string) error {
+	for _, p := range patterns {
+		if p == "" || strings.ContainsAny(p, "\r\n") {
+			return fmt.Errorf("store: export remote pattern %q: empty or multi-line", p)
+		}
+	}
+	res, err := s.w.ExecContext(ctx, "UPDATE projects SET export_remotes = ? WHERE id = ?", strings.Join(patterns, "\n"), project)
+	if err != nil {
+		return classify(err, fmt.Sprintf("set export remotes of project %d", project))
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: project %d: %w", project, ErrNotFound)
+	}
+	return nil
+}
+
+// ExportRemotes returns the project's export remote patterns (nil for
+// none). An unknown project is ErrNotFound.
+func (s *Store) ExportRemotes(ctx context.Context, project int64) ([]string, error) {
+	var v string
+	err := s.r.QueryRowContext(ctx, "SELECT export_remotes FROM projects WHERE id = ?", project).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("store: project %d: %w", project, ErrNotFound)
+	}
+	if err != nil {
+		return nil, classify(err, fmt.Sprintf("export remotes of project %d", project))
+	}
+	if v == "" {
+		return nil, nil
+	}
+	return strings.Split(v, "\n"), nil
+}
