@@ -106,6 +106,7 @@ func (e *Error) Error() string {
 type CommandRequest struct {
 	Command     sandbox.Command     `json:"command"`
 	Cwd         string              `json:"cwd,omitempty"`
+	User        string              `json:"user,omitempty"`
 	LeaseKind   sandbox.LeaseKind   `json:"leaseKind,omitempty"`
 	TimeoutMs   int64               `json:"timeoutMs,omitempty"`
 	OutputLimit sandbox.OutputLimit `json:"outputLimit"`

@@ -26,7 +26,7 @@ func BenchmarkConfine(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		path, args := confine.Command(self, []string{root}, []string{"true"})
+		path, args := confine.Command(self, confine.Policy{Writable: []string{root}}, []string{"true"})
 		for b.Loop() {
 			r, w, err := os.Pipe()
 			if err != nil {
@@ -51,7 +51,7 @@ func BenchmarkConfine(b *testing.B) {
 	b.Run("thread", func(b *testing.B) {
 		for b.Loop() {
 			cmd := exec.Command("true")
-			if err := confine.Start(cmd, []string{root}); err != nil {
+			if _, err := confine.Start(cmd, confine.Policy{Writable: []string{root}}); err != nil {
 				b.Fatal(err)
 			}
 			if err := cmd.Wait(); err != nil {
@@ -59,4 +59,40 @@ func BenchmarkConfine(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkConfineUser is Start as an unprivileged user (root only): the
+// pid namespace with corral's init, the offline network, the uid switch;
+// the tree is killed and awaited as RunCommand does.
+func BenchmarkConfineUser(b *testing.B) {
+	requireLandlock(b)
+	if os.Geteuid() != 0 {
+		b.Skip("needs root")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		b.Fatal(err)
+	}
+	root := b.TempDir()
+	for _, network := range []bool{false, true} {
+		name := "offline"
+		if network {
+			name = "network"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := confine.Policy{Writable: []string{root}, Network: network, User: &confine.User{UID: 1<<24 + 4243, GID: 1<<24 + 4243}, Init: self}
+			for b.Loop() {
+				cmd := exec.Command("/bin/true")
+				tree, err := confine.Start(cmd, p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := cmd.Wait(); err != nil {
+					b.Fatal(err)
+				}
+				tree.Kill()
+				<-tree.Done()
+			}
+		})
+	}
 }

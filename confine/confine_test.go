@@ -5,13 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/confine"
 	"go.uber.org/goleak"
@@ -65,6 +69,35 @@ func probe(spec string) int {
 			names = append(names, e.Name()+"="+l)
 		}
 		out = strings.Join(names, ",")
+	case "kill0":
+		pid, _ := strconv.Atoi(path)
+		err = syscall.Kill(pid, 0)
+	case "connect":
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", path, 5*time.Second); err == nil {
+			c.Close()
+		}
+	case "listen":
+		var l net.Listener
+		if l, err = net.Listen("tcp", path); err == nil {
+			l.Close()
+		}
+	case "mptcp":
+		var ap netip.AddrPort
+		if ap, err = netip.ParseAddrPort(path); err != nil {
+			break
+		}
+		var fd int
+		if fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_MPTCP); err != nil {
+			break
+		}
+		err = unix.Connect(fd, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()})
+		unix.Close(fd)
+	case "unix":
+		var c net.Conn
+		if c, err = net.Dial("unix", path); err == nil {
+			c.Close()
+		}
 	default:
 		fmt.Println("bad probe")
 		return 2
@@ -106,7 +139,9 @@ func launch(t *testing.T, writable []string, env []string, argv ...string) outco
 	if err != nil {
 		t.Fatal(err)
 	}
-	path, args := confine.Command(self, writable, argv)
+	// The test binary, which probes run as the command, is outside the
+	// system directories.
+	path, args := confine.Command(self, confine.Policy{Writable: writable, Readable: []string{filepath.Dir(self)}}, argv)
 	if path != self || args[0] != self || args[1] != confine.Arg {
 		t.Fatalf("Command = %q %q", path, args)
 	}
@@ -166,8 +201,14 @@ func TestAvailable(t *testing.T) {
 }
 
 func TestCommand(t *testing.T) {
-	path, args := confine.Command("/usr/bin/corral", []string{"/a", "/b c"}, []string{"sh", "-c", "-w"})
+	path, args := confine.Command("/usr/bin/corral", confine.Policy{Writable: []string{"/a", "/b c"}}, []string{"sh", "-c", "-w"})
 	want := []string{"/usr/bin/corral", confine.Arg, "-w", "/a", "-w", "/b c", "--", "sh", "-c", "-w"}
+	if path != "/usr/bin/corral" || strings.Join(args, "|") != strings.Join(want, "|") {
+		t.Fatalf("Command = %q %q, want %q", path, args, want)
+	}
+	path, args = confine.Command("/usr/bin/corral", confine.Policy{Writable: []string{"/a"}, Readable: []string{"/r"}, Network: true,
+		User: &confine.User{UID: 7, GID: 8}, Init: "/usr/bin/corral"}, []string{"true"})
+	want = []string{"/usr/bin/corral", confine.Arg, "-w", "/a", "-r", "/r", "-n", "-u", "7:8", "-i", "/usr/bin/corral", "--", "true"}
 	if path != "/usr/bin/corral" || strings.Join(args, "|") != strings.Join(want, "|") {
 		t.Fatalf("Command = %q %q, want %q", path, args, want)
 	}
@@ -196,7 +237,8 @@ func TestConfinement(t *testing.T) {
 		{"MkdirOutside", "mkdir", filepath.Join(other, "d"), "errno:permission denied", filepath.Join(other, "d"), false},
 		{"TruncateOutside", "truncate", filepath.Join(other, "existing"), "errno:permission denied", "", false},
 		{"RemoveOutside", "remove", filepath.Join(other, "existing"), "errno:permission denied", filepath.Join(other, "existing"), true},
-		{"ReadOutside", "read", filepath.Join(other, "existing"), "ok:outside data", "", false},
+		{"ReadOutside", "read", filepath.Join(other, "existing"), "errno:permission denied", "", false},
+		{"ReadSystem", "read", "/etc/hostname", "ok:" + hostname(t), "", false},
 		{"WriteDevNull", "write", "/dev/null", "ok", "", false},
 	}
 	for _, tc := range tests {
@@ -219,6 +261,14 @@ func TestConfinement(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(other, "existing")); string(b) != "outside data" {
 		t.Errorf("outside file changed to %q", b)
 	}
+}
+
+func hostname(t *testing.T) string {
+	b, err := os.ReadFile("/etc/hostname")
+	if err != nil {
+		t.Skip(err)
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func TestShellRedirections(t *testing.T) {
@@ -304,7 +354,7 @@ func TestStatusFDClosesOnExec(t *testing.T) {
 
 	// The status pipe reaches EOF as soon as exec succeeds, while the
 	// command is still running.
-	path, args := confine.Command(self, []string{t.TempDir()}, []string{"cat"})
+	path, args := confine.Command(self, confine.Policy{Writable: []string{t.TempDir()}}, []string{"cat"})
 	statusR, statusW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -345,7 +395,7 @@ func startProbe(t *testing.T, writable []string, sys *syscall.SysProcAttr, op, p
 	var stdout, stderr bytes.Buffer
 	cmd := &exec.Cmd{Path: self, Args: []string{self}, Env: []string{probeEnv + "=" + op + ":" + path},
 		Stdout: &stdout, Stderr: &stderr, SysProcAttr: sys}
-	if err := confine.Start(cmd, writable); err != nil {
+	if _, err := confine.Start(cmd, confine.Policy{Writable: writable, Readable: []string{filepath.Dir(self)}}); err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	if err := cmd.Wait(); err != nil {
@@ -367,7 +417,7 @@ func TestStart(t *testing.T) {
 		{"WriteOutside", "write", filepath.Join(other, "f"), "errno:permission denied"},
 		{"WriteTmp", "write", tmpName, "errno:permission denied"},
 		{"TruncateOutside", "truncate", filepath.Join(other, "existing"), "errno:permission denied"},
-		{"ReadOutside", "read", filepath.Join(other, "existing"), "ok:outside data"},
+		{"ReadOutside", "read", filepath.Join(other, "existing"), "errno:permission denied"},
 		{"WriteDevNull", "write", "/dev/null", "ok"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -400,7 +450,7 @@ func TestStart(t *testing.T) {
 		cmd := exec.Command("sh", "-c", "sleep 0.3; echo alive")
 		cmd.Stdout = &out
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-		if err := confine.Start(cmd, []string{root}); err != nil {
+		if _, err := confine.Start(cmd, confine.Policy{Writable: []string{root}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := cmd.Wait(); err != nil || out.String() != "alive\n" {
@@ -410,7 +460,7 @@ func TestStart(t *testing.T) {
 
 	t.Run("MissingProgram", func(t *testing.T) {
 		cmd := &exec.Cmd{Path: "/nonexistent/corral-no-such-program", Args: []string{"x"}}
-		err := confine.Start(cmd, []string{root})
+		_, err := confine.Start(cmd, confine.Policy{Writable: []string{root}})
 		if !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("Start of a missing program: %v, want ErrNotExist", err)
 		}
@@ -419,7 +469,7 @@ func TestStart(t *testing.T) {
 	t.Run("MissingRoot", func(t *testing.T) {
 		marker := filepath.Join(root, "ran")
 		cmd := exec.Command("touch", marker)
-		if err := confine.Start(cmd, []string{filepath.Join(other, "missing")}); err == nil {
+		if _, err := confine.Start(cmd, confine.Policy{Writable: []string{filepath.Join(other, "missing")}}); err == nil {
 			cmd.Wait()
 			t.Fatal("Start with a missing root succeeded")
 		}

@@ -42,7 +42,7 @@ func journal(st *store.Store, logf func(msg string, args ...any)) func(sandbox.R
 			case end.Result != nil && end.Result.Code != nil:
 				e.Outcome, e.Code = store.OutcomeExit, end.Result.Code
 			case end.Result != nil:
-				e.Outcome, e.Signal = store.OutcomeSignal, end.Result.Signal
+				e.Outcome, e.Signal, e.OOMKilled = store.OutcomeSignal, end.Result.Signal, end.Result.OOMKilled
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()

@@ -461,9 +461,18 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) error {
 		body["sandbox"] = "ok"
 	}
 	body["worker"] = a.metrics.workerState()
+	// A worker that cannot start machines fails every managed command:
+	// unhealthy for a while after each such failure.
+	if at, msg := a.core.Gateway().LastStartFailure(); !at.IsZero() && time.Since(at) < StartFailureWindow {
+		return apiErr(http.StatusServiceUnavailable, KindUnavailable, "worker: failed to start a machine %s ago: %s", time.Since(at).Round(time.Second), msg)
+	}
 	writeJSON(w, http.StatusOK, body)
 	return nil
 }
+
+// StartFailureWindow is how long after the worker last failed to start a
+// machine /healthz answers 503.
+const StartFailureWindow = time.Minute
 
 // serveMetrics serves GET /metrics: open on the Unix socket (whose mode
 // decides who may connect), and only to an administrator's bearer token on

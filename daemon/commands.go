@@ -14,11 +14,15 @@ import (
 // directory (a host path inside a host project's root, a guest path for a
 // managed project; empty means the project's root). LeaseKind is one of
 // editor, files, terminal, github, lsp, runner; empty means terminal.
+// User (optional) names whom the command runs as in a managed project's
+// machine (sandbox.ExecInput.User); empty means the machine's default
+// user.
 // TimeoutMs zero means sandbox.DefaultTimeout (10 s); OutputLimit zero
 // means 1 MiB per stream; both are capped by AppOptions.
 type CommandRequest struct {
 	Command     sandbox.Command     `json:"command"`
 	Cwd         string              `json:"cwd,omitempty"`
+	User        string              `json:"user,omitempty"`
 	LeaseKind   sandbox.LeaseKind   `json:"leaseKind,omitempty"`
 	TimeoutMs   int64               `json:"timeoutMs,omitempty"`
 	OutputLimit sandbox.OutputLimit `json:"outputLimit"`
@@ -67,7 +71,7 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer ticket.Release()
-	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, LeaseKind: req.LeaseKind, Project: projectRef(proj)}
+	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, User: req.User, LeaseKind: req.LeaseKind, Project: projectRef(proj)}
 	res, err := ctl.RunCommand(sandbox.WithTicket(r.Context(), ticket), in, &sandbox.Actor{AccountUserID: acct.ID}, &sandbox.RunOptions{
 		Timeout:     timeout,
 		OutputLimit: l,

@@ -85,6 +85,7 @@ func TestCommandStatuses(t *testing.T) {
 		{name: "timeout over the cap", path: path, token: tok, body: withTimeout(cmdBody("true"), int(2*time.Hour/time.Millisecond)), status: 400, kind: KindInvalid},
 		{name: "combined with per-stream limit", path: path, token: tok, body: withLimit(cmdBody("true"), map[string]int{"combined": 10, "stdout": 10}), status: 400, kind: string(sandbox.KindPrepare)},
 		{name: "cwd outside the root (prepare refused)", path: path, token: tok, body: map[string]any{"command": map[string]any{"type": "argv", "file": "true"}, "cwd": "/etc"}, status: 400, kind: string(sandbox.KindPrepare)},
+		{name: "a user in a host project (prepare refused)", path: path, token: tok, body: map[string]any{"command": map[string]any{"type": "argv", "file": "true"}, "user": "root"}, status: 400, kind: string(sandbox.KindPrepare)},
 		{name: "program missing (start)", path: path, token: tok, body: cmdBody("/nonexistent/program"), status: 422, kind: string(sandbox.KindStart)},
 		{name: "timeout", path: path, token: tok, body: withTimeout(cmdBody("sh", "-c", "echo partial; exec sleep 10"), 300), status: 504, kind: string(sandbox.KindTimeout), check: func(t *testing.T, b []byte) {
 			if _, _, out, _ := apiError(t, b); out != "partial\n" {

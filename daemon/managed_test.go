@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -14,12 +15,27 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
 	"github.com/corral-sandbox/corral/worker"
 )
 
 // newManagedEnv starts a real worker in this process (serving a real
 // socket, projects under STATE/projects) and a daemon that reaches it.
 func newManagedEnv(t *testing.T) *env {
+	t.Helper()
+	e, _ := newManagedEnvWorker(t)
+	return e
+}
+
+// newManagedEnvWorker is newManagedEnv, also returning the worker.
+func newManagedEnvWorker(t *testing.T) (*env, *testworker.Worker) {
+	t.Helper()
+	return newManagedEnvOpts(t, testworker.Options{})
+}
+
+// newManagedEnvOpts is newManagedEnvWorker with the worker's options.
+func newManagedEnvOpts(t *testing.T, opts testworker.Options) (*env, *testworker.Worker) {
 	t.Helper()
 	requireRoot(t)
 	dir, err := filepath.EvalSymlinks(t.TempDir())
@@ -30,13 +46,12 @@ func newManagedEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	// Started first, so it stops after the daemon's cleanup.
-	w := testworker.Start(t, testworker.Options{
-		ProjectsRoot: WorkspacesDir(dir),
-		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
-		Logger:       testLogger(t),
-	})
+	opts.ProjectsRoot = WorkspacesDir(dir)
+	opts.Limits = worker.Limits{Memory: 256 << 20, Pids: 128}
+	opts.Logger = testLogger(t)
+	w := testworker.Start(t, opts)
 	sock := w.Socket
-	return newEnv(t, envOpts{dir: dir, transport: machine.SocketTransport{Path: sock}})
+	return newEnv(t, envOpts{dir: dir, transport: machine.SocketTransport{Path: sock}}), w
 }
 
 func TestManagedCommand(t *testing.T) {
@@ -52,6 +67,21 @@ func TestManagedCommand(t *testing.T) {
 	}
 	if v := metricValue(t, e, "corral_worker_connected"); v != 1 {
 		t.Errorf("worker_connected %v", v)
+	}
+	// The optional user: guest root, and one the machine lacks (a start
+	// error: nothing ran).
+	asUser := func(user string) map[string]any {
+		b := cmdBody("id", "-u")
+		b["user"] = user
+		return b
+	}
+	status, body = e.do(context.Background(), "POST", commandsPath(p.ID), tok, asUser("root"))
+	if status != 200 || !strings.Contains(string(body), `"stdout":"0\n"`) {
+		t.Fatalf("user root: %d %s", status, body)
+	}
+	status, body = e.do(context.Background(), "POST", commandsPath(p.ID), tok, asUser("nosuchuser"))
+	if kind, msg, _, _ := apiError(t, body); status != 422 || kind != string(sandbox.KindStart) || !strings.Contains(msg, "nosuchuser") {
+		t.Fatalf("user nosuchuser: %d %s", status, body)
 	}
 }
 
@@ -224,3 +254,88 @@ while True:
     f.read(1)
     c.close()
 `
+
+// An OOM kill in a managed machine is reported as such: over HTTP, in
+// the journal and in the metrics; a plain result stays byte-identical.
+func TestManagedOOMKilled(t *testing.T) {
+	e := newManagedEnv(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	status, body := e.do(context.Background(), "POST", commandsPath(p.ID), tok, cmdBody("python3", "-c", "a = bytearray(2 << 30)"))
+	if status != 200 || !strings.Contains(string(body), `"code":null,"signal":"SIGKILL","oomKilled":true}`) {
+		t.Fatalf("%d %s", status, body)
+	}
+	status, body = e.do(context.Background(), "POST", commandsPath(p.ID), tok, cmdBody("sh", "-c", "kill -9 $$"))
+	if status != 200 || strings.Contains(string(body), "oomKilled") || !strings.Contains(string(body), `"signal":"SIGKILL"}`) {
+		t.Fatalf("%d %s", status, body)
+	}
+	if v := metricValue(t, e, "corral_commands_oom_killed_total"); v != 1 {
+		t.Errorf("corral_commands_oom_killed_total %v", v)
+	}
+	list, err := e.st.ListJournal(context.Background(), store.JournalFilter{Project: p.ID})
+	if err != nil || len(list) != 2 || list[0].End.OOMKilled || !list[1].End.OOMKilled || list[1].End.Signal != "SIGKILL" {
+		t.Fatalf("journal %+v, %v", list, err)
+	}
+}
+
+// Killing a machine's init makes its running command fail with
+// "transport" at once (not when its timeout expires).
+func TestManagedMachineDeathIsTransport(t *testing.T) {
+	e, w := newManagedEnvWorker(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	type answer struct {
+		status int
+		body   []byte
+	}
+	done := make(chan answer, 1)
+	go func() {
+		status, body := e.do(context.Background(), "POST", commandsPath(p.ID), tok,
+			`{"command":{"type":"argv","file":"sleep","args":["100"]},"timeoutMs":60000}`)
+		done <- answer{status, body}
+	}()
+	var init int
+	deadline := time.Now().Add(10 * time.Second)
+	// Started: its sleep runs in the machine's cgroup.
+	for init == 0 && time.Now().Before(deadline) {
+		for _, m := range w.Machines() {
+			b, _ := os.ReadFile(filepath.Join(m.Cgroups[0], "cgroup.procs"))
+			for _, pid := range strings.Fields(string(b)) {
+				if comm, _ := os.ReadFile("/proc/" + pid + "/comm"); string(comm) == "sleep\n" {
+					init = m.InitPID
+				}
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if init == 0 {
+		t.Fatal("no machine running the command")
+	}
+	killed := time.Now()
+	if err := syscall.Kill(init, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	a := <-done
+	t.Logf("answered %v after the kill", time.Since(killed))
+	if a.status != http.StatusBadGateway || !strings.Contains(string(a.body), `"kind":"transport"`) {
+		t.Fatalf("%d %s", a.status, a.body)
+	}
+}
+
+// A worker that cannot start machines makes /healthz answer 503 with the
+// reason (it said ok while every managed command failed).
+func TestHealthzReportsMachineStartFailure(t *testing.T) {
+	e, _ := newManagedEnvOpts(t, testworker.Options{SelfExe: "/bin/false"})
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	if status, body := e.do(context.Background(), "GET", "/healthz", "", nil); status != 200 {
+		t.Fatalf("healthz before: %d %s", status, body)
+	}
+	if status, body := e.do(context.Background(), "POST", commandsPath(p.ID), tok, cmdBody("true")); status == 200 {
+		t.Fatalf("command with a broken worker: %d %s", status, body)
+	}
+	status, body := e.do(context.Background(), "GET", "/healthz", "", nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "failed to start a machine") {
+		t.Fatalf("healthz after: %d %s", status, body)
+	}
+}

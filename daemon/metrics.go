@@ -22,6 +22,9 @@ import (
 //
 //	corral_commands_total{outcome}            commands settled: outcome is "exit",
 //	                                          "signal" or the error kind
+//	corral_commands_oom_killed_total          commands (outcome "signal",
+//	                                          SIGKILL) the kernel's OOM
+//	                                          killer killed
 //	corral_command_duration_seconds{outcome}  start to end of started commands
 //	corral_command_output_bytes_total{stream} bytes captured (stdout, stderr)
 //	corral_live_leases                        live leases in the store
@@ -46,6 +49,7 @@ import (
 type Metrics struct {
 	reg            *prometheus.Registry
 	commands       *prometheus.CounterVec
+	oomKilled      prometheus.Counter
 	duration       *prometheus.HistogramVec
 	output         *prometheus.CounterVec
 	sessionsActive prometheus.Gauge
@@ -66,6 +70,10 @@ func NewMetrics() *Metrics {
 			Name: "corral_commands_total",
 			Help: "Commands settled, by outcome: exit, signal, or the error kind (prepare, start, timeout, abort, overflow, transport, cleanup).",
 		}, []string{"outcome"}),
+		oomKilled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "corral_commands_oom_killed_total",
+			Help: "Commands the kernel's OOM killer killed (counted in corral_commands_total as signal).",
+		}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "corral_command_duration_seconds",
 			Help:    "Run time of started commands, from start to settlement.",
@@ -92,7 +100,7 @@ func NewMetrics() *Metrics {
 			Help: "HTTP requests served, by route and status code.",
 		}, []string{"route", "code"}),
 	}
-	m.reg.MustRegister(m.commands, m.duration, m.output, m.sessionsActive, m.sessionsTotal, m.workerStarts, m.requests,
+	m.reg.MustRegister(m.commands, m.oomKilled, m.duration, m.output, m.sessionsActive, m.sessionsTotal, m.workerStarts, m.requests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -108,6 +116,9 @@ func (m *Metrics) Observe(rec sandbox.Record) {
 		outcome = "signal"
 	}
 	m.commands.WithLabelValues(outcome).Inc()
+	if rec.Result != nil && rec.Result.OOMKilled {
+		m.oomKilled.Inc()
+	}
 	if !rec.Started.IsZero() && !rec.Ended.IsZero() {
 		m.duration.WithLabelValues(outcome).Observe(rec.Ended.Sub(rec.Started).Seconds())
 	}

@@ -140,6 +140,9 @@ type Config struct {
 	// WorkerSocket is empty, the daemon has no privileged transport:
 	// host projects work, managed calls answer 503.
 	SuperviseWorker bool
+	// WorkerArgs are more arguments for the supervised worker (the
+	// machines' default limits: --memory, --pids, --cpus, --tmp).
+	WorkerArgs []string
 	// WorkerExe is the corral executable run as the worker; empty means
 	// os.Executable().
 	WorkerExe string
@@ -266,8 +269,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		sup = StartSupervisor(SupervisorOptions{
 			Exe: exe,
-			Args: []string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
-				"--allow-uid", strconv.Itoa(os.Geteuid())},
+			Args: append([]string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
+				"--allow-uid", strconv.Itoa(os.Geteuid())}, cfg.WorkerArgs...),
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,
 			Metrics: metrics,

@@ -32,7 +32,8 @@ import (
 //	  text    {"type":"started","leaseId":L}
 //	  binary  0x01 ‖ bytes     the command wrote bytes to stdout
 //	  binary  0x02 ‖ bytes     the command wrote bytes to stderr
-//	  text    {"type":"exit","code":N|null,"signal":S|null}
+//	  text    {"type":"exit","code":N|null,"signal":S|null} (with
+//	          "oomKilled":true when the kernel's OOM killer killed it)
 //	  text    {"type":"error","kind":K,"message":M}
 //
 // After "exit" or "error" the daemon closes the socket (1000 after an exit,
@@ -269,7 +270,11 @@ func (s *wsSession) run(parent context.Context) {
 				if exit.Signal != "" {
 					sig = &exit.Signal
 				}
-				_ = s.send(ctx, map[string]any{"type": "exit", "code": exit.Code, "signal": sig})
+				frame := map[string]any{"type": "exit", "code": exit.Code, "signal": sig}
+				if exit.OOMKilled && sig != nil {
+					frame["oomKilled"] = true
+				}
+				_ = s.send(ctx, frame)
 				_ = s.conn.Close(websocket.StatusNormalClosure, "exit")
 			}
 			return

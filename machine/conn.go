@@ -193,6 +193,7 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 	case *wire.ExecStarted:
 		c.event(m.ID, m, false)
 	case *wire.ExecRejected:
+		c.g.noteRejection(m.Code, m.Message)
 		if s := c.event(m.ID, m, true); s != nil {
 			s.finish(Exit{}, &RejectedError{Code: m.Code, Message: m.Message})
 		}
@@ -229,6 +230,7 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 		}
 		rej := &RejectedError{Code: m.Code, Message: m.Message}
 		if w := c.takeDial(m.ID); w != nil {
+			c.g.noteRejection(m.Code, m.Message)
 			w <- dialResult{err: rej}
 			return nil
 		}
@@ -236,6 +238,13 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			c.session(m.ID, true)
 			s.post(m)
 			s.finish(Exit{}, rej)
+			return nil
+		}
+		if s := c.session(m.ID, true); s != nil {
+			// A started session ends with an error frame only when its
+			// exit could not be observed: the machine died under it.
+			log.Info("session lost with its machine", "id", m.ID, "code", m.Code, "message", m.Message)
+			s.finish(Exit{}, fmt.Errorf("%w: %s: %s", ErrMachineFailed, m.Code, m.Message))
 			return nil
 		}
 		if m.Code == wire.CodeUnknownSession {

@@ -48,6 +48,12 @@ var (
 	// ErrNotStarted means the worker could not start the program (it was
 	// never executed); it comes from Session.Wait.
 	ErrNotStarted = errors.New("machine: command not started")
+	// ErrMachineFailed means the session's machine died under it (its
+	// init was killed, it ran out of memory, its cgroup was removed): the
+	// worker could not observe the command's end, whose outcome is
+	// unknown, and everything of the machine was killed. For a session it
+	// is a transport failure, like ErrInterrupted.
+	ErrMachineFailed = errors.New("machine: the machine stopped under the session")
 	// ErrClosed means the Gateway was closed.
 	ErrClosed = errors.New("machine: gateway closed")
 	// ErrPingTimeout is the cause of an interruption detected because the
@@ -116,6 +122,30 @@ type Gateway struct {
 	lastErr  error         // why the last attempt failed
 	permErr  error         // non-nil: the transport will never connect again
 	closed   bool
+
+	// startFailed and startFailure are when the worker last refused a
+	// request because it could not start a machine, and its message.
+	startFailed  time.Time
+	startFailure string
+}
+
+// LastStartFailure returns when the worker last refused a request with
+// "machine-failed" (it could not start the project's machine) and the
+// worker's message; the zero time if it never did.
+func (g *Gateway) LastStartFailure() (time.Time, string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.startFailed, g.startFailure
+}
+
+// noteRejection records a machine start failure.
+func (g *Gateway) noteRejection(code, msg string) {
+	if code != wire.CodeMachineFailed {
+		return
+	}
+	g.mu.Lock()
+	g.startFailed, g.startFailure = time.Now(), msg
+	g.mu.Unlock()
 }
 
 // New returns a gateway that reaches the worker through transport and

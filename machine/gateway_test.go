@@ -725,3 +725,27 @@ func TestExecWholeLifeBeforeExecLooks(t *testing.T) {
 		}
 	}
 }
+
+// TestUserNeedsFeature: a session user is refused, before anything is
+// sent, by a gateway whose worker did not announce the "user" feature.
+func TestUserNeedsFeature(t *testing.T) {
+	client, server := seqpacketPair(t)
+	f := &fakeWorker{t: t, conns: map[*wire.Conn]bool{}}
+	f.serveConn(wire.NewConn(server))
+	defer f.stop()
+	g := New(NewConnTransport(client), Options{Logger: testLogger(t)})
+	defer g.Close()
+	r := req("true")
+	r.User = "root"
+	if s, err := g.Exec(ctxT(t), r); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("Exec with a user on a worker without %q: %v, %v", wire.FeatureUser, s, err)
+	}
+	r.User = ""
+	s, err := g.Exec(ctxT(t), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -304,7 +304,9 @@ func (s *Session) Done() <-chan struct{} { return s.done }
 // signal is in Exit, not an error. Otherwise Exit is zero and err wraps
 // ErrNotStarted (the program was never executed), ErrInterrupted (the
 // connection to the worker was lost, also wrapping ErrClosed after Close;
-// the worker cancels the command and its outcome is unknown), or is a
+// the worker cancels the command and its outcome is unknown),
+// ErrMachineFailed (the machine died under the started command, whose
+// outcome is unknown), or is a
 // *RejectedError (the worker refused the session). Wait may be called any
 // number of times, from any goroutine, and returns the same result.
 func (s *Session) Wait() (Exit, error) {

@@ -63,6 +63,7 @@ func startWorkerWith(t testing.TB, root, sock string, mod func(*worker.Config)) 
 		IdleGrace:    time.Minute,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
 		CgroupParent: parent,
+		IDRegistry:   testworker.IDRegistry,
 		Logger:       slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if mod != nil {
@@ -384,6 +385,7 @@ func runChildWorker(sock string) {
 		ProjectsRoot: os.Getenv(childWorkerEnv + "_ROOT"),
 		StateDir:     os.Getenv(childWorkerEnv + "_STATE"),
 		CgroupParent: os.Getenv(childWorkerEnv + "_CGROUP"),
+		IDRegistry:   testworker.IDRegistry,
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: childPids()},
 	})
 	if err == nil {
@@ -581,5 +583,42 @@ func TestRealWorkerFastExecsConcurrent(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// A machine that dies under a started session (its init killed) ends the
+// session's Wait with ErrMachineFailed, promptly: the gateway no longer
+// ignores the worker's error frame for a started session.
+func TestRealWorkerMachineDeathEndsSession(t *testing.T) {
+	in, rw := newIntegration(t)
+	ctx := ctxT(t)
+	s, err := in.g.Exec(ctx, in.req("sleep", "100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ms := rw.w.Machines()
+	if len(ms) != 1 {
+		t.Fatalf("machines %+v", ms)
+	}
+	if err := syscall.Kill(ms[0].InitPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done():
+	case <-ctx.Done():
+		t.Fatal("session still running after its machine died")
+	}
+	if exit, err := s.Wait(); !errors.Is(err, machine.ErrMachineFailed) {
+		t.Fatalf("Wait = %+v, %v; want ErrMachineFailed", exit, err)
+	}
+	// The project gets a new machine.
+	s2, err := in.g.Exec(ctx, in.req("true"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if exit, err := s2.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("after the machine died: %+v, %v", exit, err)
 	}
 }

@@ -28,21 +28,51 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 // through symlinks too and must then lie inside one of those roots, so
 // neither ".." nor a symlink leads out of them.
 //
-// The command is confined to writing beneath those roots (the launch is
-// the confinement helper, confine.Command, and carries the same
-// confinement as a sandbox.Confinement, which RunCommand applies without
-// the helper's process) unless the actor is a trusted member, in which case it is launched
-// directly. Confinement is never skipped silently: if the kernel cannot
-// confine, preparation is refused.
+// The command is confined (package confine) unless the actor is a trusted
+// member, in which case it is launched directly, unconfined, as corral's
+// own user (root, for a root daemon: trust a member with that only). The
+// launch of a confined command is the confinement helper, confine.Command,
+// and carries the same confinement as a sandbox.Confinement, which
+// RunCommand applies without the helper's process. Confinement is never
+// skipped silently: if the kernel cannot confine, preparation is refused.
+// A confined command:
+//
+//   - may read and execute beneath the system directories
+//     (confine.SystemDirs), the project root and the actor's roots only,
+//     and write beneath the roots only;
+//   - has the host's network only if the project allows it
+//     (store.Project.Network); otherwise no TCP (Landlock), and, as root,
+//     no network at all;
+//   - cannot signal processes outside its Landlock domain nor connect to
+//     abstract Unix sockets made outside it (Landlock ABI 6);
+//   - when corral is root (with the capabilities it takes: canSwitchUsers),
+//     runs as the project's own user (uid and gid
+//     HostIDs' block start + project id, no supplementary groups), with no
+//     capability and no_new_privs, in a pid namespace of its own that dies
+//     with its main process. At the project's first confined preparation
+//     (per process), every root is made writable for that user with POSIX
+//     ACLs (a named-user entry in the access and default ACLs of the root
+//     and of what lies beneath it: see grantUser), rather than by chown,
+//     because host roots are existing directories whose owners must keep
+//     them; and each directory above a root that the user cannot search
+//     (a 0700 home) gets an ACL entry that lets that user, and nobody
+//     else, search it (x only: see grantSearch; Landlock still decides
+//     what it may read). A project whose id does not fit the block is
+//     refused.
+//   - when corral is not root, keeps corral's user: Landlock and
+//     no_new_privs only, no pid namespace (a descendant that leaves the
+//     process group survives the command), and whatever that user can
+//     read beneath the system directories.
 //
 // The environment is minimal and never the daemon's: PATH, HOME (the
 // project root), LANG, TERM, then Options.Env.
 //
 // Paths are checked at preparation and used at start. The kernel enforces
-// confinement at each write, on the roots as they resolved when the command
-// started; so whoever can replace a root (or its parent) with a symlink
-// between two preparations redirects what later commands may write. Roots
-// must therefore not lie beneath a directory an untrusted command can write.
+// confinement at each access, on the roots as they resolved when the
+// command started; so whoever can replace a root (or its parent) with a
+// symlink between two preparations redirects what later commands may
+// write. Roots must therefore not lie beneath a directory an untrusted
+// command can write.
 func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project, member store.Member) (sandbox.Prepared, error) {
 	if !filepath.IsAbs(proj.Root) {
 		return nil, fmt.Errorf("provider: project %d root %q is not absolute", proj.ID, proj.Root)
@@ -83,13 +113,29 @@ func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor 
 		if _, err := p.available(); err != nil {
 			return nil, fmt.Errorf("landlock unavailable: refusing to run unconfined: %w", err)
 		}
+		policy := confine.Policy{Writable: roots, Network: proj.Network}
+		if p.users != nil {
+			u, err := p.users.user(proj.ID)
+			if err != nil {
+				return nil, err
+			}
+			for _, r := range roots {
+				if err := p.users.prepareRoot(r, u); err != nil {
+					return nil, err
+				}
+			}
+			policy.User, policy.Init = u, p.self
+		}
 		argv := in.Command.Argv()
-		path, args := confine.Command(p.self, roots, argv)
+		path, args := confine.Command(p.self, policy, argv)
 		launch = sandbox.Launch{Path: path, Args: args, Env: env, Dir: cwd, ExecStatus: true,
 			Confine: &sandbox.Confinement{
 				Path:     lookPath(in.Command.File, cwd, envValue(env, "PATH")),
 				Args:     argv,
 				Writable: roots,
+				Network:  policy.Network,
+				User:     policy.User,
+				Init:     policy.Init,
 			}}
 	case sandbox.LocalDirect:
 		path := lookPath(in.Command.File, cwd, envValue(env, "PATH"))
@@ -117,8 +163,8 @@ func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor 
 		},
 		Mode:   mode,
 		Launch: launch,
-		// Cancel is nil: core kills the process group, and nothing else is
-		// held for a host execution.
+		// Cancel is nil: core kills the process group (and the pid
+		// namespace), and nothing else is held for a host execution.
 	}, nil
 }
 

@@ -47,6 +47,12 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
+	if in.User != "" {
+		// HOME is the named user's, which the machine knows; USER names
+		// the default user.
+		delete(env, "HOME")
+		delete(env, "USER")
+	}
 	req := machine.ExecRequest{
 		Project: machine.Project{ID: proj.ID, Workspace: proj.Root},
 		Account: actor.AccountUserID,
@@ -57,6 +63,7 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Argv:  in.Command.Argv(),
 		Cwd:   cwd,
 		Env:   env,
+		User:  in.User,
 	}
 	// The request must fit in one protocol frame; refuse it here, before a
 	// lease exists, rather than fail at start.
@@ -155,7 +162,7 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 			settle(sandbox.Exit{}, translate(err))
 			return
 		}
-		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal}, nil)
+		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled}, nil)
 	}()
 	return sess, nil
 }
@@ -183,7 +190,7 @@ func translate(err error) error {
 	switch {
 	case errors.Is(err, machine.ErrNotStarted):
 		return fmt.Errorf("%w: %w", sandbox.ErrNotStarted, err)
-	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrUnavailable),
+	case errors.Is(err, machine.ErrInterrupted), errors.Is(err, machine.ErrMachineFailed), errors.Is(err, machine.ErrUnavailable),
 		errors.Is(err, machine.ErrClosed), errors.Is(err, machine.ErrNoPrivilegedTransport):
 		return fmt.Errorf("%w: %w", sandbox.ErrTransport, err)
 	}

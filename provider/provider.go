@@ -8,8 +8,9 @@
 // core's sandbox.Control does.
 //
 // Host projects (see prepareHost) are prepared as a *sandbox.LocalPrepared,
-// confined by corral's Landlock helper (package confine) unless the actor is
-// a trusted member of the project.
+// confined (package confine) unless the actor is a trusted member of the
+// project: when corral is root, as the project's own unprivileged user with
+// no capabilities in a pid namespace of its own; always with Landlock.
 package provider
 
 import (
@@ -67,6 +68,11 @@ type Options struct {
 	// replaces. Nil adds nothing. The daemon's own environment is never
 	// passed on.
 	Env []string
+	// HostIDs configures the unprivileged users confined host commands run
+	// as when this process is root (see prepareHost); the zero value
+	// claims the block in idrange.DefaultRegistry for "host-ids" beside the
+	// store's database. Ignored when not root.
+	HostIDs HostIDs
 }
 
 // Provider prepares executions for corral's projects. It is safe for
@@ -83,6 +89,9 @@ type Provider struct {
 	// available reports whether confinement works on this kernel
 	// (confine.Available; replaced in tests).
 	available func() (int, error)
+	// users gives confined host commands users of their own; nil when
+	// this process is not root.
+	users *hostUsers
 }
 
 var _ sandbox.Provider = (*Provider)(nil)
@@ -107,6 +116,11 @@ func New(opts Options) (*Provider, error) {
 	}
 	if p.domain == "" {
 		p.domain = DefaultDomain
+	}
+	if canSwitchUsers() {
+		p.users = newHostUsers(opts.HostIDs, opts.Store.Path())
+	} else if os.Geteuid() == 0 {
+		p.log.Warn("root without the capabilities to give host commands users and namespaces of their own: they keep corral's user, under Landlock only")
 	}
 	if p.log == nil {
 		p.log = slog.Default()
@@ -151,6 +165,9 @@ func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, a
 	}
 	switch proj.Kind {
 	case store.ProjectHost:
+		if in.User != "" {
+			return nil, fmt.Errorf("provider: project %d is a host project, whose commands run as the caller: a user (%q) can only be named in a managed project", proj.ID, in.User)
+		}
 		return p.prepareHost(ctx, in, actor, proj, member)
 	case store.ProjectManaged:
 		return p.prepareManaged(ctx, in, actor, proj)

@@ -49,6 +49,11 @@ func newFixture(tb testing.TB, fo fixtureOpts) *fixture {
 	tb.Helper()
 	ctx := context.Background()
 	dir := tb.TempDir()
+	// As root, commands run as the project's user, who must reach the
+	// roots: the test's temporary directory is 0700.
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		tb.Fatal(err)
+	}
 	st, err := store.Open(ctx, filepath.Join(dir, "corral.db"), store.Options{Migrate: true})
 	if err != nil {
 		tb.Fatal(err)
@@ -73,7 +78,7 @@ func newFixture(tb testing.TB, fo fixtureOpts) *fixture {
 		tb.Fatal(err)
 	}
 	mgr := lease.NewManager(st, lease.Options{HeartbeatWindow: -1})
-	p, err := New(Options{Store: st, Leases: mgr, Env: fo.env})
+	p, err := New(Options{Store: st, Leases: mgr, Env: fo.env, HostIDs: HostIDs{Registry: filepath.Join(dir, "id-ranges.json")}})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -567,23 +572,34 @@ func TestNoDescriptorLeak(t *testing.T) {
 	// A confined command's forking thread holds a pidfd until it sees the
 	// command's exit, which it may see just after RunCommand returned: the
 	// counts are taken once they settle.
-	workload() // warm up: the store opens its connections lazily
+	workload() // warm up: the store opens its connections lazily, confine its spare init
 	before := countFDs(t)
-	for i := 0; i < 100; i++ {
+	for i, stable := 0, 0; i < 200 && stable < 5; i++ {
 		time.Sleep(10 * time.Millisecond)
 		n := countFDs(t)
 		if n == before {
-			break
+			stable++
+			continue
 		}
-		before = n
+		before, stable = n, 0
 	}
+	listFDs := func() string {
+		ents, _ := os.ReadDir("/proc/self/fd")
+		var b strings.Builder
+		for _, e := range ents {
+			l, _ := os.Readlink("/proc/self/fd/" + e.Name())
+			fmt.Fprintf(&b, "%s=%s ", e.Name(), l)
+		}
+		return b.String()
+	}
+	was := listFDs()
 	workload()
 	after := countFDs(t)
 	for deadline := time.Now().Add(2 * time.Second); after != before && time.Now().Before(deadline); after = countFDs(t) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	if after != before {
-		t.Fatalf("open descriptors: %d before, %d after", before, after)
+		t.Fatalf("open descriptors: %d before, %d after\nbefore: %s\nafter: %s", before, after, was, listFDs())
 	}
 }
 

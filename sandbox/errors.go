@@ -61,6 +61,11 @@ var (
 	// report it as a KindPrepare error: nothing was prepared. The daemon
 	// answers 429 with Retry-After.
 	ErrBusy error = &classedError{"sandbox: busy", "busy"}
+	// ErrWaitDelay is a CommandResult's OutputErr when the command's
+	// output was cut by the drain bound (ControlOptions.DrainTimeout)
+	// because a process it left behind kept its output open: the output
+	// may be incomplete. Like os/exec's ErrWaitDelay.
+	ErrWaitDelay = errors.New("sandbox: output still open after the drain timeout: it may be incomplete")
 )
 
 // classedError is a sentinel with an error class (see internal/errdefs).

@@ -103,7 +103,7 @@ func (b ErrorBody) WriteJSON(w io.Writer, escapeHTML bool) error {
 }
 
 // WriteJSON streams r's JSON form ({"stdout":S,"stderr":S,"code":N|null,
-// "signal":S|null}) to w, byte for byte what encoding/json writes for it
+// "signal":S|null}, plus "oomKilled":true, as MarshalJSON writes it) to w, byte for byte what encoding/json writes for it
 // (see ErrorBody.WriteJSON), without a copy of the output. MarshalJSON
 // always escapes HTML, so WriteJSON(w, true) is what every encoder writes
 // for r.
@@ -124,6 +124,9 @@ func (r CommandResult) WriteJSON(w io.Writer, escapeHTML bool) error {
 		jw.str(r.Signal)
 	} else {
 		jw.raw("null")
+	}
+	if r.OOMKilled && r.Signal != "" {
+		jw.raw(`,"oomKilled":true`)
 	}
 	jw.raw(`}`)
 	return jw.flush()

@@ -63,11 +63,12 @@ func TestJSONMatchesEncodingJSON(t *testing.T) {
 	} {
 		checkJSONCompatible(t, s)
 	}
-	sig := CommandResult{Signal: "SIGKILL"}
-	var got bytes.Buffer
-	_ = sig.WriteJSON(&got, true)
-	if w := stdlibJSON(t, sig, true); !bytes.Equal(got.Bytes(), w) {
-		t.Fatalf("signal result: got %s want %s", got.Bytes(), w)
+	for _, sig := range []CommandResult{{Signal: "SIGKILL"}, {Signal: "SIGKILL", OOMKilled: true}, {Code: new(int), OOMKilled: true}} {
+		var got bytes.Buffer
+		_ = sig.WriteJSON(&got, true)
+		if w := stdlibJSON(t, sig, true); !bytes.Equal(got.Bytes(), w) {
+			t.Fatalf("signal result: got %s want %s", got.Bytes(), w)
+		}
 	}
 }
 

@@ -86,12 +86,28 @@ type RunOptions struct {
 // or was ended by a signal it was not sent by corral. Exactly one of Code and
 // Signal is set. A nonzero Code is a result, not an error.
 //
-// Its JSON form is {"stdout":S,"stderr":S,"code":N|null,"signal":S|null}.
+// Its JSON form is {"stdout":S,"stderr":S,"code":N|null,"signal":S|null},
+// with "oomKilled":true added when OOMKilled is set (OutputErr is not part
+// of it).
 type CommandResult struct {
 	Stdout string
 	Stderr string
 	Code   *int
 	Signal string
+	// OutputErr is nil when Stdout and Stderr are complete: every process
+	// holding them had closed them when RunCommand stopped reading. It is
+	// ErrWaitDelay when the main process ended but something it left
+	// behind (a descendant RunCommand could not kill: one that left a
+	// direct host command's process group) still held them open after
+	// ControlOptions.DrainTimeout: the output was cut there, and whatever
+	// that process wrote later is missing. As with os/exec's
+	// ErrWaitDelay, the exit status is still the command's: the result is
+	// returned, not an error.
+	OutputErr error
+	// OOMKilled accompanies Signal "SIGKILL" when the kernel's OOM killer
+	// killed the command (its machine's memory limit was reached); the
+	// providers that can tell report it (managed machines).
+	OOMKilled bool
 }
 
 // MarshalJSON encodes r with null for the absent one of code and signal.
@@ -101,36 +117,40 @@ func (r CommandResult) MarshalJSON() ([]byte, error) {
 		sig = &r.Signal
 	}
 	return json.Marshal(struct {
-		Stdout string  `json:"stdout"`
-		Stderr string  `json:"stderr"`
-		Code   *int    `json:"code"`
-		Signal *string `json:"signal"`
-	}{r.Stdout, r.Stderr, r.Code, sig})
+		Stdout    string  `json:"stdout"`
+		Stderr    string  `json:"stderr"`
+		Code      *int    `json:"code"`
+		Signal    *string `json:"signal"`
+		OOMKilled bool    `json:"oomKilled,omitempty"`
+	}{r.Stdout, r.Stderr, r.Code, sig, r.OOMKilled && sig != nil})
 }
 
 // UnmarshalJSON decodes the form MarshalJSON writes.
 func (r *CommandResult) UnmarshalJSON(b []byte) error {
 	var v struct {
-		Stdout string  `json:"stdout"`
-		Stderr string  `json:"stderr"`
-		Code   *int    `json:"code"`
-		Signal *string `json:"signal"`
+		Stdout    string  `json:"stdout"`
+		Stderr    string  `json:"stderr"`
+		Code      *int    `json:"code"`
+		Signal    *string `json:"signal"`
+		OOMKilled bool    `json:"oomKilled"`
 	}
 	if err := json.Unmarshal(b, &v); err != nil {
 		return err
 	}
 	*r = CommandResult{Stdout: v.Stdout, Stderr: v.Stderr, Code: v.Code}
 	if v.Signal != nil {
-		r.Signal = *v.Signal
+		r.Signal, r.OOMKilled = *v.Signal, v.OOMKilled
 	}
 	return nil
 }
 
 // Exit is how a session's main process ended: exactly one of Code and
-// Signal (a name such as "SIGKILL") is set.
+// Signal (a name such as "SIGKILL") is set. OOMKilled accompanies Signal
+// when the kernel's OOM killer killed it.
 type Exit struct {
-	Code   *int
-	Signal string
+	Code      *int
+	Signal    string
+	OOMKilled bool
 }
 
 // ExitCode returns an Exit with code c.

@@ -2,6 +2,8 @@ package sandbox
 
 import (
 	"context"
+
+	"github.com/corral-sandbox/corral/confine"
 	"io"
 	"sync"
 	"time"
@@ -74,8 +76,10 @@ type PreparedCommon struct {
 type LocalMode string
 
 const (
-	// LocalConfined launches through corral's confinement helper, which
-	// restricts writes to the project root and the actor's roots.
+	// LocalConfined launches through corral's confinement (package
+	// confine): Landlock restricts reads and writes to the system
+	// directories and the roots, and, when corral is root, the command
+	// runs as the project's own unprivileged user in namespaces of its own.
 	LocalConfined LocalMode = "confined"
 	// LocalDirect launches the program unconfined (trusted actors only).
 	LocalDirect LocalMode = "direct"
@@ -104,9 +108,11 @@ type Launch struct {
 	Confine *Confinement
 }
 
-// Confinement is a program and the only directories it may write beneath,
-// as corral's confinement helper (package confine) enforces them: read and
-// execute everywhere, write beneath Writable and to the harmless devices.
+// Confinement is a program and what it may do, as corral's confinement
+// helper (package confine) enforces it: read and execute beneath the
+// system directories, Readable and Writable, write beneath Writable and to
+// the harmless devices, no TCP unless Network, and, with User, run as that
+// unprivileged user with no capability in a pid namespace of its own.
 type Confinement struct {
 	// Path is the program, already resolved as the helper would resolve
 	// Args[0] with the launch's PATH.
@@ -115,11 +121,26 @@ type Confinement struct {
 	Args []string
 	// Writable are absolute directories.
 	Writable []string
+	// Readable are further absolute directories it may read.
+	Readable []string
+	// Network lets it use the host's network.
+	Network bool
+	// User, if non-nil, is the unprivileged host user it runs as (the
+	// starting process must be root); Init is then corral's executable,
+	// the init of its pid namespace (see confine.Policy).
+	User *confine.User
+	Init string
+}
+
+// Policy returns c as a confine.Policy.
+func (c *Confinement) Policy() confine.Policy {
+	return confine.Policy{Writable: c.Writable, Readable: c.Readable, Network: c.Network, User: c.User, Init: c.Init}
 }
 
 // LocalPrepared is a host project's prepared execution (direct or
 // confined). Core starts Launch in its own process group; cancelling kills
-// the group and then calls Cancel.
+// the group (and, for a confined launch with a User, its whole pid
+// namespace) and then calls Cancel.
 type LocalPrepared struct {
 	PreparedCommon
 	Mode   LocalMode

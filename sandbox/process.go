@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 
 	"github.com/corral-sandbox/corral/confine"
 	"golang.org/x/sys/unix"
@@ -30,9 +31,11 @@ type process interface {
 	closeOutputs()
 }
 
-// localProcess is a host command in its own process group.
+// localProcess is a host command in its own process group, and, when it
+// was confined as a User, in its own pid namespace (tree).
 type localProcess struct {
 	cmd      *exec.Cmd
+	tree     *confine.Tree
 	stdout   *os.File
 	stderr   *os.File
 	doneCh   chan struct{}
@@ -89,9 +92,27 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 		cmd.Stdin = inR
 	}
 	start := cmd.Start
+	var tree *confine.Tree
+	if c := l.Confine; c != nil && c.User != nil {
+		// The command reopens its streams by name (/dev/stdout is
+		// /proc/self/fd/1, "> /dev/stderr" in a script): a pipe's inode
+		// must be its own for that, not root's (mode 0600).
+		for _, f := range closers {
+			if err := unix.Fchown(int(f.Fd()), int(c.User.UID), int(c.User.GID)); err != nil {
+				return nil, fmt.Errorf("%w: chown the command's pipes: %w", ErrNotStarted, err)
+			}
+		}
+	}
 	if c := l.Confine; c != nil {
 		cmd.Path, cmd.Args = c.Path, c.Args
-		start = func() error { return confine.Start(cmd, c.Writable) }
+		start = func() (err error) {
+			p := c.Policy()
+			// A bounded command needs no reaping init: the minimal one
+			// starts far faster (see confine.Policy.Init).
+			p.Init = ""
+			tree, err = confine.Start(cmd, p)
+			return err
+		}
 	}
 	var statusR *os.File
 	if l.ExecStatus && l.Confine == nil {
@@ -126,11 +147,12 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 		if len(msg) > 0 {
 			// The helper could not exec the program; it exits at once.
 			_ = unix.Kill(-cmd.Process.Pid, unix.SIGKILL)
+			_ = tree.Kill()
 			_ = cmd.Wait()
 			return nil, fmt.Errorf("%w: %s", ErrNotStarted, bytes.TrimSpace(msg))
 		}
 	}
-	proc = &localProcess{cmd: cmd, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
+	proc = &localProcess{cmd: cmd, tree: tree, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
 	if inW != nil {
 		go func(data []byte) {
 			_, _ = inW.Write(data)
@@ -167,20 +189,48 @@ func (p *localProcess) outputs() (io.Reader, io.Reader) { return p.stdout, p.std
 func (p *localProcess) done() <-chan struct{}           { return p.doneCh }
 func (p *localProcess) exit() (Exit, error)             { return p.exitVal, p.exitErr }
 
+// killGroup kills the command's process group and, if it has one, its pid
+// namespace: everything it started, whatever group or session they moved
+// to. Without a tree, a descendant that left the group survives.
 func (p *localProcess) killGroup() error {
 	err := unix.Kill(-p.cmd.Process.Pid, unix.SIGKILL)
 	if err == unix.ESRCH {
-		return nil
+		err = nil
 	}
-	return err
+	return errors.Join(err, p.tree.Kill())
 }
 
-func (p *localProcess) ended() { _ = p.killGroup() }
+// treeWait bounds how long ended waits for a killed pid namespace to be
+// gone (the kernel kills it at once; this only guards against a stuck
+// process, such as one in uninterruptible sleep).
+const treeWait = 2 * time.Second
+
+// ended kills what is left of the command and, if it has a pid namespace,
+// waits until the namespace is gone: when RunCommand returns, nothing the
+// command started is running any more.
+func (p *localProcess) ended() {
+	_ = p.killGroup()
+	if p.tree != nil {
+		t := time.NewTimer(treeWait)
+		defer t.Stop()
+		select {
+		case <-p.tree.Done():
+		case <-t.C:
+		}
+	}
+}
 
 func (p *localProcess) cancel(ctx context.Context) error {
 	var errs []error
 	if err := p.killGroup(); err != nil {
 		errs = append(errs, fmt.Errorf("kill process group: %w", err))
+	}
+	if p.tree != nil {
+		select {
+		case <-p.tree.Done():
+		case <-ctx.Done():
+			errs = append(errs, fmt.Errorf("the command's pid namespace did not end: %w", ctx.Err()))
+		}
 	}
 	if p.provider != nil {
 		if err := p.provider(ctx); err != nil {

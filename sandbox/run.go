@@ -25,9 +25,14 @@ import (
 //
 // If the command exits, RunCommand releases the lease (without cancelling)
 // and returns a *CommandResult with exactly one of Code and Signal: a
-// nonzero exit is a result. If the main process exits while descendants keep
-// its output open, RunCommand kills what is left of a host command's process
-// group and stops reading after ControlOptions.DrainTimeout.
+// nonzero exit is a result. When the main process exits RunCommand kills
+// what is left of the command: a host command's process group, and, for a
+// command confined as an unprivileged user, its whole pid namespace. If a
+// descendant it could not kill (one that left a direct command's process
+// group) keeps the output open, RunCommand stops reading after
+// ControlOptions.DrainTimeout and the result's OutputErr is ErrWaitDelay:
+// the output may be incomplete, but the exit status is the command's, so it
+// is still a result, not an error.
 //
 // Otherwise RunCommand cancels the command's whole process tree, waits (for
 // at most ControlOptions.CancelWait) for it to end, releases the lease and
@@ -196,8 +201,9 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		// until a slow teardown, and the failure path drains briefly.
 		proc.ended()
 		exit, err := proc.exit()
+		cut := false
 		if err == nil || errors.Is(err, ErrNotStarted) {
-			r.drain(proc)
+			cut = r.drain(proc)
 		}
 		switch {
 		case r.cap.overflowed():
@@ -211,7 +217,10 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		default:
 			r.stopHeartbeat()
 			stdout, stderr := r.output()
-			res := &CommandResult{Stdout: stdout, Stderr: stderr, Code: exit.Code, Signal: exit.Signal}
+			res := &CommandResult{Stdout: stdout, Stderr: stderr, Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled && exit.Signal != ""}
+			if cut {
+				res.OutputErr = ErrWaitDelay
+			}
 			if err := releaseLease(ctx, r.common.Lease); err != nil {
 				return nil, &CommandError{Kind: KindCleanup, Message: err.Error(), Stdout: stdout, Stderr: stderr, Cleanup: err}
 			}
@@ -292,20 +301,23 @@ func (r *run) failUnstarted(ctx context.Context, ce *CommandError) *CommandError
 const failureDrain = 250 * time.Millisecond
 
 // drain waits for the output readers to finish, at most DrainTimeout, then
-// closes the streams so no reader is left behind.
-func (r *run) drain(proc process) { r.drainFor(proc, r.c.opts.DrainTimeout) }
+// closes the streams so no reader is left behind. It reports whether the
+// bound cut the output (the streams were still open).
+func (r *run) drain(proc process) bool { return r.drainFor(proc, r.c.opts.DrainTimeout) }
 
 // drainFor is drain with bound d.
-func (r *run) drainFor(proc process, d time.Duration) {
+func (r *run) drainFor(proc process, d time.Duration) (cut bool) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-r.cap.done:
 	case <-r.cap.overflow:
 	case <-t.C:
+		cut = true
 	}
 	proc.closeOutputs()
 	<-r.cap.done
+	return cut
 }
 
 func (r *run) output() (stdout, stderr string) {

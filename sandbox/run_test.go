@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -269,6 +270,20 @@ func TestResultJSON(t *testing.T) {
 	if string(b) != `{"stdout":"a","stderr":"","code":0,"signal":null}` {
 		t.Fatalf("json = %s", b)
 	}
+	// oomKilled appears only when true, and only with a signal.
+	killed := sandbox.CommandResult{Signal: "SIGKILL", OOMKilled: true}
+	b, _ = killed.MarshalJSON()
+	if string(b) != `{"stdout":"","stderr":"","code":null,"signal":"SIGKILL","oomKilled":true}` {
+		t.Fatalf("json = %s", b)
+	}
+	var back sandbox.CommandResult
+	if err := back.UnmarshalJSON(b); err != nil || back != killed {
+		t.Fatalf("decoded %+v, %v", back, err)
+	}
+	b, _ = (sandbox.CommandResult{Signal: "SIGKILL"}).MarshalJSON()
+	if string(b) != `{"stdout":"","stderr":"","code":null,"signal":"SIGKILL"}` {
+		t.Fatalf("json = %s", b)
+	}
 }
 
 // TestSlowStart: a start that outlives the timeout is a timeout, one the
@@ -404,5 +419,55 @@ func TestLostSessionSettlesPromptly(t *testing.T) {
 	}
 	if d := time.Since(begin); d > 2*time.Second {
 		t.Fatalf("settled after %v: drained as if the command had exited", d)
+	}
+}
+
+// TestWaitDelay: a success whose output a left-behind process kept open
+// past the drain bound says so (ErrWaitDelay), and is still a result; one
+// whose output closed with its main process does not.
+func TestWaitDelay(t *testing.T) {
+	dir := t.TempDir()
+	p := &sandboxtest.Provider{Kind: sandbox.ProjectHost, Dir: dir}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{DrainTimeout: 200 * time.Millisecond})
+	token := sandboxtest.SleepToken()
+	// The grandchild leaves the process group, so nothing kills it, and
+	// keeps stdout open; the main process exits once it has left.
+	fifo := dir + "/left"
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	script := "echo before; setsid sh -c 'echo > " + fifo + "; exec sleep " + token + "' & read x < " + fifo + "; exit 3"
+	res, err := ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "sh", "-c", script), &actor, nil)
+	if err != nil {
+		t.Fatalf("RunCommand: %v, want a result", err)
+	}
+	defer killSleeps(token)
+	if !errors.Is(res.OutputErr, sandbox.ErrWaitDelay) {
+		t.Errorf("OutputErr = %v, want ErrWaitDelay", res.OutputErr)
+	}
+	if res.Code == nil || *res.Code != 3 || res.Stdout != "before\n" {
+		t.Errorf("result = %+v, want exit 3 and the output written before the cut", res)
+	}
+
+	res, err = ctl.RunCommand(context.Background(), input(sandbox.ProjectHost, "sh", "-c", "echo complete; sleep 0.05 & exit 0"), &actor, nil)
+	if err != nil || res.OutputErr != nil || res.Stdout != "complete\n" {
+		t.Fatalf("complete output: %+v, %v; want no OutputErr", res, err)
+	}
+}
+
+// killSleeps kills the test's leftover sleeps (found by their token).
+func killSleeps(token string) {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if strings.Contains(string(b), token) {
+			if p, err := os.FindProcess(pid); err == nil {
+				p.Kill()
+			}
+		}
 	}
 }

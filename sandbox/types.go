@@ -70,9 +70,19 @@ func (c Command) Argv() []string {
 // Cwd is the working directory: for a host project a host path inside the
 // project root or one of the actor's roots; for a managed project a guest
 // path (an empty Cwd means the project's root, /workspace in a machine).
+//
+// User is who the command runs as in a managed project's machine: a user
+// name of the machine's /etc/passwd or a numeric uid, optionally followed
+// by ":" and a group name or gid. Empty means the machine's default user.
+// Guest root holds at most Docker's default capabilities (without
+// CAP_SETFCAP); every other user holds none. An unknown user fails the
+// command's start (KindStart, nothing ran); a host project refuses a
+// non-empty User at preparation (KindPrepare): host commands run as the
+// caller.
 type ExecInput struct {
 	Command   Command    `json:"command"`
 	Cwd       string     `json:"cwd"`
+	User      string     `json:"user,omitempty"`
 	LeaseKind LeaseKind  `json:"leaseKind"`
 	Project   ProjectRef `json:"project"`
 }
@@ -93,6 +103,9 @@ func (in ExecInput) Validate() error {
 	}
 	if strings.IndexByte(in.Cwd, 0) >= 0 {
 		return fmt.Errorf("cwd contains a NUL byte")
+	}
+	if strings.ContainsAny(in.User, "\x00\n") {
+		return fmt.Errorf("user contains a NUL byte or a newline")
 	}
 	if !in.LeaseKind.Valid() {
 		return fmt.Errorf("lease kind %q is not allowed", in.LeaseKind)

@@ -48,9 +48,12 @@ type JournalCommand struct {
 // JournalEnd is how a command ended. Exactly one of Code (with
 // OutcomeExit), Signal (OutcomeSignal) and ErrorKind (OutcomeError) is set.
 type JournalEnd struct {
-	Outcome     Outcome
-	Code        *int
-	Signal      string
+	Outcome Outcome
+	Code    *int
+	Signal  string
+	// OOMKilled accompanies Signal (SIGKILL) when the kernel's OOM
+	// killer killed the command.
+	OOMKilled   bool
 	ErrorKind   string
 	StdoutBytes int64
 	StderrBytes int64
@@ -71,7 +74,7 @@ type JournalEntry struct {
 const (
 	sqlJournalStart = `INSERT INTO journal (account, project, domain, lease, lease_kind, argv, limits, started_at)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
-	sqlJournalFinish = `UPDATE journal SET ended_at = ?, outcome = ?, code = ?, signal = ?, error_kind = ?,
+	sqlJournalFinish = `UPDATE journal SET ended_at = ?, outcome = ?, code = ?, signal = ?, oom_killed = ?, error_kind = ?,
 			stdout_bytes = ?, stderr_bytes = ?, message = ?
 		WHERE id = ? AND outcome IS NULL`
 )
@@ -118,7 +121,7 @@ func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) err
 		return err
 	}
 	r := s.exec(ctx, st,
-		ms(s.now()), string(end.Outcome), code, end.Signal, end.ErrorKind,
+		ms(s.now()), string(end.Outcome), code, end.Signal, end.OOMKilled, end.ErrorKind,
 		end.StdoutBytes, end.StderrBytes, end.Message, id)
 	if r.err != nil {
 		return fmt.Errorf("store: journal finish %d: %w", id, r.err)
@@ -130,6 +133,9 @@ func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) err
 }
 
 func (e JournalEnd) validate() error {
+	if e.OOMKilled && e.Outcome != OutcomeSignal {
+		return fmt.Errorf("outcome %q carries no OOM kill", e.Outcome)
+	}
 	switch e.Outcome {
 	case OutcomeExit:
 		if e.Code == nil || e.Signal != "" || e.ErrorKind != "" {
@@ -196,7 +202,7 @@ func (s *Store) ListJournal(ctx context.Context, f JournalFilter) ([]JournalEntr
 		limit = 100
 	}
 	q := `SELECT id, account, project, domain, lease, lease_kind, argv, limits, started_at, ended_at,
-		outcome, code, signal, error_kind, stdout_bytes, stderr_bytes, message FROM journal`
+		outcome, code, signal, oom_killed, error_kind, stdout_bytes, stderr_bytes, message FROM journal`
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
@@ -217,7 +223,7 @@ func (s *Store) ListJournal(ctx context.Context, f JournalFilter) ([]JournalEntr
 			outcome      sql.NullString
 		)
 		if err := rows.Scan(&e.ID, &e.Account, &e.Project, &e.Domain, &e.Lease, &e.LeaseKind, &argv, &limits,
-			&started, &ended, &outcome, &code, &e.End.Signal, &e.End.ErrorKind,
+			&started, &ended, &outcome, &code, &e.End.Signal, &e.End.OOMKilled, &e.End.ErrorKind,
 			&e.End.StdoutBytes, &e.End.StderrBytes, &e.End.Message); err != nil {
 			return nil, fmt.Errorf("store: list journal: %w", err)
 		}

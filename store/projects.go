@@ -32,6 +32,10 @@ type Project struct {
 	// Limits override the worker's default limits of a managed project's
 	// machine; a zero field means the default.
 	Limits MachineLimits
+	// Network lets a host project's confined commands use the host's
+	// network (trusted members' commands always can). Managed projects
+	// ignore it.
+	Network bool
 }
 
 // MachineLimits are a machine's resource limits as a project records them. A zero
@@ -56,6 +60,8 @@ type NewProject struct {
 	Image string
 	// Limits override the worker's defaults; zero fields mean the default.
 	Limits MachineLimits
+	// Network: see Project.Network.
+	Network bool
 }
 
 // Role is a member's role in a project.
@@ -89,12 +95,12 @@ func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error
 	if p.Image == "" {
 		p.Image = DefaultImage
 	}
-	out := Project{Kind: p.Kind, Name: p.Name, Root: p.Root, Created: s.stamp(), Image: p.Image, Limits: p.Limits}
+	out := Project{Kind: p.Kind, Name: p.Name, Root: p.Root, Created: s.stamp(), Image: p.Image, Limits: p.Limits, Network: p.Network}
 	l := p.Limits
 	err := s.w.QueryRowContext(ctx,
-		`INSERT INTO projects (kind, name, root, created_at, image, limit_memory, limit_pids, limit_cpu_millis, limit_disk, limit_tmp)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-		string(p.Kind), p.Name, p.Root, ms(out.Created), p.Image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp).Scan(&out.ID)
+		`INSERT INTO projects (kind, name, root, created_at, image, limit_memory, limit_pids, limit_cpu_millis, limit_disk, limit_tmp, network)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		string(p.Kind), p.Name, p.Root, ms(out.Created), p.Image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp, p.Network).Scan(&out.ID)
 	if err != nil {
 		return Project{}, classifyExists(err, fmt.Sprintf("project %q", p.Name), fmt.Sprintf("create project %q", p.Name))
 	}
@@ -102,11 +108,11 @@ func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error
 }
 
 const (
-	projectCols   = "id, kind, name, root, created_at, image, limit_memory, limit_pids, limit_cpu_millis, limit_disk, limit_tmp"
+	projectCols   = "id, kind, name, root, created_at, image, limit_memory, limit_pids, limit_cpu_millis, limit_disk, limit_tmp, network"
 	sqlGetProject = "SELECT " + projectCols + " FROM projects WHERE id = ?"
 	sqlGetMember  = "SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?"
 	sqlGetTenancy = `SELECT p.id, p.kind, p.name, p.root, p.created_at, p.image, p.limit_memory, p.limit_pids,
-		p.limit_cpu_millis, p.limit_disk, p.limit_tmp, m.role, m.trusted, m.created_at
+		p.limit_cpu_millis, p.limit_disk, p.limit_tmp, p.network, m.role, m.trusted, m.created_at
 		FROM projects p LEFT JOIN members m ON m.project = p.id AND m.account = ?2 WHERE p.id = ?1`
 )
 
@@ -117,7 +123,7 @@ func scanProject(r scanner, what string) (Project, error) {
 		created int64
 	)
 	l := &p.Limits
-	if err := r.Scan(&p.ID, &kind, &p.Name, &p.Root, &created, &p.Image, &l.Memory, &l.Pids, &l.CPUMillis, &l.Disk, &l.Tmp); err != nil {
+	if err := r.Scan(&p.ID, &kind, &p.Name, &p.Root, &created, &p.Image, &l.Memory, &l.Pids, &l.CPUMillis, &l.Disk, &l.Tmp, &p.Network); err != nil {
 		return Project{}, classify(err, what)
 	}
 	p.Kind, p.Created = ProjectKind(kind), fromMS(created)
@@ -262,7 +268,7 @@ func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (P
 		trusted, joined sql.NullInt64
 	)
 	err = st.QueryRowContext(ctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
-		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &role, &trusted, &joined)
+		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &p.Network, &role, &trusted, &joined)
 	if err != nil {
 		return Project{}, Member{}, classify(err, fmt.Sprintf("project %d", project))
 	}
@@ -322,6 +328,20 @@ func (s *Store) SetProjectMachine(ctx context.Context, id int64, image string, l
 		WHERE id = ?`, image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp, id)
 	if err != nil {
 		return classify(err, fmt.Sprintf("set machine of project %d", id))
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 0 {
+		return fmt.Errorf("store: project %d: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// SetProjectNetwork records whether a host project's confined commands may
+// use the host's network; it applies from their next preparation. An
+// unknown project is ErrNotFound.
+func (s *Store) SetProjectNetwork(ctx context.Context, id int64, network bool) error {
+	res, err := s.w.ExecContext(ctx, "UPDATE projects SET network = ? WHERE id = ?", network, id)
+	if err != nil {
+		return classify(err, fmt.Sprintf("set network of project %d", id))
 	}
 	if n, err := res.RowsAffected(); err == nil && n == 0 {
 		return fmt.Errorf("store: project %d: %w", id, ErrNotFound)

@@ -593,7 +593,10 @@ func TestJournalRoundTrip(t *testing.T) {
 	id2, _ := s.JournalStart(ctx, JournalCommand{Project: 4, Lease: "L2", LeaseKind: "runner", Argv: []string{"sleep", "9"}})
 	id3, _ := s.JournalStart(ctx, JournalCommand{Project: 4, Lease: "L2", LeaseKind: "runner", Argv: []string{"yes"}})
 	id4, _ := s.JournalStart(ctx, JournalCommand{Project: 5, Lease: "L3", LeaseKind: "runner"})
-	if err := s.JournalFinish(ctx, id2, JournalEnd{Outcome: OutcomeSignal, Signal: "SIGKILL"}); err != nil {
+	if err := s.JournalFinish(ctx, id3, JournalEnd{Outcome: OutcomeExit, Code: &code, OOMKilled: true}); err == nil {
+		t.Fatal("an OOM kill with an exit code accepted")
+	}
+	if err := s.JournalFinish(ctx, id2, JournalEnd{Outcome: OutcomeSignal, Signal: "SIGKILL", OOMKilled: true}); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.JournalFinish(ctx, id3, JournalEnd{Outcome: OutcomeError, ErrorKind: "overflow", StdoutBytes: 1 << 20}); err != nil {
@@ -608,7 +611,7 @@ func TestJournalRoundTrip(t *testing.T) {
 	all, _ := s.ListJournal(ctx, JournalFilter{})
 	if len(all) != 4 || all[0].ID != id4 || all[0].End.Outcome != OutcomeInterrupted || all[0].Argv == nil ||
 		all[1].End.ErrorKind != "overflow" || all[1].End.Code != nil ||
-		all[2].End.Signal != "SIGKILL" || all[2].End.Code != nil {
+		all[2].End.Signal != "SIGKILL" || all[2].End.Code != nil || !all[2].End.OOMKilled || all[1].End.OOMKilled {
 		t.Fatalf("journal = %+v", all)
 	}
 	if lim, _ := s.ListJournal(ctx, JournalFilter{Limit: 2}); len(lim) != 2 || lim[0].ID != id4 {
@@ -757,5 +760,40 @@ func TestProjectMachineSpec(t *testing.T) {
 	}
 	if p.Image != "debian" || p.Limits != want {
 		t.Errorf("tenancy read: %+v", p)
+	}
+}
+
+func TestProjectNetwork(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	off, err := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "off", Root: "/h/off"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, err := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "on", Root: "/h/on", Network: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.GetProject(ctx, off.ID); got.Network {
+		t.Errorf("a new project allows the network by default")
+	}
+	if got, _ := s.GetProject(ctx, on.ID); !got.Network {
+		t.Errorf("created with network, read without")
+	}
+	if err := s.SetProjectNetwork(ctx, off.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	acc, err := s.CreateAccount(ctx, "alice")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: off.ID, Account: acc.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _, err := s.GetProjectMember(ctx, off.ID, acc.ID); err != nil || !p.Network {
+		t.Errorf("tenancy read after SetProjectNetwork: %+v, %v", p, err)
+	}
+	if err := s.SetProjectNetwork(ctx, 999, true); !errors.Is(err, ErrNotFound) {
+		t.Errorf("unknown project: %v, want ErrNotFound", err)
 	}
 }

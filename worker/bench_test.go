@@ -15,14 +15,17 @@ import (
 // exec-started, exec-exit. The client passes /dev/null three times so that
 // only the protocol and the machine are measured.
 func BenchmarkWarmExec(b *testing.B) {
-	b.Run("sequential", func(b *testing.B) { benchWarmExec(b, false) })
+	b.Run("sequential", func(b *testing.B) { benchWarmExec(b, false, "") })
 	// The worker handles a connection's frames in order, so a client may
 	// send exec-attach right behind exec-start without waiting for
 	// exec-accepted, saving a round trip.
-	b.Run("pipelined", func(b *testing.B) { benchWarmExec(b, true) })
+	b.Run("pipelined", func(b *testing.B) { benchWarmExec(b, true, "") })
+	// A named user costs a lookup round trip to the init before
+	// exec-accepted; root's forks run on the init's other forking thread.
+	b.Run("sequential-root", func(b *testing.B) { benchWarmExec(b, false, "root") })
 }
 
-func benchWarmExec(b *testing.B, pipelined bool) {
+func benchWarmExec(b *testing.B, pipelined bool, user string) {
 	h := newHarness(b, nil)
 	c := h.dial(b)
 	p := h.project(b, 1)
@@ -33,7 +36,7 @@ func benchWarmExec(b *testing.B, pipelined bool) {
 	defer null.Close()
 	argv := []string{"true"}
 	once := func(id string) {
-		if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: "/workspace"}); err != nil {
+		if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: "/workspace", User: user}); err != nil {
 			b.Fatal(err)
 		}
 		if !pipelined {

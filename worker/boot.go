@@ -38,7 +38,7 @@ func (m *machine) boot() (err error) {
 		return fmt.Errorf("home: %w", err)
 	}
 
-	m.cg, err = w.cgroups.New(fmt.Sprintf("machine-%d.%d", m.id, m.gen), cgroup.Limits{Memory: w.memLimit, Pids: w.pidLimit})
+	m.cg, err = w.cgroups.New(fmt.Sprintf("%d.%d", m.id, m.gen), m.lim.Limits)
 	if err != nil {
 		return err
 	}
@@ -52,11 +52,27 @@ func (m *machine) boot() (err error) {
 		// Enough holders kept for the sessions the machine admits.
 		MaxSessions: w.cfg.MaxSessions,
 	}
-	if w.pidLimit > 0 {
-		// Leave room under the pids limit for the init's own threads and
-		// for its ready pid namespace holders (a few threads each).
-		cfg.NProc = int(max(w.pidLimit-32, w.pidLimit/2, 1))
+	// On v2 each session gets a cgroup of its own below the machine's,
+	// created by the init, to which the machine's group is delegated.
+	m.sessCG = m.cg
+	if w.sessionLayout != nil {
+		// Tests on hybrid hosts: session groups in the v2 hierarchy.
+		if m.sessCG, err = w.sessionLayout.New(fmt.Sprintf("%d.%d", m.id, m.gen), cgroup.Limits{}); err != nil {
+			return err
+		}
+		cleanups = append(cleanups, func() { _ = m.sessCG.Destroy() })
 	}
+	if dir := m.sessCG.SessionParent(); dir != "" {
+		if err := m.sessCG.Delegate(int(m.hostUID), int(m.hostUID)); err != nil {
+			return err
+		}
+		cfg.SessionCgroup = dir
+	}
+	if w.configHook != nil {
+		w.configHook(cfg)
+	}
+	cfg.NProc = nproc(m.lim.Pids)
+	cfg.TmpSize = m.lim.Tmp
 	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
 	if err != nil {
 		return err
@@ -82,7 +98,9 @@ func (m *machine) boot() (err error) {
 		GidMappingsEnableSetgroups: true,
 		Credential:                 &syscall.Credential{Uid: 0, Gid: 0, Groups: []uint32{}},
 	}
-	err = cmd.Start()
+	// The machine's user namespace is owned by its guest root's host id,
+	// not by host root (see startOwnedBy).
+	err = startOwnedBy(m.hostUID, m.hostUID, cmd.Start)
 	initEnd.Close()
 	if err != nil {
 		return fmt.Errorf("start init: %w", err)
@@ -93,6 +111,16 @@ func (m *machine) boot() (err error) {
 	// The init waits for its config before doing anything, so it is in the
 	// machine's cgroup before it can fork.
 	if err := m.cg.Add(m.initPID); err != nil {
+		return err
+	}
+	if m.sessCG != m.cg {
+		// CLONE_INTO_CGROUP needs the init's group and the session's to
+		// have a delegated common ancestor.
+		if err := m.sessCG.Add(m.initPID); err != nil {
+			return err
+		}
+	}
+	if err := w.protectInit(m.initPID); err != nil {
 		return err
 	}
 	if err := ctlConn.Send(&ctl.Msg{Op: ctl.OpConfig, Config: cfg}, mounts...); err != nil {

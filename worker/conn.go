@@ -25,6 +25,7 @@ import (
 	"net"
 	"os"
 	"path"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,7 +33,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
+
+// features are the protocol-2 extensions the worker announces.
+var features = []string{wire.FeatureUser, wire.FeatureOOMKilled}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -65,7 +70,7 @@ func (c *conn) serve() {
 		return
 	}
 	_ = uc.SetReadDeadline(time.Now().Add(handshakeTimeout))
-	if err := wire.ServerHello(c.wc, c.w.cfg.Name); err != nil {
+	if err := wire.ServerHello(c.wc, c.w.cfg.Name, features...); err != nil {
 		c.w.log.Debug("handshake failed", "err", err)
 		return
 	}
@@ -215,6 +220,10 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(code, "%s", msg)
 		return
 	}
+	if code, msg := checkUser(m.User); code != "" {
+		reject(code, "%s", msg)
+		return
+	}
 	cwd := m.Cwd
 	if cwd == "" {
 		cwd = GuestWorkspace
@@ -230,7 +239,8 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true)
+	lim := c.w.resolve(m.Project.Limits)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true, lim)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -240,8 +250,22 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		}
 		return
 	}
-	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0])
-	s := mach.newSession(c, m.ID, m.Argv, env, cwd)
+	mach.setLimits(lim)
+	var cred *ctl.Cred
+	if m.User != "" && !alwaysKnown(m.User) {
+		if cred, err = mach.lookupUser(m.User); err != nil {
+			mach.release(true)
+			var r *rejection
+			if errors.As(err, &r) {
+				reject(r.code, "%s", r.msg)
+			} else {
+				reject(wire.CodeMachineFailed, "%v", err)
+			}
+			return
+		}
+	}
+	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0], "user", m.User)
+	s := mach.newSession(c, m.ID, m.Argv, env, cwd, m.User, cred)
 	c.mu.Lock()
 	c.sessions[m.ID] = s
 	c.mu.Unlock()
@@ -268,7 +292,7 @@ func (c *conn) netDial(m *wire.NetDial) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false, c.w.resolve(m.Project.Limits))
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -301,17 +325,39 @@ func checkArgv(argv []string) (code, msg string) {
 	return "", ""
 }
 
-// buildEnv returns a session's environment: PATH and HOME, overridden or
-// extended by the request's variables.
+// maxUser bounds the length of exec-start's user.
+const maxUser = 256
+
+// checkUser validates the syntax of a requested user (the machine's init
+// says whether it exists).
+func checkUser(user string) (code, msg string) {
+	if len(user) > maxUser || strings.ContainsAny(user, "\x00\n") {
+		return wire.CodeBadUser, fmt.Sprintf("user %.40q is not a user name or uid", user)
+	}
+	return "", ""
+}
+
+// alwaysKnown reports whether every machine knows user, so that no lookup
+// is needed before accepting the session (the init resolves it at the
+// start): root, and a bare uid that the machine maps.
+func alwaysKnown(user string) bool {
+	if user == "root" {
+		return true
+	}
+	if user == "" || strings.TrimLeft(user, "0123456789") != "" || len(user) > 5 {
+		return false
+	}
+	uid, err := strconv.Atoi(user)
+	return err == nil && uid < RangeSize
+}
+
+// buildEnv returns a session's environment: PATH, overridden or extended
+// by the request's variables. The init adds HOME, the session user's,
+// unless the request sets it.
 func buildEnv(req map[string]string) (env []string, code, msg string) {
 	env = make([]string, 0, len(req)+2)
-	_, hasPath := req["PATH"]
-	_, hasHome := req["HOME"]
-	if !hasPath {
+	if _, hasPath := req["PATH"]; !hasPath {
 		env = append(env, "PATH="+DefaultPath)
-	}
-	if !hasHome {
-		env = append(env, "HOME="+GuestHome)
 	}
 	for k, v := range req {
 		if k == "" || strings.ContainsAny(k, "=\x00") {

@@ -6,7 +6,11 @@
 //
 // A machine is a Linux sandbox built from user, mount, pid, network, ipc
 // and uts namespaces, with guest root mapped to an unprivileged host range
-// of RangeSize ids, distinct per project. Its filesystem is the host's
+// of RangeSize ids, distinct per project and between workers: each worker
+// claims a block of Config.MaxProjects ranges for its state directory in
+// the host-wide registry of package internal/idrange, and records each
+// project's slot in StateDir/id-slots.json, so that a project keeps its
+// range across restarts until ForgetProject frees it. Its filesystem is the host's
 // root read-only (nosuid, nodev; /home, /tmp, /proc, /sys and /dev are not
 // the host's), the project workspace read-write at /workspace, a
 // per-project home at /home/corral, a tmpfs /tmp, a /proc of each
@@ -18,15 +22,26 @@
 // can open terminals, and a tmpfs /dev/shm); /tmp and /dev/shm are
 // sized when the worker says so (ctl.Config.TmpSize); its hostname is
 // "project-<id>"; its network is a loopback interface only. Each machine
-// has a cgroup with memory and pids limits: v2 where /sys/fs/cgroup is
-// the unified hierarchy, else the v1 memory and pids hierarchies. PID 1 of
+// has a cgroup with memory, pids and CPU limits: v2 where /sys/fs/cgroup
+// is the unified hierarchy, else the v1 memory, pids and cpu (CFS quota)
+// hierarchies, below the worker's own cgroup parent (Config.CgroupParent).
+// The limits are the worker's defaults (Config.Limits) overridden by the
+// request's project limits (wire.Limits) field by field; a request with
+// other limits changes a running machine's memory, pids and CPU limits at
+// once. /tmp and /dev/shm are tmpfs of Limits.Tmp bytes each, charged to
+// the memory limit of the process that writes them. The init and its
+// pid namespace holders have oom_score_adj -1000 (the OOM killer spares
+// them), sessions 0 (see package guest). The machine's user namespace is
+// owned by its guest root's host id, so that what it creates (inotify
+// instances, namespaces: the kernel's per-user counts) is charged to the
+// machine, never to host root. PID 1 of
 // a machine is corral's own init — this binary re-executed (see
 // MaybeRunInit), placed in the machine's cgroup before it may fork — which
 // reaps zombies and forks sessions (see Session containment) as the
-// unprivileged guest user
-// GuestUID/GuestGID, with exactly the three descriptors the client
-// attached as 0, 1 and 2 (put in blocking mode) and nothing else open, a
-// checked cwd and an environment of PATH and HOME plus the request's.
+// session's user (see Privilege), with exactly the three descriptors the
+// client attached as 0, 1 and 2 (put in blocking mode) and nothing else
+// open, a checked cwd and an environment of PATH and HOME (the user's)
+// plus the request's.
 //
 // A machine starts on its project's first exec-start or net-dial, serves
 // every later one, and stops once it has had no session for
@@ -71,16 +86,24 @@
 // goroutine of its own, off the exec path, and keeps as many as the machine
 // admits sessions (Config.MaxSessions, and the two) that sessions gave
 // back, so that a burst of concurrent sessions reuses them; a session that
-// finds none spawns one on the spot. A sleep holder is one thread and
+// finds none has that goroutine's thread spawn one at once. A sleep holder is one thread and
 // well under a megabyte; the Go fallback is this binary's runtime and
 // package initialisation, then idle (GOMAXPROCS=1, GOGC=off), about 1.5 MiB
 // anonymous and four or five threads, which count against the pids limit.
 //
-// Sessions have no cgroup of their own. On v1 (this project's CI hosts) a
-// process can only join a cgroup after its fork, so a session could fork
-// before being placed, and each migration costs about 85 µs per hierarchy
-// (measured: the kernel synchronises RCU on every cgroup.procs write);
-// two hierarchies would double the cost of a warm exec. Limits are
+// On v2, each session can also have a cgroup of its own, "s-<sid>" below
+// its machine's (delegated to the machine's guest root): the init forks the
+// main process straight into it (CLONE_INTO_CGROUP, no migration), kills
+// it with cgroup.kill beside the holder on cancel, and removes it when
+// the exit is reported. CLONE_INTO_CGROUP needs clone3, which the
+// sessions' syscall policy (inherited from the forking threads) refuses
+// with ENOSYS like Docker's; while it does, the init does not try (see
+// package guest) and sessions have no group of their own on v2 either. On
+// v1 (this project's CI hosts) they have none: a process can only join a cgroup after its fork,
+// so a session could fork before being placed, and each migration costs
+// about 85 µs per hierarchy (measured: the kernel synchronises RCU on
+// every cgroup.procs write); two hierarchies would double the cost of a
+// warm exec. Limits are
 // per machine, enforced by its cgroup, and RLIMIT_NPROC for the guest user
 // keeps a fork bomb 32 tasks below the pids limit (or at half of it), room
 // for the init's threads and a few holders, so that the init can still
@@ -134,16 +157,79 @@
 // directory is owned by the workspace's owner on the host. Where a
 // filesystem refuses idmapping, the worker logs a warning and falls back:
 // the workspace is bind-mounted as it is (files the guest creates then
-// belong to the guest user's host id, UIDBase+slot*RangeSize+GuestUID, and
+// belong to the guest user's host id, the project's range start + GuestUID, and
 // the owner's files are writable inside only through their "other"
 // permission bits), and the home directory is chowned to the guest user's
 // host id. MachineInfo.Idmapped says which happened.
 //
-// As the guest writes as the workspace's owner, possibly root, sessions run
-// under a seccomp filter that refuses (EPERM) any mode with S_ISUID or
+// As the guest writes as the workspace's owner, possibly root, the
+// syscall policy (see Privilege) refuses (EPERM) any mode with S_ISUID or
 // S_ISGID in chmod, fchmod, fchmodat(2), open, openat, creat and mknod(at),
-// and answers ENOSYS to openat2 and io_uring_setup, whose modes it cannot
-// inspect: no set-id file can be planted on the host through a machine.
+// and answers ENOSYS to openat2 and io_uring, whose modes it cannot
+// inspect; and no session can write a file capability (no CAP_SETFCAP, no
+// nested user namespace): no set-id or capability-carrying file can be
+// planted on the host through a machine.
+//
+// # Privilege
+//
+// Sessions run as the machine's default user (GuestUID/GuestGID until
+// images say otherwise) or as the user exec-start names (the "user"
+// feature, announced in the worker's hello): a name or numeric uid,
+// optionally ":group", resolved by the init against the machine's own
+// /etc/passwd and /etc/group (supplementary groups from /etc/group; a
+// numeric uid need not be in passwd). For any other user than root or a
+// bare mapped uid, which every machine knows, the worker asks the init
+// before it accepts the session (a lookup on the control channel, one
+// round trip); an unknown user, or an id outside the machine's mapping, is
+// exec-rejected "bad-user". HOME, unless the request sets it,
+// is the guest home for the default non-root user and the passwd entry's
+// for others (/root for root).
+//
+// Guest root holds Docker's default capabilities without CAP_SETFCAP
+// (CHOWN, DAC_OVERRIDE, FSETID, FOWNER, MKNOD, NET_RAW, SETGID, SETUID,
+// SETPCAP, NET_BIND_SERVICE, SYS_CHROOT, KILL, AUDIT_WRITE) as its
+// effective, permitted and bounding sets; every other user holds none,
+// not even in its bounding set; ambient and inheritable sets are empty and
+// no_new_privs is set for all (set-id binaries and file capabilities in an
+// image elevate nothing). As capabilities are per thread and Go cannot
+// drop a bounding set between fork and exec, the init forks sessions of
+// the default user's class (root or not) from its loop's thread and the
+// others from a second locked thread, each with its class's bounding set,
+// no_new_privs and the syscall policy installed, all inherited by what it
+// forks; the loop hands a fork of the other class to that thread over a
+// channel. A re-exec trampoline would have cost a Go start per command.
+// The default user's warm exec is unchanged: go test -bench WarmExec,
+// before against after, five interleaved runs on a loaded 2-core host,
+// median p50s 865 against 688 µs sequential, 754 against 737 µs pipelined
+// (the spread between runs is ±20%). Root costs the other thread's
+// wake-up and a read of /etc/passwd and /etc/group at the start
+// (sequential-root: p50 692, 1098, 874 µs against the default user's 575,
+// 713, 844 in three runs at a load of 15); a user by name also costs the
+// lookup round trip before exec-accepted.
+//
+// The syscall policy is Docker's default seccomp profile (see
+// internal/guest's seccomp.go for the differences): default deny with
+// EPERM, no new user namespace (unshare, clone; clone3 answers ENOSYS so
+// that libc falls back to clone), no mount API, keyctl, bpf,
+// perf_event_open, userfaultfd, kernel modules, clock setting, io_uring
+// (ENOSYS), personality beyond Docker's values. ptrace is allowed, as in
+// Docker: a session sees only its own pid namespace, and the kernel's
+// checks (same uid, a capability subset, no CAP_SYS_PTRACE for anyone)
+// leave a session the processes of its own user there. Holders are
+// spawned by the pool's thread only, never by a forking thread, so they
+// hold all of the machine's capabilities: no session, root's included,
+// can attach to one. The 32-bit ABIs are refused.
+//
+// Each machine has limits of its own: before it builds the filesystem,
+// the init sets its user namespace's /proc/sys/user limits — no user, network, ipc, uts, cgroup or time namespaces at all;
+// pid and mount namespaces enough for its holders; 32 inotify instances
+// and 32768 watches, 16 fanotify groups per user. While a machine's user
+// namespace belongs to host root, these counts are also charged to host
+// root's own quotas (fs.inotify.max_user_instances), so the per-machine
+// limits are what keeps a machine's default user from exhausting them;
+// guest root, which can switch to many uids, can still take several
+// users' worth until machines' user namespaces belong to host users of
+// their own.
 //
 // # Protocol behaviour
 //
@@ -159,9 +245,13 @@
 //     id is free again after its exec-exit.
 //   - exec-cancel of a session never attached ends it with exec-exit
 //     {notStarted}; of an unknown or finished session, it does nothing.
-//   - If a machine dies under running sessions (its init was killed), each
-//     of them ends with an error frame {id, "machine-failed"}: their exits
-//     were not observed, so no exec-exit is invented.
+//   - If a machine dies under running sessions (its init was killed, its
+//     cgroup removed), each of them ends with an error frame {id,
+//     "machine-failed"}: their exits were not observed, so no exec-exit is
+//     invented. A session passed to the init whose start was not yet
+//     reported gets exec-started first (its program may have run: its
+//     outcome is unknown, it was not refused). Clients (package machine)
+//     end such a session with ErrMachineFailed, a transport failure.
 //   - A client frame of a type only the worker sends is a protocol error.
 //
 // The worker imports no corral package but wire.

@@ -54,6 +54,11 @@ func requireRoot(t testing.TB) {
 	}
 }
 
+// testIDRegistry is the id-range registry of every test worker on the host
+// (not the real one): test workers get disjoint blocks, and a removed
+// temporary state directory frees its block.
+var testIDRegistry = filepath.Join(os.TempDir(), "corral-test-id-ranges.json")
+
 type harness struct {
 	w    *Worker
 	sock string
@@ -83,6 +88,7 @@ func newHarness(t testing.TB, mod func(*Config)) *harness {
 		IdleGrace:    time.Minute,
 		Limits:       Limits{Memory: 256 << 20, Pids: 128},
 		CgroupParent: parent,
+		IDRegistry:   testIDRegistry,
 		Logger:       slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	if mod != nil {
@@ -110,9 +116,8 @@ func newHarness(t testing.TB, mod func(*Config)) *harness {
 		if err := w.Shutdown(sctx); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		for _, c := range []string{"memory", "pids"} {
-			own, _ := ownCgroup(c)
-			_ = os.Remove(filepath.Join("/sys/fs/cgroup", c, own, parent))
+		for _, d := range w.cgroups.Parents() {
+			_ = os.Remove(d)
 		}
 	})
 	return &harness{w: w, sock: sock, root: root}
@@ -225,8 +230,14 @@ func newID() string {
 
 func (h *harness) start(t testing.TB, c *wire.Conn, p wire.Project, argv ...string) *running {
 	t.Helper()
+	return h.startAs(t, c, p, "", argv...)
+}
+
+// startAs is start as user (empty: the machine's default user).
+func (h *harness) startAs(t testing.TB, c *wire.Conn, p wire.Project, user string, argv ...string) *running {
+	t.Helper()
 	id := newID()
-	if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: "/workspace"}); err != nil {
+	if err := c.Send(&wire.ExecStart{ID: id, Project: p, Argv: argv, Cwd: "/workspace", User: user}); err != nil {
 		t.Fatal(err)
 	}
 	switch m := recv(t, c).(type) {
@@ -277,4 +288,10 @@ func (r *running) wait(t testing.TB) result {
 func (h *harness) run(t testing.TB, c *wire.Conn, p wire.Project, argv ...string) result {
 	t.Helper()
 	return h.start(t, c, p, argv...).wait(t)
+}
+
+// runAs is run as user.
+func (h *harness) runAs(t testing.TB, c *wire.Conn, p wire.Project, user string, argv ...string) result {
+	t.Helper()
+	return h.startAs(t, c, p, user, argv...).wait(t)
 }

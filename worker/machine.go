@@ -29,9 +29,13 @@ type machine struct {
 	cmd      *exec.Cmd
 	ctl      *ctl.Conn
 	cg       *cgroup.Group
+	sessCG   *cgroup.Group // the parent of the sessions' groups (cg, on v2)
 	netns    *os.File
 
 	dead chan struct{} // closed once the init is gone and cleaned up
+
+	limMu sync.Mutex    // serialises limit changes
+	lim   machineLimits // as applied
 
 	mu        sync.Mutex
 	refs      int // sessions plus in-flight net-dials
@@ -41,13 +45,17 @@ type machine struct {
 	idleSince time.Time   // when refs last dropped to zero
 	nextSID   uint64
 	bySID     map[uint64]*session
+	// lookups wait for the init's answers to user lookups, by sid; closed
+	// (and lookupsClosed set) when the control channel closes.
+	lookups       map[uint64]chan *ctl.Msg
+	lookupsClosed bool
 }
 
-func (w *Worker) newMachine(id int64, ws, requested string, slot int) *machine {
+func (w *Worker) newMachine(id int64, ws, requested string, slot int, lim machineLimits) *machine {
 	w.gen++
 	return &machine{
-		w: w, id: id, workspace: ws, requested: requested, gen: w.gen,
-		hostUID: w.cfg.UIDBase + uint32(slot)*RangeSize,
+		w: w, id: id, workspace: ws, requested: requested, gen: w.gen, lim: lim,
+		hostUID: w.hostUIDOf(slot),
 		ready:   make(chan struct{}), dead: make(chan struct{}),
 		bySID: make(map[uint64]*session),
 	}
@@ -154,6 +162,9 @@ func (m *machine) wait() {
 	if err := m.cg.Destroy(); err != nil {
 		m.w.log.Error("machine cgroup cleanup failed", "project", m.id, "err", err)
 	}
+	if m.sessCG != m.cg {
+		_ = m.sessCG.Destroy()
+	}
 	m.netns.Close()
 	m.w.log.Info("machine stopped", "project", m.id, "init", m.initPID)
 	close(m.dead)
@@ -174,21 +185,42 @@ func (m *machine) read() {
 	_ = m.cmd.Process.Signal(syscall.SIGKILL)
 	m.mu.Lock()
 	m.stopping = true
+	m.lookupsClosed = true
+	for sid, ch := range m.lookups {
+		close(ch)
+		delete(m.lookups, sid)
+	}
 	var orphans []*session
+	var starting []bool
 	for sid, s := range m.bySID {
 		delete(m.bySID, sid)
+		starting = append(starting, s.state == stateStarting)
 		s.state = stateDone
 		orphans = append(orphans, s)
 		m.releaseLocked(true)
 	}
 	m.mu.Unlock()
-	for _, s := range orphans {
+	for i, s := range orphans {
+		if starting[i] {
+			// Passed to the init, whose report did not come: the program
+			// may have run. The client learns it started, and then that
+			// its outcome is unknown (not that it was refused).
+			s.c.send(&wire.ExecStarted{ID: s.id})
+		}
 		s.c.finish(s, &wire.Error{ID: s.id, Code: wire.CodeMachineFailed, Message: "the machine stopped"})
 	}
 }
 
 func (m *machine) onReport(msg *ctl.Msg) {
 	m.mu.Lock()
+	if msg.Op == ctl.OpLookedUp {
+		if ch := m.lookups[msg.SID]; ch != nil {
+			ch <- msg // buffered, one answer per lookup
+			delete(m.lookups, msg.SID)
+		}
+		m.mu.Unlock()
+		return
+	}
 	s := m.bySID[msg.SID]
 	if s == nil {
 		m.mu.Unlock()
@@ -208,10 +240,21 @@ func (m *machine) onReport(msg *ctl.Msg) {
 		m.mu.Unlock()
 		return
 	}
+	cancelled, base := s.cancelled, s.oomBase
 	m.mu.Unlock()
 	exit := &wire.ExecExit{ID: s.id, Code: msg.Code, Signal: msg.Signal}
 	if msg.Op == ctl.OpNotStarted {
 		exit.NotStarted, exit.Message = true, msg.Message
+	}
+	// The kernel's OOM killer sends SIGKILL and counts the kill in the
+	// machine's cgroup: a session killed by SIGKILL, not cancelled, while
+	// the count rose is taken for its victim (another session's OOM kill
+	// during its life and a SIGKILL from elsewhere would also match).
+	if msg.Signal == "SIGKILL" && !cancelled {
+		if n, err := m.cg.OOMKills(); err == nil && n > base {
+			exit.OOMKilled = true
+			m.w.log.Info("session killed by the OOM killer", "project", m.id, "id", s.id)
+		}
 	}
 	s.c.finish(s, exit)
 }

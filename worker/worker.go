@@ -2,6 +2,8 @@ package worker
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -17,8 +19,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/idrange"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/cgroup"
+	"github.com/corral-sandbox/corral/worker/internal/ctl"
 	"github.com/corral-sandbox/corral/worker/internal/guest"
 )
 
@@ -29,7 +33,9 @@ const (
 	DefaultMaxSessions = 64
 	DefaultMemory      = 1 << 30
 	DefaultPids        = 512
-	DefaultUIDBase     = 100000
+	DefaultCPUMillis   = 1000
+	DefaultTmp         = 256 << 20
+	DefaultMaxProjects = 1024
 	// RangeSize is the number of host ids mapped into each machine.
 	RangeSize = 65536
 	// GuestUID and GuestGID are the ids sessions run as inside a machine.
@@ -49,15 +55,29 @@ const (
 	holdArg = "__corral-userns-hold"
 )
 
-// Limits are a machine's resource limits.
+// Limits are a machine's resource limits: the worker's defaults
+// (Config.Limits), which a request's project limits (wire.Limits, feature
+// machine-spec) override field by field. A disk limit (wire.Limits.Disk)
+// is not enforced yet: the workspace, the home and the upper layer are
+// ordinary host directories.
 type Limits struct {
 	// Memory is the machine's memory limit in bytes (swap included where
 	// the kernel accounts it). Zero means DefaultMemory; negative means no
-	// limit.
+	// limit. The pages of /tmp and /dev/shm (tmpfs) are charged to the
+	// process that writes them, so they count against it.
 	Memory int64
 	// Pids is the machine's limit on tasks (threads count). Zero means
 	// DefaultPids; negative means no limit.
 	Pids int64
+	// CPUMillis is the machine's CPU bandwidth in thousandths of a CPU
+	// (cpu.max on cgroup v2, the CFS quota of the v1 cpu hierarchy). Zero
+	// means DefaultCPUMillis; negative means no limit.
+	CPUMillis int64
+	// Tmp is the size in bytes of the machine's /tmp and, separately, of
+	// its /dev/shm (tmpfs; both charged to Memory, so that together they
+	// never exceed it). Zero means DefaultTmp; negative means unsized
+	// (bounded by Memory alone).
+	Tmp int64
 }
 
 // Config configures a Worker. Only ProjectsRoot and StateDir are required.
@@ -86,16 +106,35 @@ type Config struct {
 	SendTimeout time.Duration
 	// Limits are every machine's resource limits.
 	Limits Limits
-	// UIDBase is the first host id of the ranges mapped into machines:
-	// the n-th distinct project served gets [UIDBase+n*RangeSize,
-	// UIDBase+(n+1)*RangeSize) for the worker's lifetime. Zero means
-	// DefaultUIDBase; below RangeSize is refused. Nothing else on the host
-	// may use these ids.
+	// MaxProjects is how many projects the worker holds host id ranges
+	// for: it claims a block of MaxProjects*RangeSize host ids for its
+	// state directory in the host-wide registry (IDRegistry; package
+	// internal/idrange), distinct from every other state directory's, and
+	// gives each project a slot of RangeSize ids in it, recorded in
+	// StateDir/id-slots.json: stable across restarts (files keep their
+	// owners), freed by ForgetProject. A project beyond MaxProjects is
+	// rejected ("machine-failed", ErrTooManyProjects). Zero means
+	// DefaultMaxProjects.
+	MaxProjects int
+	// IDRegistry is the host-wide registry of id blocks. Empty means
+	// idrange.DefaultRegistry.
+	IDRegistry string
+	// UIDBase, when not zero, replaces the registry claim with the block
+	// [UIDBase, UIDBase+MaxProjects*RangeSize): UNSAFE, as nothing stops
+	// another worker or user from using those ids; for benchmarks and
+	// tests. Below RangeSize is refused.
 	UIDBase uint32
-	// CgroupParent is where machine cgroups are created: relative to the
-	// worker's own cgroup on v1, to the root on v2. Empty means "corral".
-	// New removes whatever a previous worker left there (killing its
-	// processes), so two workers must not share a parent.
+	// CgroupParent is where this worker's machine cgroups are created: a
+	// clean relative path, below the worker's own cgroup on v1 and on a
+	// delegated v2 subtree (systemd's Delegate=yes; the worker then moves
+	// itself into a "worker" child group), below the root of a
+	// non-delegated v2 hierarchy. Empty means "corral-" and 12 hex digits
+	// of the SHA-256 of the resolved StateDir, so that workers with
+	// different state directories never share one. The parent is the
+	// worker's alone: New removes the machine groups (machine-*) a previous
+	// run left there, killing their processes, and a parent removed from
+	// outside is recreated at the next machine start. Two workers must not
+	// be given the same parent.
 	CgroupParent string
 	// Logger receives the worker's logs. Nil means no logging.
 	Logger *slog.Logger
@@ -153,16 +192,24 @@ type Worker struct {
 	log      *slog.Logger
 	root     string // ProjectsRoot, resolved
 	cgroups  *cgroup.Layout
+	ids      idrange.Range // host ids of the machines: one RangeSize slot per project
 	hostNet  *os.File
 	masks    []string // host directories hidden in machines
 	closeNet sync.Once
-	memLimit int64
-	pidLimit int64
+	// configHook, when set (by tests), edits every machine's init config.
+	configHook func(*ctl.Config)
+	lock       *os.File // the state directory's lock, held until Shutdown
+	// sessionLayout, set by tests on hybrid hosts, is a v2 layout where
+	// sessions get their groups (otherwise only a v2 machine layout).
+	sessionLayout *cgroup.Layout
+	// noOOMProtection logs once that inits cannot be protected.
+	noOOMProtection sync.Once
+	defaults        machineLimits
 
 	mu       sync.Mutex
 	gen      int // machines started, for unique cgroup names
 	machines map[int64]*machine
-	slots    map[int64]int // project id → id-range slot, stable for the worker's life
+	slots    map[int64]int // project id → id-range slot, persisted in StateDir
 	used     map[int]bool
 	conns    map[*conn]struct{}
 	closed   bool
@@ -203,6 +250,16 @@ func New(cfg Config) (*Worker, error) {
 	if root, err = filepath.Abs(root); err != nil {
 		return nil, fmt.Errorf("worker: projects root: %w", err)
 	}
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	stateDir, err := filepath.EvalSymlinks(cfg.StateDir)
+	if err == nil {
+		stateDir, err = filepath.Abs(stateDir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("worker: state directory: %w", err)
+	}
 	if cfg.HomesRoot == "" {
 		cfg.HomesRoot = filepath.Join(cfg.StateDir, "homes")
 	}
@@ -233,14 +290,11 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.SendTimeout <= 0 {
 		cfg.SendTimeout = DefaultSendTimeout
 	}
-	if cfg.UIDBase == 0 {
-		cfg.UIDBase = DefaultUIDBase
-	}
-	if cfg.UIDBase < RangeSize {
-		return nil, fmt.Errorf("worker: UIDBase %d would map guests onto ordinary host ids (below %d)", cfg.UIDBase, RangeSize)
+	if cfg.MaxProjects <= 0 {
+		cfg.MaxProjects = DefaultMaxProjects
 	}
 	if cfg.CgroupParent == "" {
-		cfg.CgroupParent = "corral"
+		cfg.CgroupParent = DefaultCgroupParent(stateDir)
 	}
 	if cfg.SelfExe == "" {
 		cfg.SelfExe = "/proc/self/exe"
@@ -254,13 +308,36 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w := &Worker{
 		cfg: cfg, log: log, root: root,
-		memLimit: limit(cfg.Limits.Memory, DefaultMemory),
-		pidLimit: limit(cfg.Limits.Pids, DefaultPids),
+		defaults: machineLimits{
+			Limits: cgroup.Limits{
+				Memory:    limit(cfg.Limits.Memory, DefaultMemory),
+				Pids:      limit(cfg.Limits.Pids, DefaultPids),
+				CPUMillis: limit(cfg.Limits.CPUMillis, DefaultCPUMillis),
+			},
+			Tmp: limit(cfg.Limits.Tmp, DefaultTmp),
+		},
 		masks:    masks,
 		machines: make(map[int64]*machine),
 		slots:    make(map[int64]int),
 		used:     make(map[int]bool),
 		conns:    make(map[*conn]struct{}),
+	}
+	// One worker per state directory: another one would sweep this one's
+	// cgroups and share its id slots.
+	if w.lock, err = lockStateDir(stateDir); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			w.lock.Close()
+		}
+	}()
+	if w.ids, err = claimIDs(&w.cfg, stateDir); err != nil {
+		return nil, err
+	}
+	if err := w.loadSlots(); err != nil {
+		return nil, err
 	}
 	if w.cgroups, err = cgroup.Detect(cfg.CgroupParent); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
@@ -272,7 +349,45 @@ func New(cfg Config) (*Worker, error) {
 	if w.hostNet, err = os.Open("/proc/thread-self/ns/net"); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
+	ok = true
 	return w, nil
+}
+
+// ErrStateDirInUse is returned by New when another worker holds the state
+// directory.
+var ErrStateDirInUse = errors.New("worker: the state directory is in use by another worker")
+
+// lockStateDir takes the state directory's exclusive lock (flock on
+// StateDir/worker.lock), held until the returned file is closed: by
+// Shutdown, or by the process's end.
+func lockStateDir(dir string) (*os.File, error) {
+	f, err := os.OpenFile(filepath.Join(dir, "worker.lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		if err == unix.EWOULDBLOCK {
+			return nil, fmt.Errorf("%w: %s", ErrStateDirInUse, dir)
+		}
+		return nil, fmt.Errorf("worker: lock %s: %w", dir, err)
+	}
+	return f, nil
+}
+
+// DefaultCgroupParent is the cgroup parent of a worker whose
+// Config.CgroupParent is empty: "corral-" and the first 12 hex digits of
+// the SHA-256 of stateDir (which should be resolved: absolute, without
+// symlinks).
+func DefaultCgroupParent(stateDir string) string {
+	sum := sha256.Sum256([]byte(stateDir))
+	return "corral-" + hex.EncodeToString(sum[:6])
 }
 
 // markInheritedCloexec makes every descriptor above 2 close-on-exec, so
@@ -388,7 +503,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	w.closeNet.Do(func() { w.hostNet.Close() })
+	w.closeNet.Do(func() { w.hostNet.Close(); w.lock.Close() })
 	w.cgroups.RemoveParents()
 	return nil
 }
@@ -434,10 +549,10 @@ var errClosed = errors.New("worker: shut down")
 // A running machine started for the very same requested path is reused
 // without resolving the path again: the workspace it mounted was checked
 // when it started, and nothing is mounted anew.
-func (w *Worker) acquire(id int64, requested string, session bool) (*machine, error) {
+func (w *Worker) acquire(id int64, requested string, session bool, lim machineLimits) (*machine, error) {
 	w.mu.Lock()
 	if m := w.machines[id]; m != nil && m.requested == requested {
-		return w.hold(m, session)
+		return w.hold(m, session, lim)
 	}
 	w.mu.Unlock()
 	ws, err := w.resolveWorkspace(requested)
@@ -456,14 +571,14 @@ func (w *Worker) acquire(id int64, requested string, session bool) (*machine, er
 		}
 	}
 	if m == nil {
-		return w.startMachine(id, ws, requested, session)
+		return w.startMachine(id, ws, requested, session, lim)
 	}
-	return w.hold(m, session)
+	return w.hold(m, session, lim)
 }
 
 // hold takes a reference on m, or acquires a new machine if m is stopping.
 // Called with w.mu held; releases it.
-func (w *Worker) hold(m *machine, session bool) (*machine, error) {
+func (w *Worker) hold(m *machine, session bool, lim machineLimits) (*machine, error) {
 	m.mu.Lock()
 	switch {
 	case m.stopping:
@@ -474,7 +589,7 @@ func (w *Worker) hold(m *machine, session bool) (*machine, error) {
 			delete(w.machines, m.id)
 		}
 		w.mu.Unlock()
-		return w.acquire(m.id, m.requested, session)
+		return w.acquire(m.id, m.requested, session, lim)
 	case session && m.sessions >= w.cfg.MaxSessions:
 		m.mu.Unlock()
 		w.mu.Unlock()
@@ -489,7 +604,7 @@ func (w *Worker) hold(m *machine, session bool) (*machine, error) {
 // startMachine registers and starts a new machine. Called with w.mu held;
 // releases it. Only sessions start machines: a net-dial to a project
 // without one fails ("dial-failed"), as nothing could be listening there.
-func (w *Worker) startMachine(id int64, ws, requested string, session bool) (*machine, error) {
+func (w *Worker) startMachine(id int64, ws, requested string, session bool, lim machineLimits) (*machine, error) {
 	if w.closed {
 		w.mu.Unlock()
 		return nil, errClosed
@@ -503,7 +618,7 @@ func (w *Worker) startMachine(id int64, ws, requested string, session bool) (*ma
 		w.mu.Unlock()
 		return nil, &rejection{wire.CodeMachineFailed, err.Error()}
 	}
-	m := w.newMachine(id, ws, requested, slot)
+	m := w.newMachine(id, ws, requested, slot, lim)
 	m.hold(session)
 	w.machines[id] = m
 	w.mu.Unlock()
@@ -519,25 +634,6 @@ func (m *machine) await(session bool) (*machine, error) {
 		return nil, m.startErr
 	}
 	return m, nil
-}
-
-// slot returns the id-range slot of project id, allocating one on first
-// use. Called with w.mu held. It fails when no range of RangeSize host
-// ids is left below 2^32-1 (the kernel's invalid id).
-func (w *Worker) slot(id int64) (int, error) {
-	if s, ok := w.slots[id]; ok {
-		return s, nil
-	}
-	s := 0
-	for w.used[s] {
-		s++
-	}
-	if uint64(w.cfg.UIDBase)+uint64(s+1)*RangeSize > 1<<32-1 {
-		return 0, fmt.Errorf("no free host id range for project %d", id)
-	}
-	w.used[s] = true
-	w.slots[id] = s
-	return s, nil
 }
 
 // forget removes m from the machine table if it is still there.

@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/idrange"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -223,7 +224,7 @@ func TestMachineIsolation(t *testing.T) {
 		if strings.Join(names, ",") != "0,1,2" {
 			t.Errorf("descriptors of the session seen from the host: %v", names)
 		}
-		if m.HostUID < DefaultUIDBase {
+		if m.HostUID < idrange.Floor {
 			t.Errorf("host uid base %d is privileged", m.HostUID)
 		}
 		if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
@@ -461,6 +462,10 @@ func TestForkBombStaysBounded(t *testing.T) {
 	if peak < pidsMax/2 {
 		t.Errorf("fork bomb only reached %d tasks; did it run?", peak)
 	}
+	// The host can still fork.
+	if err := exec.Command("true").Run(); err != nil {
+		t.Errorf("host fork during the bomb: %v", err)
+	}
 	// The worker still answers, the machine still runs commands.
 	if err := c.Send(&wire.Ping{ID: "p"}); err != nil {
 		t.Fatal(err)
@@ -486,12 +491,21 @@ func TestMemoryHogKilledBySignal(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.Limits.Memory = 96 << 20 })
 	c := h.dial(t)
 	p := h.project(t, 1)
-	r := h.run(t, c, p, "python3", "-c", "b = b'x' * (512 << 20); print('survived')")
-	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil || strings.Contains(r.stdout, "survived") {
+	h.run(t, c, p, "true")
+	init := h.machineOf(t, 1).InitPID
+	r := h.run(t, c, p, "python3", "-c", "b = bytearray(2 << 30); print('survived')")
+	if r.exit.Signal != "SIGKILL" || r.exit.Code != nil || strings.Contains(r.stdout, "survived") || !r.exit.OOMKilled {
 		t.Fatalf("memory hog: %v", r)
+	}
+	// A SIGKILL that is not the OOM killer's says nothing of it.
+	if r := h.run(t, c, p, "sh", "-c", "kill -9 $$"); r.exit.Signal != "SIGKILL" || r.exit.OOMKilled {
+		t.Fatalf("kill -9: %v", r)
 	}
 	if r := h.run(t, c, p, "echo", "alive"); r.stdout != "alive\n" {
 		t.Fatalf("after the hog: %v", r)
+	}
+	if h.machineOf(t, 1).InitPID != init {
+		t.Fatal("the OOM kill took the machine's init")
 	}
 }
 
@@ -973,14 +987,26 @@ func TestMachineStartFailure(t *testing.T) {
 	}
 }
 
-func TestIDRangeExhausted(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.UIDBase = 1<<32 - RangeSize + 10 })
+func TestTooManyProjects(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxProjects = 8; c.IdleGrace = time.Millisecond })
 	c := h.dial(t)
-	if err := c.Send(&wire.ExecStart{ID: "x", Project: h.project(t, 1), Argv: []string{"true"}}); err != nil {
+	for id := int64(1); id <= 8; id++ {
+		if r := h.run(t, c, h.project(t, id), "true"); r.code() != 0 {
+			t.Fatalf("project %d: %v", id, r)
+		}
+	}
+	if err := c.Send(&wire.ExecStart{ID: "x", Project: h.project(t, 9), Argv: []string{"true"}}); err != nil {
 		t.Fatal(err)
 	}
-	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed || !strings.Contains(m.Message, "id range") {
-		t.Fatalf("%#v", m)
+	if m, ok := recv(t, c).(*wire.ExecRejected); !ok || m.Code != wire.CodeMachineFailed || !strings.Contains(m.Message, "too-many-projects") {
+		t.Fatalf("ninth project: %#v", m)
+	}
+	// Discarding a project frees its slot for the ninth.
+	if err := h.w.ForgetProject(3); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.run(t, c, h.project(t, 9), "true"); r.code() != 0 {
+		t.Fatalf("ninth project after a discard: %v", r)
 	}
 	if _, err := New(Config{ProjectsRoot: h.root, StateDir: t.TempDir(), UIDBase: 1000}); err == nil {
 		t.Fatal("UIDBase 1000 accepted")

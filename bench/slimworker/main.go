@@ -38,10 +38,10 @@ func serve(args []string) error {
 		ProjectsRoot: args[1],
 		StateDir:     args[2],
 		CgroupParent: fmt.Sprintf("corral-bench-slim-%d", os.Getpid()),
-		// Ranges of its own: the bench's main worker runs beside it.
-		UIDBase: 4_000_000,
-		Logger:  slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Name:    "corral-bench-slimworker",
+		// Ranges of its own (the bench's main worker runs beside it) come
+		// from the registry claim of its state directory.
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+		Name:   "corral-bench-slimworker",
 	})
 	if err != nil {
 		return err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -323,10 +324,10 @@ func newProjectCmd() *cobra.Command {
 	stateFlag(cmd, &state)
 
 	var (
-		managed         bool
-		host, from, git string
-		owner           string
-		exportRemotes   []string
+		managed, network bool
+		host, from, git  string
+		owner            string
+		exportRemotes    []string
 	)
 	create := &cobra.Command{
 		Use:   "create NAME (--managed [--from DIR | --git URL] | --host DIR) --owner ACCOUNT",
@@ -335,7 +336,10 @@ func newProjectCmd() *cobra.Command {
 
 --managed makes a workspace STATE/projects/NAME for a managed machine: empty,
 a copy of the host directory --from DIR, or a clone of --git URL (cloned on the
-host). --host DIR makes a host project rooted at the existing directory DIR.`,
+host). --host DIR makes a host project rooted at the existing directory DIR;
+its members' commands are confined (as its own unprivileged user when corral
+is root) and have no network unless --network, except trusted members'
+(add-member --trusted), which run unconfined as corral's own user.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if managed == (host != "") {
@@ -343,6 +347,9 @@ host). --host DIR makes a host project rooted at the existing directory DIR.`,
 			}
 			if host != "" && (from != "" || git != "") {
 				return errors.New("--from and --git go with --managed")
+			}
+			if network && host == "" {
+				return errors.New("--network goes with --host")
 			}
 			if owner == "" {
 				return errors.New("--owner ACCOUNT is required")
@@ -367,6 +374,11 @@ host). --host DIR makes a host project rooted at the existing directory DIR.`,
 				if err != nil {
 					return err
 				}
+				if network {
+					if err := st.SetProjectNetwork(ctx, p.ID, true); err != nil {
+						return err
+					}
+				}
 				fmt.Fprintf(cmd.OutOrStdout(), "%d\n", p.ID)
 				return nil
 			})
@@ -379,6 +391,33 @@ host). --host DIR makes a host project rooted at the existing directory DIR.`,
 	cf.StringVar(&git, "git", "", "clone the workspace from `URL` (--managed)")
 	cf.StringVar(&owner, "owner", "", "the owning `ACCOUNT` (name or id)")
 	cf.StringArrayVar(&exportRemotes, "export-remote", nil, "export only to remotes matching `PATTERN` too (narrows the daemon's --export-remote; repeatable)")
+	cf.BoolVar(&network, "network", false, "let confined commands use the host's network (--host)")
+
+	networkCmd := &cobra.Command{
+		Use:   "network PROJECT on|off",
+		Short: "Let a host project's confined commands use the host's network, or not",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var on bool
+			switch args[1] {
+			case "on":
+				on = true
+			case "off":
+			default:
+				return fmt.Errorf("network %q: want on or off", args[1])
+			}
+			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+				p, err := projectArg(ctx, st, args[0])
+				if err != nil {
+					return err
+				}
+				if p.Kind != store.ProjectHost {
+					return fmt.Errorf("project %s is a %s project: network applies to host projects", p.Name, p.Kind)
+				}
+				return st.SetProjectNetwork(ctx, p.ID, on)
+			})
+		},
+	}
 
 	var trusted, asOwner bool
 	addMember := &cobra.Command{
@@ -401,8 +440,13 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				if asOwner {
 					role = store.RoleOwner
 				}
-				_, err = st.AddMember(ctx, store.Member{Project: p.ID, Account: a.ID, Role: role, Trusted: trusted})
-				return err
+				if _, err = st.AddMember(ctx, store.Member{Project: p.ID, Account: a.ID, Role: role, Trusted: trusted}); err != nil {
+					return err
+				}
+				if trusted && p.Kind == store.ProjectHost {
+					fmt.Fprintf(cmd.ErrOrStderr(), "note: %s is trusted: its commands in %s run unconfined, as corral's own user (root for a root daemon)\n", a.Name, p.Name)
+				}
+				return nil
 			})
 		},
 	}
@@ -427,10 +471,38 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 					}
 					return printJSON(cmd, out)
 				}
+				accounts, err := st.ListAccounts(ctx)
+				if err != nil {
+					return err
+				}
+				names := map[int64]string{}
+				for _, a := range accounts {
+					names[a.ID] = a.Name
+				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tNAME\tKIND\tROOT")
+				fmt.Fprintln(tw, "ID\tNAME\tKIND\tROOT\tNETWORK\tTRUSTED (unconfined, as corral's user)")
 				for _, p := range ps {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", p.ID, p.Name, p.Kind, p.Root)
+					network, trusted := "-", "-"
+					if p.Kind == store.ProjectHost {
+						network = "no"
+						if p.Network {
+							network = "yes"
+						}
+						ms, err := st.ListMembers(ctx, p.ID)
+						if err != nil {
+							return err
+						}
+						var ts []string
+						for _, m := range ms {
+							if m.Trusted {
+								ts = append(ts, names[m.Account])
+							}
+						}
+						if len(ts) > 0 {
+							trusted = strings.Join(ts, ",")
+						}
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Kind, p.Root, network, trusted)
 				}
 				return tw.Flush()
 			})
@@ -514,7 +586,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, addMember, list, del, members, removeMember)
+	cmd.AddCommand(create, addMember, list, del, networkCmd, members, removeMember)
 	return cmd
 }
 

@@ -29,6 +29,10 @@ func newDaemonCmd() *cobra.Command {
 		debug      bool
 		lspServers []string
 		allowCIDRs []string
+		memory     sizeFlag
+		tmp        sizeFlag
+		pids       int64
+		cpus       float64
 	)
 	cmd := &cobra.Command{
 		Use:   "daemon --state DIR [--listen ADDR] [--worker-socket PATH]",
@@ -74,6 +78,19 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 			cfg.Logger = slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			cfg.WorkerLog = cmd.ErrOrStderr()
 			cfg.SuperviseWorker = cfg.WorkerSocket == "" && os.Geteuid() == 0
+			// The machines' default limits, for the supervised worker.
+			if memory.set {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--memory", memory.String())
+			}
+			if pids != 0 {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--pids", strconv.FormatInt(pids, 10))
+			}
+			if cpus != 0 {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--cpus", strconv.FormatFloat(cpus, 'f', -1, 64))
+			}
+			if tmp.set {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--tmp", tmp.String())
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)
@@ -101,6 +118,10 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.Var(intLimit(&cfg.AccountBudget.Sessions), "account-max-sessions", "concurrent sessions of one account (`N`, default 128; unlimited)")
 	fl.Var(&limitFlag{p: &cfg.MemoryLimit, size: true}, "memory-limit", "Go soft memory `SIZE` limit (default: --max-captured + 256MiB unless GOMEMLIMIT is set; unlimited leaves it alone)")
 	fl.DurationVar(&cfg.MaxSessionLifetime, "max-session-lifetime", daemon.DefaultMaxSessionLifetime, "close sessions (WebSocket, LSP, proxied sites) this long after they opened (`DURATION`)")
+	fl.Var(&memory, "memory", "default memory limit per machine, for the supervised worker (default 1GiB)")
+	fl.Int64Var(&pids, "pids", 0, "default task limit per machine, for the supervised worker (default 512)")
+	fl.Float64Var(&cpus, "cpus", 0, "default CPU limit per machine in CPUs, for the supervised worker (default 1)")
+	fl.Var(&tmp, "tmp", "default size of a machine's /tmp and /dev/shm, for the supervised worker (default 256MiB)")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	return cmd
 }

@@ -92,6 +92,18 @@ func TestAdminCommands(t *testing.T) {
 	if !strings.Contains(list, "web") || !strings.Contains(list, "box") || !strings.Contains(list, "managed") {
 		t.Errorf("project list:\n%s", list)
 	}
+	// The list says who runs unconfined, and which host projects have
+	// the network.
+	for _, line := range strings.Split(list, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[1] == "web" && (f[len(f)-2] != "no" || f[len(f)-1] != "bob") {
+			t.Errorf("host project line %q: want network no, trusted bob", line)
+		}
+	}
+	mustCLI(t, "project", "network", "web", "on", "--state", state)
+	if list := mustCLI(t, "project", "list", "--state", state); !strings.Contains(list, " yes ") {
+		t.Errorf("project list after network on:\n%s", list)
+	}
+	mustCLI(t, "project", "network", "web", "off", "--state", state)
 
 	sock := startDaemon(t, state)
 

@@ -54,4 +54,18 @@ func TestRunProjectPrivateWorker(t *testing.T) {
 	if status != 125 || !strings.Contains(errs, "corral: start:") {
 		t.Fatalf("missing program: %d %q", status, errs)
 	}
+	// --user: guest root, and a user the machine does not know (a start
+	// error: nothing ran).
+	out, errs, status = corral(t, state, "--project", ws, "--user", "root", "--", "sh", "-c", "id -u; echo $HOME")
+	if status != 0 || out != "0\n/root\n" {
+		t.Fatalf("--user root: %d %q %q", status, out, errs)
+	}
+	_, errs, status = corral(t, state, "--project", ws, "--user", "nosuchuser", "--", "true")
+	if status != 125 || !strings.Contains(errs, "corral: start:") || !strings.Contains(errs, "nosuchuser") {
+		t.Fatalf("--user nosuchuser: %d %q", status, errs)
+	}
+	_, errs, status = corral(t, state, "--host", ws, "--user", "root", "--", "true")
+	if status != 125 || !strings.Contains(errs, "corral: prepare:") {
+		t.Fatalf("--host with --user: %d %q", status, errs)
+	}
 }

@@ -18,6 +18,7 @@ type runFlags struct {
 	host          string
 	project       string
 	cwd           string
+	user          string
 	timeout       time.Duration
 	stdoutLimit   sizeFlag
 	stderrLimit   sizeFlag
@@ -47,8 +48,9 @@ If corral could not complete the command it writes the partial output, then
 "corral: KIND: MESSAGE" on stderr, and exits 124 for a timeout, 125 otherwise.
 
 With --json, exactly one JSON object is written to stdout:
-{"stdout":S,"stderr":S,"code":N|null,"signal":S|null} or
-{"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
+{"stdout":S,"stderr":S,"code":N|null,"signal":S|null} (plus "oomKilled":true
+after "signal":"SIGKILL" when the kernel's OOM killer killed a managed command)
+or {"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
 statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -63,6 +65,7 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 	fl.StringVar(&f.host, "host", "", "run in a host project rooted at `DIR`")
 	fl.StringVar(&f.project, "project", "", "run in a managed project whose workspace is `DIR` (root)")
 	fl.StringVar(&f.cwd, "cwd", "", "working `PATH` (host path for --host, guest path for --project)")
+	fl.StringVar(&f.user, "user", "", "run as `NAME|UID` of the machine (--project, --daemon; default: the image's user)")
 	fl.DurationVar(&f.timeout, "timeout", sandbox.DefaultTimeout, "bound the command's run time")
 	fl.Var(&f.stdoutLimit, "stdout-limit", "stdout capture limit (B, KiB, MiB; default 1MiB)")
 	fl.Var(&f.stderrLimit, "stderr-limit", "stderr capture limit (B, KiB, MiB; default 1MiB)")
@@ -99,6 +102,7 @@ func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       env.cwd,
+		User:      f.user,
 		LeaseKind: sandbox.LeaseKind(f.leaseKind),
 		Project:   env.project,
 	}

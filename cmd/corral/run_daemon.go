@@ -31,6 +31,7 @@ func runViaDaemon(ctx context.Context, f *runFlags, argv []string, opts *sandbox
 	req := client.CommandRequest{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       f.cwd,
+		User:      f.user,
 		LeaseKind: sandbox.LeaseKind(f.leaseKind),
 	}
 	if opts != nil {

@@ -19,9 +19,11 @@ import (
 func newWorkerCmd() *cobra.Command {
 	var (
 		socket, projectsRoot, state string
+		cgroupParent                string
 		idle                        time.Duration
-		memory                      sizeFlag
+		memory, tmp                 sizeFlag
 		pids                        int64
+		cpus                        float64
 		maxSessions                 int
 		allowUID                    uint32
 	)
@@ -51,9 +53,10 @@ and from the uid given by --allow-uid (the daemon's); others get a
 			w, err := worker.New(worker.Config{
 				ProjectsRoot: projectsRoot,
 				StateDir:     state,
+				CgroupParent: cgroupParent,
 				IdleGrace:    idle,
 				MaxSessions:  maxSessions,
-				Limits:       worker.Limits{Memory: memory.n, Pids: pids},
+				Limits:       worker.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n},
 				Logger:       log,
 				Name:         "corral-worker/" + version,
 				AllowUID:     allowUID,
@@ -82,10 +85,25 @@ and from the uid given by --allow-uid (the daemon's); others get a
 	fl.StringVar(&socket, "socket", "", "listen on this Unix socket `PATH`")
 	fl.StringVar(&projectsRoot, "projects-root", "", "accept only workspaces under `DIR`")
 	fl.StringVar(&state, "state", "", "worker state `DIR` (homes); default /var/lib/corral/worker")
+	fl.StringVar(&cgroupParent, "cgroup-parent", "", "machine cgroup parent `PATH`, relative to the worker's own cgroup (v1, delegated v2) or the v2 root; default corral-<hash of the state directory>")
 	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
 	fl.Var(&memory, "memory", "memory limit per machine (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "task limit per machine (default 512)")
 	fl.Uint32Var(&allowUID, "allow-uid", 0, "also serve connections from this `UID` (the daemon's; root is always served)")
+	fl.Float64Var(&cpus, "cpus", 0, "CPU limit per machine, in CPUs (default 1; negative: none)")
+	fl.Var(&tmp, "tmp", "size of a machine's /tmp and of its /dev/shm, each; charged to its memory (default 256MiB)")
 	fl.IntVar(&maxSessions, "max-sessions", 0, "sessions per machine (default 64)")
 	return cmd
+}
+
+// cpuMillis converts a --cpus value to thousandths of a CPU (negative
+// stays negative: no limit).
+func cpuMillis(cpus float64) int64 {
+	switch {
+	case cpus < 0:
+		return -1
+	case cpus == 0:
+		return 0
+	}
+	return max(int64(cpus*1000+0.5), 1)
 }

@@ -29,6 +29,7 @@ func MaybeRunChild() {
 		ProjectsRoot: os.Getenv(childEnv + "_ROOT"),
 		StateDir:     os.Getenv(childEnv + "_STATE"),
 		CgroupParent: os.Getenv(childEnv + "_CGROUP"),
+		IDRegistry:   IDRegistry,
 		Limits:       worker.Limits{Memory: 512 << 20, Pids: 256},
 	})
 	if err == nil {

@@ -39,7 +39,14 @@ type Options struct {
 	ProjectsRoot string
 	// Logger receives the worker's logs; nil discards them.
 	Logger *slog.Logger
+	// SelfExe is worker.Config.SelfExe (empty: this test binary).
+	SelfExe string
 }
+
+// IDRegistry is the id-range registry of test workers (not the host's
+// real one, idrange.DefaultRegistry): every test worker on the host gets a
+// disjoint block, freed when its temporary state directory is removed.
+var IDRegistry = filepath.Join(os.TempDir(), "corral-test-id-ranges.json")
 
 // CgroupPrefix starts the name of every cgroup parent this test process's
 // in-process workers use, to find their machines' processes.
@@ -74,6 +81,8 @@ func Start(t testing.TB, opts Options) *Worker {
 		Limits:       opts.Limits,
 		MaxSessions:  opts.MaxSessions,
 		CgroupParent: parent,
+		IDRegistry:   IDRegistry,
+		SelfExe:      opts.SelfExe,
 		Logger:       log,
 	})
 	if err != nil {

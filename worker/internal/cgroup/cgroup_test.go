@@ -32,13 +32,13 @@ func exercise(t *testing.T, l *Layout, lim Limits) {
 	}
 	t.Cleanup(func() { _ = g.Destroy() })
 	if lim.Pids > 0 {
-		b, err := os.ReadFile(filepath.Join(g.paths[len(g.paths)-1], "pids.max"))
+		b, err := os.ReadFile(filepath.Join(g.path("pids"), "pids.max"))
 		if err != nil || strings.TrimSpace(string(b)) != strconv.FormatInt(lim.Pids, 10) {
 			t.Fatalf("pids.max = %q, %v", b, err)
 		}
 	}
 	if lim.Memory > 0 && !l.v2 {
-		b, err := os.ReadFile(filepath.Join(g.paths[0], "memory.limit_in_bytes"))
+		b, err := os.ReadFile(filepath.Join(g.path("memory"), "memory.limit_in_bytes"))
 		if err != nil || strings.TrimSpace(string(b)) != strconv.FormatInt(lim.Memory, 10) {
 			t.Fatalf("memory.limit_in_bytes = %q, %v", b, err)
 		}
@@ -174,5 +174,44 @@ func TestRemoveStale(t *testing.T) {
 	}
 	if _, err := os.Stat(g.Paths()[0]); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("stale group left: %v", err)
+	}
+}
+
+// Sessions get cgroups of their own on v2 only, under the machine's group,
+// which is delegated to the machine's guest root (and nothing on v1).
+func TestSessionParentAndDelegate(t *testing.T) {
+	requireRoot(t)
+	for _, root := range []string{Root, filepath.Join(Root, "unified")} {
+		var st unix.Statfs_t
+		if err := unix.Statfs(root, &st); err != nil || st.Type != unix.CGROUP2_SUPER_MAGIC && root != Root {
+			continue
+		}
+		l, err := detect(root, parentName(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := l.New("s", Limits{})
+		if err != nil {
+			removeParents(l)
+			t.Fatal(err)
+		}
+		if err := g.Delegate(123456, 123457); err != nil {
+			t.Error(err)
+		}
+		switch sp := g.SessionParent(); {
+		case !l.V2() && sp != "":
+			t.Errorf("v1 session parent %q", sp)
+		case l.V2() && sp != g.Paths()[0]:
+			t.Errorf("v2 session parent %q, want %q", sp, g.Paths()[0])
+		case l.V2():
+			for _, f := range []string{"", "cgroup.procs", "cgroup.subtree_control"} {
+				var s unix.Stat_t
+				if err := unix.Stat(filepath.Join(sp, f), &s); err != nil || s.Uid != 123456 || s.Gid != 123457 {
+					t.Errorf("%s/%s: owner %d:%d, %v", sp, f, s.Uid, s.Gid, err)
+				}
+			}
+		}
+		_ = g.Destroy()
+		removeParents(l)
 	}
 }

@@ -15,7 +15,11 @@
 //	  |                                        |  hostname, loopback, rlimits
 //	  |<------------------- ready | fail {msg} |  (fail: init exits nonzero)
 //	  |                                        |
-//	  |-- start {sid, argv, env, cwd} + 3 fds ->|  fork the session
+//	  |-- lookup {sid, user} ----------------->|  resolve a named user in the
+//	  |<-- lookedUp {sid, cred | msg}          |  machine's /etc/passwd, group
+//	  |                                        |
+//	  |-- start {sid, argv, env, cwd,          |  fork the session (as cred,
+//	  |   [cred | user]} + 3 fds ------------>|  or user, or the default)
 //	  |<---- started {sid} | notStarted {sid, msg}
 //	  |-- kill {sid} ------------------------->|  SIGKILL the session's holder
 //	  |<--- exit {sid, code | signal}          |  after wait4 observed it and
@@ -57,6 +61,8 @@ const (
 	OpNotStarted = "notStarted"
 	OpKill       = "kill"
 	OpExit       = "exit"
+	OpLookup     = "lookup"
+	OpLookedUp   = "lookedUp"
 )
 
 // MaxPacket bounds one control packet. A start carries at most one wire
@@ -69,16 +75,24 @@ const MaxPacket = 200 << 10
 var opCodes = map[string]byte{
 	OpConfig: 1, OpReady: 2, OpFail: 3, OpStart: 4,
 	OpStarted: 5, OpNotStarted: 6, OpKill: 7, OpExit: 8,
+	OpLookup: 9, OpLookedUp: 10,
 }
 
 // opNames is opCodes reversed.
 var opNames = [...]string{1: OpConfig, 2: OpReady, 3: OpFail, 4: OpStart,
-	5: OpStarted, 6: OpNotStarted, 7: OpKill, 8: OpExit}
+	5: OpStarted, 6: OpNotStarted, 7: OpKill, 8: OpExit,
+	9: OpLookup, 10: OpLookedUp}
 
 // Config is what the init needs to build the machine.
 type Config struct {
 	Hostname string `json:"hostname"`
-	// UID and GID are the guest ids sessions run as.
+	// DefaultUser is who sessions run as unless their start names a user:
+	// a user name or a numeric uid of the machine's /etc/passwd, optionally
+	// followed by ":" and a group name or gid (as an image's config says).
+	// Empty means UID and GID. An unknown name fails the machine's start.
+	DefaultUser string `json:"defaultUser,omitempty"`
+	// UID and GID are the guest ids of the default user when DefaultUser
+	// is empty.
 	UID int `json:"uid"`
 	GID int `json:"gid"`
 	// NProc, when positive, is RLIMIT_NPROC for the session user.
@@ -92,12 +106,26 @@ type Config struct {
 	// GoHolder makes session namespace holders corral's own binary rather
 	// than env and sleep from the host.
 	GoHolder bool `json:"goHolder,omitempty"`
+	// SessionCgroup, on cgroup v2, is the host path of the machine's
+	// cgroup, delegated to guest root: each session gets a child group of
+	// it. Empty: no session groups (v1).
+	SessionCgroup string `json:"sessionCgroup,omitempty"`
 	// MaxSessions is how many sessions the worker admits at once; the init
 	// keeps as many unused namespace holders (and a few). Zero: unknown.
 	MaxSessions int `json:"maxSessions,omitempty"`
 	// TmpSize, when positive, is the size limit in bytes of the machine's
 	// /tmp and of its /dev/shm (each). Zero: unsized.
 	TmpSize int64 `json:"tmpSize,omitempty"`
+}
+
+// Cred is whom a session runs as: resolved by the init (lookedUp) and
+// given back to it with the session's start.
+type Cred struct {
+	UID, GID uint32
+	// Groups are the supplementary groups.
+	Groups []uint32
+	// Home is the session's HOME unless its environment sets one.
+	Home string
 }
 
 // Msg is one control packet.
@@ -111,6 +139,14 @@ type Msg struct {
 	Signal  string   `json:"signal,omitempty"`
 	Message string   `json:"message,omitempty"`
 	Config  *Config  `json:"config,omitempty"`
+	// User is the user a lookup asks for (Config.DefaultUser's syntax),
+	// or, in a start without Cred, the user to resolve and run the session
+	// as (one every machine knows: root or a uid).
+	User string `json:"user,omitempty"`
+	// Cred is a lookup's answer (absent: the user is unknown, Message says
+	// why) and, in a start, whom to run the session as (absent: the
+	// default user).
+	Cred *Cred `json:"cred,omitempty"`
 }
 
 // FDCount reports how many descriptors m carries.
@@ -312,6 +348,8 @@ func (e *Endpoint) recv(flag int) (*Msg, []int, error) {
 const (
 	hasCode = 1 << iota
 	hasConfig
+	hasUser
+	hasCred
 )
 
 // encode returns m's packet and the control message carrying files.
@@ -319,8 +357,9 @@ const (
 // The packet is: the op's code (one byte), the presence bits (one byte),
 // the SID (uvarint), then Argv and Env (each a uvarint count of strings),
 // Cwd, Signal and Message; each string is a uvarint length and its bytes.
-// Then Code (varint) and Config (a uvarint length and its JSON), each only
-// when present.
+// Then Code (varint), Config (a uvarint length and its JSON), User (a
+// string) and Cred (UID, GID, a uvarint count of groups and each group as
+// uvarints, then Home), each only when present.
 func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 	if len(fds) != FDCount(m) {
 		return nil, nil, ErrFDMismatch
@@ -334,13 +373,22 @@ func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 	if m.Code != nil {
 		bits |= hasCode
 	}
+	if m.User != "" {
+		bits |= hasUser
+	}
+	if m.Cred != nil {
+		bits |= hasCred
+	}
 	if m.Config != nil {
 		bits |= hasConfig
 		if config, err = json.Marshal(m.Config); err != nil {
 			return nil, nil, fmt.Errorf("ctl: %w", err)
 		}
 	}
-	size := 2 + binary.MaxVarintLen64*(3+len(m.Argv)+len(m.Env)+5) + len(m.Cwd) + len(m.Signal) + len(m.Message) + len(config)
+	size := 2 + binary.MaxVarintLen64*(3+len(m.Argv)+len(m.Env)+10) + len(m.Cwd) + len(m.Signal) + len(m.Message) + len(config) + len(m.User)
+	if m.Cred != nil {
+		size += binary.MaxVarintLen32*len(m.Cred.Groups) + len(m.Cred.Home)
+	}
 	for _, a := range m.Argv {
 		size += len(a)
 	}
@@ -361,6 +409,18 @@ func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 	if m.Config != nil {
 		b = binary.AppendUvarint(b, uint64(len(config)))
 		b = append(b, config...)
+	}
+	if m.User != "" {
+		b = appendString(b, m.User)
+	}
+	if c := m.Cred; c != nil {
+		b = binary.AppendUvarint(b, uint64(c.UID))
+		b = binary.AppendUvarint(b, uint64(c.GID))
+		b = binary.AppendUvarint(b, uint64(len(c.Groups)))
+		for _, g := range c.Groups {
+			b = binary.AppendUvarint(b, uint64(g))
+		}
+		b = appendString(b, c.Home)
 	}
 	if len(b) > MaxPacket {
 		return nil, nil, fmt.Errorf("ctl: packet of %d bytes exceeds %d", len(b), MaxPacket)
@@ -438,6 +498,32 @@ func (r *reader) bytes() []byte {
 
 func (r *reader) string() string { return string(r.bytes()) }
 
+func (r *reader) uint32() uint32 {
+	v := r.uvarint()
+	if v > 1<<32-1 {
+		r.err, r.b = errMalformed, nil
+		return 0
+	}
+	return uint32(v)
+}
+
+func (r *reader) cred() *Cred {
+	c := &Cred{UID: r.uint32(), GID: r.uint32()}
+	n := r.uvarint()
+	if n > uint64(len(r.b)) { // each group takes at least a byte
+		r.err, r.b = errMalformed, nil
+		return nil
+	}
+	if n > 0 {
+		c.Groups = make([]uint32, n)
+		for i := range c.Groups {
+			c.Groups[i] = r.uint32()
+		}
+	}
+	c.Home = r.string()
+	return c
+}
+
 func (r *reader) strings() []string {
 	n := r.uvarint()
 	if n == 0 {
@@ -461,7 +547,7 @@ func unmarshal(b []byte) (*Msg, error) {
 	}
 	m := &Msg{Op: opNames[b[0]]}
 	bits := b[1]
-	if bits&^(hasCode|hasConfig) != 0 {
+	if bits&^(hasCode|hasConfig|hasUser|hasCred) != 0 {
 		return nil, errMalformed
 	}
 	r := &reader{b: b[2:]}
@@ -483,6 +569,14 @@ func unmarshal(b []byte) (*Msg, error) {
 				return nil, fmt.Errorf("ctl: decode: %w", err)
 			}
 		}
+	}
+	if bits&hasUser != 0 {
+		if m.User = r.string(); m.User == "" && r.err == nil {
+			return nil, errMalformed // encode never sends an empty one
+		}
+	}
+	if bits&hasCred != 0 {
+		m.Cred = r.cred()
 	}
 	if r.err != nil {
 		return nil, r.err

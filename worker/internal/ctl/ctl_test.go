@@ -136,6 +136,12 @@ func TestEncodingRoundTrip(t *testing.T) {
 		{Op: OpExit, SID: 5, Signal: "SIGKILL"},
 		{Op: OpNotStarted, SID: 6, Message: "exec \"x\": not found"},
 		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, GID: 1000, NProc: 5, Mask: []string{"/a"}, GuestWorkspace: "/w", GuestHome: "/h"}},
+		{Op: OpConfig, Config: &Config{Hostname: "h", DefaultUser: "app:staff", UID: 1000, GID: 1000}},
+		{Op: OpLookup, SID: 8, User: "nobody"},
+		{Op: OpLookedUp, SID: 8, Cred: &Cred{UID: 65534, GID: 65534, Groups: []uint32{1, 1 << 31}, Home: "/nonexistent"}},
+		{Op: OpLookedUp, SID: 9, Message: "unknown user \"x\""},
+		{Op: OpStart, SID: 10, Argv: []string{"id"}, Cwd: "/workspace", Cred: &Cred{UID: 0, GID: 0, Home: "/root"}},
+		{Op: OpStart, SID: 11, Argv: []string{"id"}, Cwd: "/workspace", User: "root"},
 	} {
 		b, _, err := encode(m, make([]int, FDCount(m)))
 		if err != nil {
@@ -161,7 +167,10 @@ func TestEncodingRoundTrip(t *testing.T) {
 	if _, _, err := encode(&Msg{Op: "bogus"}, nil); err == nil {
 		t.Error("unknown op encoded")
 	}
-	for _, b := range [][]byte{nil, {0, 0, 0}, {9, 0, 0}, {byte(len(opNames)), 0, 0}, {2, 0x80, 0}} {
+	for _, b := range [][]byte{nil, {0, 0, 0}, {11, 0, 0}, {byte(len(opNames)), 0, 0}, {2, 0x80, 0},
+		{9, hasUser, 0, 0, 0, 0, 0, 0, 0},                                      // an empty user
+		{10, hasCred, 0, 0, 0, 0, 0, 0, 0x80, 0x80, 0x80, 0x80, 0x10, 0, 0, 0}, // a uid above 2^32-1
+	} {
 		if _, err := unmarshal(b); err == nil {
 			t.Errorf("%v accepted", b)
 		}
@@ -177,7 +186,10 @@ func FuzzUnmarshal(f *testing.F) {
 		{Op: OpReady},
 		{Op: OpStart, SID: 9, Argv: []string{"sh", "-c", "x"}, Env: []string{"A=b"}, Cwd: "/workspace"},
 		{Op: OpExit, SID: 3, Code: &code},
-		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000}},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, DefaultUser: "root"}},
+		{Op: OpLookup, SID: 4, User: "1000:1000"},
+		{Op: OpLookedUp, SID: 4, Cred: &Cred{UID: 1000, GID: 1000, Groups: []uint32{27, 100}, Home: "/home/corral"}},
+		{Op: OpStart, SID: 5, Argv: []string{"id"}, Cred: &Cred{UID: 4242, GID: 4242, Home: "/"}},
 	} {
 		b, _, err := encode(m, make([]int, FDCount(m)))
 		if err != nil {

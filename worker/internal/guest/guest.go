@@ -48,12 +48,17 @@ func Main() {
 	for i, fd := range fds {
 		mounts[i] = os.NewFile(uintptr(fd), "mount")
 	}
+	openSessionCgroups(m.Config) // while the host's paths are visible
 	if err := setup(m.Config, mounts); err != nil {
 		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 		os.Exit(1)
 	}
-	in := &pid1{c: c, cfg: m.Config, byPID: make(map[int]*session), bySID: make(map[uint64]*session)}
+	in := &pid1{c: c, cfg: m.Config, byPID: make(map[int]*session), bySID: make(map[uint64]*session), childs2: -1}
 	if err := in.preparePidNS(); err != nil {
+		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
+		os.Exit(1)
+	}
+	if err := in.preparePrivilege(); err != nil {
 		_ = c.Send(&ctl.Msg{Op: ctl.OpFail, Message: err.Error()})
 		os.Exit(1)
 	}
@@ -78,6 +83,11 @@ func markCloexec() {
 }
 
 func setup(cfg *ctl.Config, mountFDs []*os.File) error {
+	// First, through the /proc the init was born with (see
+	// setUserNSLimits).
+	if err := setUserNSLimits(cfg.MaxSessions); err != nil {
+		return err
+	}
 	if err := setupRoot(cfg, mountFDs); err != nil {
 		return err
 	}
@@ -101,8 +111,81 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 	// and exec, and sessions must start with every signal at its default
 	// (Go resets the signals it handles in the child).
 	signal.Notify(make(chan os.Signal, 1), syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE)
-	// Last: the filter binds this thread, from which every session forks.
-	return installSetIDFilter()
+	return nil
+}
+
+// preparePrivilege resolves the default user and restricts the threads
+// that fork sessions (see caps.go): this one for the default user's
+// class, another for the other class. Called last before ready: what the
+// init does on this thread afterwards must be allowed by the syscall
+// policy.
+func (in *pid1) preparePrivilege() error {
+	db, err := loadUserDB()
+	if err != nil {
+		return fmt.Errorf("default user: %w", err)
+	}
+	spec, fallbackGID := in.cfg.DefaultUser, int64(-1)
+	if spec == "" {
+		spec, fallbackGID = strconv.Itoa(in.cfg.UID), int64(in.cfg.GID)
+	}
+	if in.defaultCred, err = db.resolve(spec, fallbackGID); err != nil {
+		return fmt.Errorf("default user: %w", err)
+	}
+	in.setHome(in.defaultCred)
+	other := rootCaps
+	if in.defaultCred.UID == 0 {
+		other = nil
+	}
+	if in.other, err = newForkThread(other); err != nil {
+		return fmt.Errorf("session thread: %w", err)
+	}
+	if in.childs2, err = openChildren(os.Getpid(), in.other.tid); err != nil {
+		return fmt.Errorf("open session thread's children list: %w", err)
+	}
+	if err := restrictThread(capsFor(in.defaultCred.UID)); err != nil {
+		return fmt.Errorf("session thread: %w", err)
+	}
+	return nil
+}
+
+// capsFor returns the capabilities sessions of uid may hold.
+func capsFor(uid uint32) []int {
+	if uid == 0 {
+		return rootCaps
+	}
+	return nil
+}
+
+// threadFor returns the thread that forks sessions of uid (nil: the
+// loop's).
+func (in *pid1) threadFor(uid uint32) *forkThread {
+	if (uid == 0) == (in.defaultCred.UID == 0) {
+		return nil
+	}
+	return in.other
+}
+
+// setHome makes the HOME of the default user, unless root, the guest home
+// (the per-project home directory), whatever passwd says.
+func (in *pid1) setHome(c *ctl.Cred) {
+	if c.UID != 0 && c.UID == in.defaultCred.UID {
+		c.Home = in.cfg.GuestHome
+	}
+}
+
+// lookup answers a lookup request.
+func (in *pid1) lookup(m *ctl.Msg) {
+	reply := &ctl.Msg{Op: ctl.OpLookedUp, SID: m.SID}
+	db, err := loadUserDB()
+	if err == nil {
+		reply.Cred, err = db.resolve(m.User, -1)
+	}
+	if err != nil {
+		reply.Message = err.Error()
+	} else {
+		in.setHome(reply.Cred)
+	}
+	_ = in.c.Send(reply)
 }
 
 // pid1 is the init's state. Everything runs on the init's one locked
@@ -115,7 +198,12 @@ func setup(cfg *ctl.Config, mountFDs []*os.File) error {
 // which the kernel refuses for threads).
 //
 // The other goroutines are the holder pool's spawner, which shares only
-// the pool with the loop (under the pool's mutex), and os/signal's.
+// the pool with the loop (under the pool's mutex), os/signal's, and the
+// other forking thread's (forkThread), which runs the forks of the
+// sessions of the other privilege class than the default user's while
+// the loop waits for it: what is said here of the loop's thread holds for
+// it too (it is locked, restricted, and sets its own pid_ns_for_children
+// for a fork).
 type pid1 struct {
 	c     *ctl.Endpoint
 	cfg   *ctl.Config
@@ -124,9 +212,10 @@ type pid1 struct {
 	byPID map[int]*session // running sessions by pid of main process and of holder
 	bySID map[uint64]*session
 	poll  []unix.PollFd
-	// spawned are the holders this thread spawned (when the pool was
-	// empty), until reaped: they are, with the sessions' main processes,
-	// the children this thread knows of.
+	// spawned are the holders spawned for a session (when the pool was
+	// empty), until reaped. They are children of the pool's spawner
+	// thread (spawnNow), not of this one; kept so that nsEmpty would not
+	// take one for a stray were it ever spawned here.
 	spawned map[int]bool
 	// strays are children of this thread that it did not fork: processes
 	// a session made with clone(CLONE_PARENT), by pidfd. They are polled
@@ -135,7 +224,15 @@ type pid1 struct {
 	// until reaped.
 	strays map[int]int
 	childs int // this thread's /proc children file
-	buf    []byte
+	// defaultCred is the default user; other forks the sessions of the
+	// other class (root or not), whose children file is childs2.
+	defaultCred *ctl.Cred
+	other       *forkThread
+	childs2     int
+	// otherForked is set once the other thread forked a session: until
+	// then it has no child to look at.
+	otherForked bool
+	buf         []byte
 	// yielded is when the loop last yielded (see yieldEvery).
 	yielded time.Time
 }
@@ -174,6 +271,7 @@ func (in *pid1) preparePidNS() error {
 	if in.home, err = openNSHome(); err != nil {
 		return err
 	}
+	initOOMGuard()
 	if in.childs, err = openChildren(os.Getpid(), unix.Gettid()); err != nil {
 		return fmt.Errorf("open own children list: %w", err)
 	}
@@ -240,12 +338,15 @@ func (in *pid1) serve() bool {
 		switch m.Op {
 		case ctl.OpStart:
 			in.start(m, fds)
+		case ctl.OpLookup:
+			in.lookup(m)
 		case ctl.OpKill:
 			if s, ok := in.bySID[m.SID]; ok && s.holder != nil {
 				// The kernel kills every process of the holder's
 				// namespace, the main process included, wherever
 				// they forked to.
 				s.holder.kill()
+				killSessionCgroup(m.SID)
 			}
 		default:
 			closeFDs(fds)
@@ -276,16 +377,41 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	for _, fd := range stdio {
 		_ = setBlocking(fd)
 	}
+	cred := in.defaultCred
+	switch {
+	case m.Cred != nil:
+		cred = m.Cred
+	case m.User != "":
+		// One every machine knows (root, a mapped uid): resolved here,
+		// without a lookup before the session was accepted.
+		db, err := loadUserDB()
+		if err == nil {
+			cred, err = db.resolve(m.User, -1)
+		}
+		if err != nil {
+			notStarted(err.Error())
+			return
+		}
+		in.setHome(cred)
+	}
+	env := m.Env
+	if envHome(env) < 0 {
+		env = append(env, "HOME="+cred.Home)
+	}
 	pidfd := -1
 	attr := &syscall.ProcAttr{
 		Dir:   m.Cwd,
-		Env:   m.Env,
+		Env:   env,
 		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
 		Sys: &syscall.SysProcAttr{
 			Setsid:     true,
-			Credential: &syscall.Credential{Uid: uint32(in.cfg.UID), Gid: uint32(in.cfg.GID), Groups: []uint32{}},
+			Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: cred.Groups},
 			PidFD:      &pidfd,
 		},
+	}
+	thread := in.threadFor(cred.UID)
+	if thread != nil {
+		in.otherForked = true
 	}
 	var (
 		h   *holder
@@ -306,7 +432,18 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 		if spawned {
 			in.spawned[h.pid] = true
 		}
-		pid, err = in.forkIn(h, path, m.Argv, attr)
+		cg := newSessionCgroup(m.SID)
+		attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = cg >= 0, cg
+		thread.do(func() { pid, err = in.forkIn(h, path, m.Argv, attr) })
+		if cg >= 0 {
+			unix.Close(cg)
+			if err != nil && !errors.Is(err, errEnter) {
+				// Perhaps CLONE_INTO_CGROUP refused: go on without.
+				disableSessionCgroups(m.SID)
+				attr.Sys.UseCgroupFD, attr.Sys.CgroupFD = false, 0
+				thread.do(func() { pid, err = in.forkIn(h, path, m.Argv, attr) })
+			}
+		}
 		// A holder that died in the pool (the OOM killer?) takes no
 		// process into its namespace: setns through its pidfd fails once
 		// it is exiting (ESRCH, or EPERM while its exit is under way), the
@@ -321,6 +458,7 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 		in.pool.purge()
 	}
 	if err != nil {
+		removeSessionCgroup(m.SID)
 		// The child that failed to exec ran nothing of the session's
 		// and has been reaped: the namespace is as it was.
 		if h.alive() {
@@ -362,7 +500,7 @@ func (in *pid1) forkIn(h *holder, path string, argv []string, attr *syscall.Proc
 	if err := enterHolder(h); err != nil {
 		return 0, fmt.Errorf("%w: %w", errEnter, err)
 	}
-	pid, err := syscall.ForkExec(path, argv, attr)
+	pid, err := guardedFork(func() (int, error) { return syscall.ForkExec(path, argv, attr) })
 	if serr := in.home.restore(); serr != nil {
 		in.fatal(serr)
 		os.Exit(1)
@@ -429,6 +567,7 @@ func (in *pid1) reap() {
 			in.pool.replenish()
 		}
 		if s.pid == 0 && s.holder == nil {
+			removeSessionCgroup(s.sid)
 			delete(in.bySID, s.sid)
 			_ = in.c.Send(s.exit)
 		}
@@ -440,8 +579,9 @@ func (in *pid1) reap() {
 // namespace is then in h's subtree — the main process's children were
 // reparented to h before it became reapable, and orphans go to h — or,
 // made by clone(CLONE_PARENT) from the main process or from such a
-// process, a child of this thread: a stray. So the namespace is empty if
-// this thread has no stray (none can appear once there is none) and then
+// process, a child of the thread that forked it (either forking thread):
+// a stray. So the namespace is empty if neither thread has a stray (none
+// can appear once there is none) and then
 // h has no child. Nothing can enter an empty namespace but a fork by the
 // init. Any doubt (a /proc file unreadable) answers false, and the holder
 // is killed.
@@ -449,31 +589,36 @@ func (in *pid1) reap() {
 // Strays found are registered for polling, whichever session they belong
 // to: while one lives, every session ending kills its holder.
 func (in *pid1) nsEmpty(h *holder) bool {
-	b, err := readAt(in.childs, in.buf)
-	if err != nil {
-		return false
-	}
 	empty := true
-	for f := range strings.FieldsSeq(string(b)) {
-		pid, err := strconv.Atoi(f)
+	for _, childs := range []int{in.childs, in.childs2} {
+		if childs < 0 || childs == in.childs2 && !in.otherForked {
+			continue
+		}
+		b, err := readAt(childs, in.buf)
 		if err != nil {
 			return false
 		}
-		if _, ok := in.byPID[pid]; ok || in.spawned[pid] {
-			continue
-		}
-		empty = false
-		if _, ok := in.strays[pid]; !ok {
-			// An unreaped child: its pid cannot have been reused.
-			if fd, err := unix.PidfdOpen(pid, 0); err == nil {
-				in.strays[pid] = fd
+		for f := range strings.FieldsSeq(string(b)) {
+			pid, err := strconv.Atoi(f)
+			if err != nil {
+				return false
+			}
+			if _, ok := in.byPID[pid]; ok || in.spawned[pid] {
+				continue
+			}
+			empty = false
+			if _, ok := in.strays[pid]; !ok {
+				// An unreaped child: its pid cannot have been reused.
+				if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+					in.strays[pid] = fd
+				}
 			}
 		}
 	}
 	if !empty {
 		return false
 	}
-	b, err = readAt(h.childs, in.buf)
+	b, err := readAt(h.childs, in.buf)
 	return err == nil && len(b) == 0
 }
 
@@ -490,6 +635,16 @@ func exitMsg(sid uint64, ws unix.WaitStatus) *ctl.Msg {
 		msg.Signal = fmt.Sprintf("SIG%d", int(ws.Signal()))
 	}
 	return msg
+}
+
+// envHome returns the index of env's HOME, or -1.
+func envHome(env []string) int {
+	for i, kv := range env {
+		if strings.HasPrefix(kv, "HOME=") {
+			return i
+		}
+	}
+	return -1
 }
 
 func envPath(env []string) string {

@@ -157,8 +157,8 @@ var holderCommand = sync.OnceValues(func() (string, []string) {
 // whose /proc it replaces by one of the holder's pid namespace
 // (sessionProc). p.null is given to it as stdio; every other descriptor
 // of the init is close-on-exec. It must run on a locked thread that has
-// unshared its fs (unshareFS), in the init's namespaces: the init's loop
-// or the pool's spawner.
+// unshared its fs (unshareFS), in the init's namespaces, without the
+// sessions' restrictions: the pool's spawner (see spawnNow).
 func (p *holderPool) spawn() (*holder, error) {
 	pidfd := -1
 	attr := &syscall.ProcAttr{
@@ -195,6 +195,7 @@ func (p *holderPool) spawn() (*holder, error) {
 	if err != nil {
 		return nil, fmt.Errorf("spawn pid namespace holder: %w", err)
 	}
+	protectHolder(pid)
 	h := &holder{pid: pid, pidfd: pidfd, childs: -1, mntns: -1}
 	// Opened now, off the exec path. The holder is an unreaped child: its
 	// pid cannot name another process.
@@ -294,6 +295,8 @@ type holderPool struct {
 	retain    int           // unused holders kept (retainFor)
 	retry     time.Duration // wait after a failed spawn (at the pids limit)
 	wake      chan struct{} // wakes the spawner; capacity 1
+	// now asks the spawner for a holder at once (spawnNow).
+	now chan chan spawnResult
 
 	mu      sync.Mutex
 	ready   []*holder
@@ -304,7 +307,7 @@ type holderPool struct {
 // holders. It fails if the spawner's thread cannot be made ready to enter
 // holders' mount namespaces.
 func newHolderPool(null int, home nsHome, fail func(error), goHolder bool, retain int) (*holderPool, error) {
-	p := &holderPool{null: null, home: home, fail: fail, goHolder: goHolder, selfMount: !pidnsOption(), retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1)}
+	p := &holderPool{null: null, home: home, fail: fail, goHolder: goHolder, selfMount: !pidnsOption(), retain: retain, retry: 100 * time.Millisecond, wake: make(chan struct{}, 1), now: make(chan chan spawnResult)}
 	ready := make(chan error, 1)
 	go p.run(ready)
 	if err := <-ready; err != nil {
@@ -337,8 +340,24 @@ func (p *holderPool) run(ready chan<- error) {
 		return
 	}
 	ready <- nil
-	for range p.wake {
+	serve := func(reply chan spawnResult) {
+		h, err := p.spawn()
+		reply <- spawnResult{h, err}
+	}
+	for {
+		select {
+		case reply := <-p.now:
+			serve(reply)
+			continue
+		case <-p.wake:
+		}
 		for {
+			select {
+			case reply := <-p.now:
+				serve(reply)
+				continue
+			default:
+			}
 			p.mu.Lock()
 			n := p.pending
 			p.mu.Unlock()
@@ -347,7 +366,11 @@ func (p *holderPool) run(ready chan<- error) {
 			}
 			h, err := p.spawn()
 			if err != nil {
-				time.Sleep(p.retry)
+				select {
+				case reply := <-p.now:
+					serve(reply)
+				case <-time.After(p.retry):
+				}
 				continue
 			}
 			p.mu.Lock()
@@ -368,7 +391,7 @@ func (p *holderPool) run(ready chan<- error) {
 }
 
 // get returns a holder: a ready one, or else one spawned on the spot
-// (spawned is then true: the holder is a child of the calling thread).
+// (spawnNow; spawned is then true).
 // When it takes the last ready holder and none is on its way, it orders
 // one. A ready holder is not checked (a poll per session): one that died
 // in the pool fails the fork into its namespace, and the caller discards
@@ -383,17 +406,36 @@ func (p *holderPool) get() (h *holder, spawned bool, err error) {
 	}
 	p.mu.Unlock()
 	if h == nil {
-		h, err = p.spawn()
+		h, err = p.spawnNow()
 		return h, err == nil, err
 	}
 	return h, false, nil
 }
 
 // fresh spawns a holder for the caller alone, bypassing the pool (whose
-// ready holders may all be dead or dying); it is a child of the calling
-// thread.
+// ready holders may all be dead or dying), with spawnNow.
 func (p *holderPool) fresh() (*holder, error) {
-	return p.spawn()
+	return p.spawnNow()
+}
+
+// spawnResult is a spawn's outcome.
+type spawnResult struct {
+	h   *holder
+	err error
+}
+
+// spawnNow has the spawner's thread spawn a holder at once and waits for
+// it. Holders are never spawned by the threads that fork sessions: those
+// run under the sessions' syscall policy and bounding set (see caps.go),
+// under which a holder's /proc cannot be mounted, and a holder spawned
+// there would hold no more capabilities than guest root (which could then
+// attach to it). The spawner's thread has neither restriction; its
+// holders are children of that thread.
+func (p *holderPool) spawnNow() (*holder, error) {
+	reply := make(chan spawnResult, 1)
+	p.now <- reply
+	r := <-reply
+	return r.h, r.err
 }
 
 // purge discards every ready holder that has died and orders

@@ -54,7 +54,9 @@ var (
 // locked (runtime.LockOSThread) and never unlocked: Go would otherwise
 // run other goroutines on it with that root, or in the namespaces it last
 // entered. Any such thread may then fork sessions (enterHolder, fork,
-// nsHome.restore) and spawn holders (holderPool.spawn).
+// nsHome.restore) and spawn holders (holderPool.spawn); the threads that
+// fork sessions run under the sessions' syscall policy, which refuses the
+// mounts a spawn makes, so only the pool's spawner spawns (spawnNow).
 func unshareFS() error {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		return fmt.Errorf("unshare fs: %w", err)
