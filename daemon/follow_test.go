@@ -45,7 +45,8 @@ func TestSessionsFollowTheirToken(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{name: "lifetime", opts: AppOptions{MaxSessionLifetime: time.Second}, reason: "session lifetime of 1s reached"},
+		// Long enough for python to start under load.
+		{name: "lifetime", opts: AppOptions{MaxSessionLifetime: 3 * time.Second}, reason: "session lifetime of 3s reached"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake := &sandboxtest.Provider{Dir: t.TempDir(), Kind: sandbox.ProjectManaged}
