@@ -212,6 +212,8 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"POST", "/v1/projects", true, a.createProject},
 		{"GET", "/v1/projects/{id}", true, a.getProject},
 		{"DELETE", "/v1/projects/{id}", true, a.deleteProject},
+		{"PUT", "/v1/projects/{id}/machine", true, a.setMachine},
+		{"POST", "/v1/projects/{id}/reset", true, a.resetMachine},
 		{"GET", "/v1/projects/{id}/members", true, a.listMembers},
 		{"POST", "/v1/projects/{id}/members", true, a.addMember},
 		{"POST", "/v1/projects/{id}/commands", true, a.runCommand},

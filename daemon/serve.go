@@ -269,8 +269,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		sup = StartSupervisor(SupervisorOptions{
 			Exe: exe,
+			// Images beside the worker's state, where `corral image import
+			// --state STATE` puts them; the daemon's workspaces belong to
+			// their projects' own ids (--own-workspaces).
 			Args: append([]string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
-				"--allow-uid", strconv.Itoa(os.Geteuid())}, cfg.WorkerArgs...),
+				"--images", filepath.Join(state, "images"), "--own-workspaces", "--allow-uid", strconv.Itoa(os.Geteuid())}, cfg.WorkerArgs...),
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,
 			Metrics: metrics,

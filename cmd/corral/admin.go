@@ -586,7 +586,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, addMember, list, del, networkCmd, members, removeMember)
+	cmd.AddCommand(create, addMember, list, del, networkCmd, newSetMachineCmd(&state), newResetCmd(&state), members, removeMember)
 	return cmd
 }
 
