@@ -154,6 +154,8 @@ type Config struct {
 	Export export.Options
 	// GitImport configures clones of projects created from git URLs.
 	GitImport GitImportOptions
+	// Sites configures sites on their own origins (AppOptions.Sites).
+	Sites SitesOptions
 	// LSPServers configures language servers by name (core.Options).
 	LSPServers map[string][]string
 	// DisabledPlugins names built-in plugins not to load (their domains
@@ -319,7 +321,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, SessionHeartbeat: beat, MaxSessionLifetime: cfg.MaxSessionLifetime})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, SessionHeartbeat: beat, MaxSessionLifetime: cfg.MaxSessionLifetime})
 	if err != nil {
 		return err
 	}

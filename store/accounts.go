@@ -137,16 +137,9 @@ func (s *Store) Authenticate(ctx context.Context, plaintext string) (Account, er
 }
 
 // AuthenticateToken is Authenticate that also returns the token's ID (for
-// callers that must notice its revocation later: see TokensByID).
+// credentials derived from the token, which must end when it is revoked:
+// see LiveToken).
 func (s *Store) AuthenticateToken(ctx context.Context, plaintext string) (Account, int64, error) {
-	a, id, err := s.authenticate(ctx, plaintext)
-	if err != nil {
-		return Account{}, 0, err
-	}
-	return a, id, nil
-}
-
-func (s *Store) authenticate(ctx context.Context, plaintext string) (Account, int64, error) {
 	if !strings.HasPrefix(plaintext, TokenPrefix) {
 		return Account{}, 0, fmt.Errorf("store: authenticate: %w", ErrNotFound)
 	}
