@@ -33,9 +33,16 @@ func (m *machine) boot() (err error) {
 	if err := unix.Stat(m.workspace, &wsStat); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
-	home := filepath.Join(w.cfg.HomesRoot, strconv.FormatInt(m.id, 10))
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		return fmt.Errorf("home: %w", err)
+	home, err := m.openDisk()
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, m.closeDisk)
+	if home == "" {
+		home = filepath.Join(w.cfg.HomesRoot, strconv.FormatInt(m.id, 10))
+		if err := os.MkdirAll(home, 0o700); err != nil {
+			return fmt.Errorf("home: %w", err)
+		}
 	}
 
 	m.cg, err = w.cgroups.New(fmt.Sprintf("%d.%d", m.id, m.gen), m.lim.Limits)

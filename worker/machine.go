@@ -36,6 +36,7 @@ type machine struct {
 
 	limMu sync.Mutex    // serialises limit changes
 	lim   machineLimits // as applied
+	disk  *diskRef      // the project's disk, if it has one
 
 	mu        sync.Mutex
 	refs      int // sessions plus in-flight net-dials
@@ -166,6 +167,7 @@ func (m *machine) wait() {
 		_ = m.sessCG.Destroy()
 	}
 	m.netns.Close()
+	m.closeDisk()
 	m.w.log.Info("machine stopped", "project", m.id, "init", m.initPID)
 	close(m.dead)
 }

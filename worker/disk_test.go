@@ -1,0 +1,118 @@
+package worker
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// loopsOf lists the loop devices backed by files under dir.
+func loopsOf(dir string) []string {
+	var left []string
+	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
+			left = append(left, f)
+		}
+	}
+	return left
+}
+
+// awaitNoLoops fails t unless the loop devices backed under dir detach
+// (autoclear, once their filesystems are gone) within a few seconds.
+func awaitNoLoops(t testing.TB, dir string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(loopsOf(dir)) > 0 {
+		if time.Now().After(deadline) {
+			t.Errorf("loop devices left attached: %v", loopsOf(dir))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func hostFree(t testing.TB, dir string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
+// A machine's home is a disk of Limits.Disk bytes: a write past it fails
+// with ENOSPC, the host filesystem loses at most the limit, the machine
+// keeps working, another project's disk is its own, an existing host home
+// moves onto the disk, and the data outlives a worker restart; Shutdown
+// leaves no loop device attached.
+func TestDiskLimit(t *testing.T) {
+	const limit = 64 << 20
+	h := newHarness(t, func(c *Config) { c.Limits.Disk = limit })
+	state := h.w.cfg.StateDir
+	t.Cleanup(func() { awaitNoLoops(t, state) })
+	// A home made before disks existed (an upgrade).
+	old := filepath.Join(h.w.cfg.HomesRoot, "1")
+	if err := os.MkdirAll(old, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(old, "note"), []byte("from the host home\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := h.dial(t)
+	p := h.project(t, 1)
+	if r := h.run(t, c, p, "cat", "/home/corral/note"); r.code() != 0 || r.stdout != "from the host home\n" {
+		t.Fatalf("the host home on the disk: %v", r)
+	}
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the host home is left after its move: %v", err)
+	}
+	free := hostFree(t, state)
+	if r := h.run(t, c, p, "fallocate", "-l", "3G", "/home/corral/big"); r.code() == 0 || !strings.Contains(r.stderr, "No space left") {
+		t.Errorf("fallocate 3G under a 64 MiB disk: %v", r)
+	}
+	if r := h.run(t, c, p, "dd", "if=/dev/zero", "of=/home/corral/big", "bs=1M", "count=200", "conv=fsync"); r.code() == 0 || !strings.Contains(r.stderr, "No space left") {
+		t.Errorf("dd 200 MiB under a 64 MiB disk: %v", r)
+	}
+	if lost := free - hostFree(t, state); lost > limit+8<<20 {
+		t.Errorf("the host filesystem lost %d MiB under a 64 MiB limit", lost>>20)
+	}
+	// Another project's disk is its own: it has room while project 1's
+	// is full, and a limit of its own (the request's).
+	p2 := h.project(t, 2)
+	p2.Limits = &wire.Limits{Disk: 32 << 20}
+	if r := h.run(t, c, p2, "dd", "if=/dev/zero", "of=/home/corral/f", "bs=1M", "count=16", "conv=fsync"); r.code() != 0 {
+		t.Errorf("project 2 writing 16 MiB beside a full project 1: %v", r)
+	}
+	if r := h.run(t, c, p2, "dd", "if=/dev/zero", "of=/home/corral/g", "bs=1M", "count=24", "conv=fsync"); r.code() == 0 || !strings.Contains(r.stderr, "No space left") {
+		t.Errorf("project 2 writing past its 32 MiB: %v", r)
+	}
+	// Project 1 keeps working once it deletes.
+	if r := h.run(t, c, p, "sh", "-c", "rm /home/corral/big && echo kept > /home/corral/small && cat /home/corral/small"); r.code() != 0 || r.stdout != "kept\n" {
+		t.Fatalf("a small write after deleting: %v", r)
+	}
+	if r := h.run(t, c, p, "df", "-B1", "--output=size", "/home/corral"); r.code() != 0 {
+		t.Errorf("df: %v", r)
+	} else {
+		t.Logf("df /home/corral of a 64 MiB disk: %s", strings.Fields(r.stdout)[1])
+	}
+	c.Close()
+
+	// A restart re-attaches the disk.
+	if err := h.w.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	awaitNoLoops(t, state)
+	h2 := newHarness(t, func(c *Config) { c.StateDir = state; c.ProjectsRoot = h.root; c.Limits.Disk = limit })
+	c2 := h2.dial(t)
+	if r := h2.run(t, c2, p, "cat", "/home/corral/small"); r.code() != 0 || r.stdout != "kept\n" {
+		t.Fatalf("after a restart: %v", r)
+	}
+}
