@@ -26,6 +26,9 @@ type disks struct {
 type diskRef struct {
 	fs   *datafs.FS
 	refs int
+	// busy, while not nil, is closed when the disk's mount or unmount
+	// (outside the lock) is done.
+	busy chan struct{}
 }
 
 func (d *disks) paths(id int64) (image, mnt string) {
@@ -59,49 +62,77 @@ func (d *disks) sweep() error {
 func (m *machine) openDisk() (string, error) {
 	d := m.w.disks
 	image, mnt := d.paths(m.id)
+	home := filepath.Join(mnt, "home")
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if r := d.m[m.id]; r != nil {
+	for {
+		r := d.m[m.id]
+		if r == nil {
+			break
+		}
+		if r.busy != nil {
+			ch := r.busy
+			d.mu.Unlock()
+			<-ch
+			d.mu.Lock()
+			continue
+		}
 		r.refs++
 		m.disk = r
-		if m.lim.Disk > 0 && m.lim.Disk != r.fs.Size {
-			m.w.log.Info("disk resize waits for the project's previous machine to stop", "project", m.id)
+		d.mu.Unlock()
+		if m.lim.Disk > 0 && max(m.lim.Disk, datafs.MinSize) != r.fs.Size {
+			m.w.log.Info("disk resize waits for the project's running machine to stop", "project", m.id)
 		}
-		return filepath.Join(mnt, "home"), nil
+		return home, nil
 	}
+	r := &diskRef{refs: 1, busy: make(chan struct{})}
+	d.m[m.id] = r
+	d.mu.Unlock()
+	fs, err := m.mountDisk(image, mnt, home)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	close(r.busy)
+	r.busy = nil
+	if err != nil || fs == nil {
+		delete(d.m, m.id)
+		return "", err
+	}
+	r.fs = fs
+	m.disk = r
+	return home, nil
+}
+
+// mountDisk mounts the project's disk, made (and the host home moved onto
+// it) if need be; it returns nil when the project has none.
+func (m *machine) mountDisk(image, mnt, home string) (*datafs.FS, error) {
 	size := m.lim.Disk
 	if size <= 0 {
 		st, err := os.Stat(image)
 		if errors.Is(err, os.ErrNotExist) {
-			return "", nil
+			return nil, nil
 		} else if err != nil {
-			return "", fmt.Errorf("disk: %w", err)
+			return nil, fmt.Errorf("disk: %w", err)
 		}
 		size = st.Size() // unlimited now: kept as it is
 	}
 	fs, err := datafs.Open(image, mnt, size)
 	if err != nil {
-		return "", fmt.Errorf("disk: %w", err)
+		return nil, fmt.Errorf("disk: %w", err)
 	}
 	if m.lim.Disk > 0 && fs.Size != max(m.lim.Disk, datafs.MinSize) {
 		m.w.log.Warn("disk kept larger than its limit: its data does not fit", "project", m.id, "size", fs.Size, "limit", m.lim.Disk)
 	}
-	home := filepath.Join(mnt, "home")
 	if fs.Created {
 		if err := m.migrateHome(home); err != nil {
 			_ = fs.Close()
 			os.Remove(image)
-			return "", err
+			return nil, err
 		}
 	}
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		_ = fs.Close()
-		return "", fmt.Errorf("disk: %w", err)
+		return nil, fmt.Errorf("disk: %w", err)
 	}
-	r := &diskRef{fs: fs, refs: 1}
-	d.m[m.id] = r
-	m.disk = r
-	return home, nil
+	return fs, nil
 }
 
 // migrateHome moves the project's host home, if any, onto its new disk.
@@ -130,19 +161,26 @@ func (m *machine) migrateHome(home string) error {
 // closeDisk releases the machine's disk: unmounted (its loop device then
 // detaches itself) when no machine of the project holds it.
 func (m *machine) closeDisk() {
-	if m.disk == nil {
-		return
-	}
 	d := m.w.disks
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	r := m.disk
 	m.disk = nil
-	if r.refs--; r.refs > 0 {
+	if r == nil {
+		d.mu.Unlock()
 		return
 	}
+	if r.refs--; r.refs > 0 {
+		d.mu.Unlock()
+		return
+	}
+	r.busy = make(chan struct{})
+	d.mu.Unlock()
+	err := r.fs.Close()
+	d.mu.Lock()
 	delete(d.m, m.id)
-	if err := r.fs.Close(); err != nil {
+	close(r.busy)
+	d.mu.Unlock()
+	if err != nil {
 		m.w.log.Error("unmounting a project's disk failed", "project", m.id, "err", err)
 	}
 }
@@ -153,6 +191,9 @@ func (d *disks) closeAll(log interface{ Error(string, ...any) }) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for id, r := range d.m {
+		if r.busy != nil {
+			continue // its machine's cleanup is unmounting it
+		}
 		delete(d.m, id)
 		if err := r.fs.Close(); err != nil {
 			log.Error("unmounting a project's disk failed", "project", id, "err", err)
