@@ -59,7 +59,7 @@
 // fails with ENOSPC inside the machine, never elsewhere; the host
 // filesystem holding the image grows by at most the limit (the image
 // takes only the blocks written; deleted files' blocks stay allocated in
-// the image until it is resized), and other projects' disks are
+// the image file, which no discard punches back), and other projects' disks are
 // unaffected. The limit counts ext4's metadata: a 64 MiB disk offers
 // about 55 MiB. The disk is sized to the limit at each machine start
 // (e2fsck -f and resize2fs when it changed; a limit the data does not fit
