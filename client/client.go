@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 	"strings"
 
 	"github.com/corral-sandbox/corral/sandbox"
@@ -237,4 +238,18 @@ func (c *Client) AddMember(ctx context.Context, projectID int64, account string,
 // PublishSite publishes port of project id under name (/sites/{name}/).
 func (c *Client) PublishSite(ctx context.Context, projectID int64, name string, port int) error {
 	return c.Do(ctx, http.MethodPut, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/sites/"+url.PathEscape(name), map[string]int{"port": port}, nil)
+}
+
+// SiteURL returns a signed URL that opens path ("" means "/") of project
+// id's site name in a browser, on the site's own origin, valid for ttl
+// (zero means the daemon's default, 5 min; at most 1 h). The daemon needs
+// a sites domain (corral daemon --sites-domain); the URL is bound to the
+// caller's account and token and works only while both may visit the site.
+func (c *Client) SiteURL(ctx context.Context, projectID int64, name, path string, ttl time.Duration) (string, error) {
+	var out struct {
+		URL string `json:"url"`
+	}
+	req := map[string]any{"path": path, "expiresInSeconds": int(ttl / time.Second)}
+	err := c.Do(ctx, http.MethodPost, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/sites/"+url.PathEscape(name)+"/url", req, &out)
+	return out.URL, err
 }

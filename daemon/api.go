@@ -27,6 +27,8 @@ type ProjectJSON struct {
 	Created time.Time `json:"created"`
 	// Role is the caller's role in the project.
 	Role string `json:"role,omitempty"`
+	// Machine is a managed project's machine spec.
+	Machine *MachineJSON `json:"machine,omitempty"`
 }
 
 // MemberJSON is a membership in responses.
@@ -47,7 +49,7 @@ type TokenJSON struct {
 }
 
 func projectJSON(p store.Project, role store.Role) ProjectJSON {
-	out := ProjectJSON{ID: p.ID, Name: p.Name, Kind: string(p.Kind), Created: p.Created, Role: string(role)}
+	out := ProjectJSON{ID: p.ID, Name: p.Name, Kind: string(p.Kind), Created: p.Created, Role: string(role), Machine: machineJSON(p)}
 	if p.Kind == store.ProjectHost {
 		out.Root = p.Root
 	}

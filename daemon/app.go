@@ -89,6 +89,10 @@ type AppOptions struct {
 	// credential and which remotes are allowed. The zero value allows
 	// https remotes only and pushes without a credential.
 	Export export.Options
+	// Sites configures the Sites gateway's own origins (NAME.D), signed
+	// site URLs and their cookies. The zero value serves sites by path
+	// only.
+	Sites SitesOptions
 	// ExportSweep tunes the sweeper that deletes export bundles left in
 	// machines; it runs until Close. The zero value means its defaults.
 	ExportSweep export.SweepOptions
@@ -155,6 +159,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	if err := opts.Sites.normalize(); err != nil {
+		return nil, err
+	}
 	m := opts.Metrics
 	if m == nil {
 		m = NewMetrics()
@@ -176,7 +183,12 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if err := m.attach(c); err != nil {
 		return nil, err
 	}
-	a.sites = newSitesGateway(a)
+	a.sites = newSitesGateway(a, opts.Sites)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.sites.conns.run(a.ctx, a.store, opts.Sites.Recheck)
+	}()
 	if err := a.startExport(); err != nil {
 		return nil, err
 	}
@@ -191,6 +203,8 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"POST", "/v1/projects", true, a.createProject},
 		{"GET", "/v1/projects/{id}", true, a.getProject},
 		{"DELETE", "/v1/projects/{id}", true, a.deleteProject},
+		{"PUT", "/v1/projects/{id}/machine", true, a.setMachine},
+		{"POST", "/v1/projects/{id}/reset", true, a.resetMachine},
 		{"GET", "/v1/projects/{id}/members", true, a.listMembers},
 		{"POST", "/v1/projects/{id}/members", true, a.addMember},
 		{"POST", "/v1/projects/{id}/commands", true, a.runCommand},
@@ -198,6 +212,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"GET", "/v1/projects/{id}/sites", true, a.listSites},
 		{"PUT", "/v1/projects/{id}/sites/{name}", true, a.publishSite},
 		{"DELETE", "/v1/projects/{id}/sites/{name}", true, a.unpublishSite},
+		{"POST", "/v1/projects/{id}/sites/{name}/url", true, a.siteURL},
 		{"GET", "/v1/projects/{id}/lsp/{server}", true, a.lspSession},
 		{"POST", "/v1/projects/{id}/export", true, a.exportBranch},
 		{"GET", "/v1/projects/{id}/git/status", true, a.editorGit},
@@ -235,8 +250,16 @@ func (a *App) Metrics() *Metrics { return a.metrics }
 // Projects returns the project service the app uses.
 func (a *App) Projects() *Projects { return a.proj }
 
-// ServeHTTP implements http.Handler.
-func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. A request whose Host is under the
+// sites domain (AppOptions.Sites.Domain) goes to the Sites gateway and
+// never to the API.
+func (a *App) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if _, under := a.sites.hostSite(r.Host); under {
+		a.sites.host.ServeHTTP(w, r)
+		return
+	}
+	a.mux.ServeHTTP(w, r)
+}
 
 // Close cancels every session still open (their leases are released) and
 // waits for them to end, then closes the Sites gateway's idle connections.

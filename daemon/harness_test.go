@@ -48,6 +48,8 @@ func testWorkerMain(args []string) int {
 	sock := fs.String("socket", "", "")
 	root := fs.String("projects-root", "", "")
 	state := fs.String("state", "", "")
+	images := fs.String("images", "", "")
+	own := fs.Bool("own-workspaces", false, "")
 	allowUID := fs.Uint("allow-uid", 0, "")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -58,9 +60,11 @@ func testWorkerMain(args []string) int {
 		return 1
 	}
 	w, err := worker.New(worker.Config{
-		ProjectsRoot: *root,
-		StateDir:     *state,
-		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
+		ProjectsRoot:  *root,
+		StateDir:      *state,
+		ImagesDir:     *images,
+		OwnWorkspaces: *own,
+		Limits:        worker.Limits{Memory: 256 << 20, Pids: 128},
 		// Named after the test process (the daemon under test is in it),
 		// which removes the groups when the supervisor tests end.
 		CgroupParent: fmt.Sprintf("corral-daemon-sup-%d", os.Getppid()),

@@ -220,6 +220,14 @@ func (p *Projects) Delete(ctx context.Context, id int64) error {
 			}
 		}
 	}
+	if proj.Kind == store.ProjectManaged && p.StateDir != "" {
+		// The machine's upper layer (the daemon's worker keeps it under
+		// STATE/worker); a machine still idle-running keeps its own until
+		// it stops.
+		if err := RemoveMachineState(filepath.Join(p.StateDir, "worker"), id); err != nil {
+			p.logger().Warn("project deleted, but its machine state was not removed", "project", id, "err", err)
+		}
+	}
 	p.logger().Info("project deleted", "project", id, "name", proj.Name)
 	return nil
 }

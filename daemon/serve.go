@@ -148,6 +148,8 @@ type Config struct {
 	Export export.Options
 	// GitImport configures clones of projects created from git URLs.
 	GitImport GitImportOptions
+	// Sites configures sites on their own origins (AppOptions.Sites).
+	Sites SitesOptions
 	// LSPServers configures language servers by name (core.Options).
 	LSPServers map[string][]string
 	// DisabledPlugins names built-in plugins not to load (their domains
@@ -208,8 +210,11 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		}
 		sup = StartSupervisor(SupervisorOptions{
 			Exe: exe,
+			// Images beside the worker's state, where `corral image import
+			// --state STATE` puts them; the daemon's workspaces belong to
+			// their projects' own ids (--own-workspaces).
 			Args: append([]string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
-				"--allow-uid", strconv.Itoa(os.Geteuid())}, cfg.WorkerArgs...),
+				"--images", filepath.Join(state, "images"), "--own-workspaces", "--allow-uid", strconv.Itoa(os.Geteuid())}, cfg.WorkerArgs...),
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,
 			Metrics: metrics,
@@ -242,7 +247,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, SessionHeartbeat: beat})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, SessionHeartbeat: beat})
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 
 // baseVersion is the stamp of the generator below: a base record with
 // another stamp is remade. Bump it when the generated tree changes.
-const baseVersion = 1
+const baseVersion = 2
 
 // baseHostBinds are the host paths a base machine binds read-only.
 var baseHostBinds = []string{"/usr"}
@@ -25,7 +25,10 @@ var baseHostBinds = []string{"/usr"}
 // The generated /etc. passwd and group name root and the guest user
 // "user" (1000), whose home is where the machine mounts the project's
 // persistent home; nobody for programs that drop to it. Machines have no
-// network: resolv.conf names no server and hosts only localhost.
+// network: resolv.conf names no server and hosts only localhost. gitconfig
+// trusts the workspace: a host checkout owned by root is bound into the
+// machine as is (its owner shows as the overflow id), and git would refuse
+// it as of dubious ownership; the host's own git is not affected.
 var baseFiles = map[string]string{
 	"etc/passwd": "root:x:0:0:root:/root:/bin/sh\n" +
 		"user:x:1000:1000:corral user:/home/corral:/bin/sh\n" +
@@ -36,6 +39,7 @@ var baseFiles = map[string]string{
 	"etc/resolv.conf": "# A corral machine has no network, hence no name server.\n",
 	"etc/nsswitch.conf": "passwd: files\ngroup: files\nshadow: files\nhosts: files\n" +
 		"networks: files\nprotocols: files\nservices: files\nethers: files\nrpc: files\n",
+	"etc/gitconfig": "[safe]\n\tdirectory = /workspace\n\tdirectory = /workspace/*\n",
 }
 
 // baseDirs are the generated directories: mount points and the skeleton.

@@ -99,8 +99,9 @@
 // machine binds the host's /usr read-only on top. Nothing else of the host
 // is in it: no shadow, no /root, /home, /var, /srv, /opt, /run or /mnt
 // contents, no socket, no state directory. Its /etc/os-release is the
-// host's (Debian's is a link into /usr/lib); no /etc/gitconfig is written,
-// so git's defaults apply (git status works on a fresh machine). Its
+// host's (Debian's is a link into /usr/lib); its /etc/gitconfig only marks
+// /workspace (and what is below it) safe.directory, so that git works in a
+// root-owned checkout, which the machine binds without idmapping. Its
 // config: user "user", working directory /workspace, no Env (the machine
 // sets PATH). Its record carries a version stamp; a record from an older
 // generator is remade, and Remove("base") makes the next Get remake it.

@@ -35,6 +35,8 @@ type conn struct {
 	pings    map[string]chan struct{}
 }
 
+// dialResult answers a net-dial (file) or a machine-reset (neither), or
+// reports its failure.
 type dialResult struct {
 	file *os.File
 	err  error
@@ -215,6 +217,10 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			s.finish(Exit{Code: &code}, nil)
 		default:
 			s.finish(Exit{Signal: m.Signal, OOMKilled: m.OOMKilled}, nil)
+		}
+	case *wire.MachineResetDone:
+		if w := c.takeDial(m.ID); w != nil {
+			w <- dialResult{}
 		}
 	case *wire.NetDialed:
 		w := c.takeDial(m.ID)

@@ -477,6 +477,44 @@ func (g *Gateway) Dial(ctx context.Context, p Project, port int) (net.Conn, erro
 	}
 }
 
+// Reset discards the state project p's machine keeps between starts: the
+// upper layer of its root filesystem (what guest root installed or changed
+// outside the workspace and the home), stopping the machine first. The
+// worker refuses while the machine has sessions: a *RejectedError with
+// code wire.CodeBusy. A worker without the extension (wire's
+// FeatureMachineReset) makes it an error wrapping ErrUnsupported; a lost
+// connection wraps ErrInterrupted; ctx bounds the whole call. Resetting a
+// project without a machine or state succeeds.
+func (g *Gateway) Reset(ctx context.Context, p Project) error {
+	c, err := g.connection(ctx)
+	if err != nil {
+		return err
+	}
+	if !c.hello.Has(wire.FeatureMachineReset) {
+		return fmt.Errorf("%w: machine reset (feature %q)", ErrUnsupported, wire.FeatureMachineReset)
+	}
+	id := g.newID("reset")
+	w := c.addDial(id)
+	if w == nil {
+		return c.lossErr
+	}
+	if err := c.wc.Send(&wire.MachineReset{ID: id, Project: wire.Project{ID: p.ID, Workspace: p.Workspace}}); err != nil {
+		c.removeDial(id)
+		c.fail(err)
+		return fmt.Errorf("%w: %w", ErrInterrupted, err)
+	}
+	select {
+	case r := <-w:
+		if r.err != nil {
+			return fmt.Errorf("machine: reset project %d: %w", p.ID, r.err)
+		}
+		return nil
+	case <-ctx.Done():
+		c.removeDial(id)
+		return ctx.Err()
+	}
+}
+
 // sortedKeys returns the ids of m, sorted.
 func sortedKeys[V any](m map[string]V) []string {
 	ids := make([]string, 0, len(m))

@@ -622,3 +622,56 @@ func TestRealWorkerMachineDeathEndsSession(t *testing.T) {
 		t.Fatalf("after the machine died: %+v, %v", exit, err)
 	}
 }
+
+// TestRealWorkerReset: Gateway.Reset is refused "busy" while the machine
+// runs a session, then discards guest root's changes outside the
+// workspace; an unknown image is a rejection "bad-image".
+func TestRealWorkerReset(t *testing.T) {
+	in, _ := newIntegration(t)
+	ctx := ctxT(t)
+	run := func(argv ...string) (machine.Exit, error) {
+		s, err := in.g.Exec(ctx, in.req(argv...))
+		if err != nil {
+			return machine.Exit{}, err
+		}
+		defer s.Close()
+		s.Stdin.Close()
+		go io.Copy(io.Discard, s.Stdout)
+		go io.Copy(io.Discard, s.Stderr)
+		return s.Wait()
+	}
+	s, err := in.g.Exec(ctx, in.req("sleep", "100"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var rej *machine.RejectedError
+	if err := in.g.Reset(ctx, in.project); !errors.As(err, &rej) || rej.Code != wire.CodeBusy {
+		t.Fatalf("reset of a busy machine: %v", err)
+	}
+	if err := s.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	// The guest user may write /var/tmp (sticky, in the image): a change
+	// of the upper layer.
+	if exit, err := run("sh", "-c", "echo x > /var/tmp/mark"); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("write: %+v %v", exit, err)
+	}
+	if exit, err := run("test", "-e", "/var/tmp/mark"); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("the change did not persist: %+v %v", exit, err)
+	}
+	if err := in.g.Reset(ctx, in.project); err != nil {
+		t.Fatalf("reset: %v", err)
+	}
+	if exit, err := run("test", "-e", "/var/tmp/mark"); err != nil || exit.Code == nil || *exit.Code != 1 {
+		t.Fatalf("the change survived a reset: %+v %v", exit, err)
+	}
+	r := in.req("true")
+	r.Project.ID, r.Project.Image = 2, "no-such-image"
+	if _, err := in.g.Exec(ctx, r); !errors.As(err, &rej) || rej.Code != wire.CodeBadImage {
+		t.Fatalf("unknown image: %v", err)
+	}
+}

@@ -54,7 +54,7 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		delete(env, "USER")
 	}
 	req := machine.ExecRequest{
-		Project: machine.Project{ID: proj.ID, Workspace: proj.Root},
+		Project: machineProject(proj),
 		Account: actor.AccountUserID,
 		// The session is named after its lease (set below): one lease
 		// covers one execution, and an interruption names what it covered.
@@ -94,6 +94,21 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Start:  m.start,
 		Cancel: m.cancel,
 	}, nil
+}
+
+// machineProject is what the worker needs of proj: its id, workspace,
+// image and limits. The default image and limits are sent as nothing, so
+// that a project asking for no more than the defaults runs on a worker
+// without the machine-spec extension too; any other spec needs it (the
+// gateway refuses it with machine.ErrUnsupported otherwise).
+func machineProject(proj store.Project) machine.Project {
+	p := machine.Project{ID: proj.ID, Workspace: proj.Root}
+	if proj.Image != store.DefaultImage {
+		p.Image = proj.Image
+	}
+	l := proj.Limits
+	p.Limits = machine.Limits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}
+	return p
 }
 
 // requestBytes adds up the strings of an exec request.

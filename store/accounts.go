@@ -131,8 +131,16 @@ const sqlAuthenticate = `SELECT a.id, a.name, a.created_at, t.id, t.last_used_at
 // The token is looked up by its hash, so the plaintext is never compared.
 // It records the token's use at most once per minute.
 func (s *Store) Authenticate(ctx context.Context, plaintext string) (Account, error) {
+	a, _, err := s.AuthenticateToken(ctx, plaintext)
+	return a, err
+}
+
+// AuthenticateToken is Authenticate that also returns the token's ID (for
+// credentials derived from the token, which must end when it is revoked:
+// see LiveToken).
+func (s *Store) AuthenticateToken(ctx context.Context, plaintext string) (Account, int64, error) {
 	if !strings.HasPrefix(plaintext, TokenPrefix) {
-		return Account{}, fmt.Errorf("store: authenticate: %w", ErrNotFound)
+		return Account{}, 0, fmt.Errorf("store: authenticate: %w", ErrNotFound)
 	}
 	var (
 		a        Account
@@ -142,23 +150,23 @@ func (s *Store) Authenticate(ctx context.Context, plaintext string) (Account, er
 	)
 	st, err := s.readStmt(ctx, sqlAuthenticate)
 	if err != nil {
-		return Account{}, err
+		return Account{}, 0, err
 	}
 	err = st.QueryRowContext(ctx, HashToken(plaintext)).Scan(&a.ID, &a.Name, &created, &tokenID, &lastUsed)
 	if errors.Is(err, sql.ErrNoRows) {
-		return Account{}, fmt.Errorf("store: authenticate: %w", ErrNotFound)
+		return Account{}, 0, fmt.Errorf("store: authenticate: %w", ErrNotFound)
 	}
 	if err != nil {
-		return Account{}, fmt.Errorf("store: authenticate: %w", err)
+		return Account{}, 0, fmt.Errorf("store: authenticate: %w", err)
 	}
 	a.Created = fromMS(created)
 	now := s.now()
 	if !lastUsed.Valid || now.Sub(fromMS(lastUsed.Int64)) >= lastUsedGranularity {
 		if _, err := s.w.ExecContext(ctx, "UPDATE tokens SET last_used_at = ? WHERE id = ?", ms(now), tokenID); err != nil {
-			return Account{}, fmt.Errorf("store: authenticate: record use: %w", err)
+			return Account{}, 0, fmt.Errorf("store: authenticate: record use: %w", err)
 		}
 	}
-	return a, nil
+	return a, tokenID, nil
 }
 
 // RevokeToken revokes a token. Revoking a revoked token is a no-op; an

@@ -32,6 +32,10 @@ func FuzzWorkerLiveSocket(f *testing.F) {
 		`{"type":"exec-start","fds":2}`,
 		`[]`, `{`, "\x00\xff", ``,
 		`{"type":"exec-start","id":"b","project":{"id":1,"workspace":"../../etc"},"argv":["sh","-c","\u0000"],"cwd":"rel","env":{"A=B":"x"}}`,
+		`{"type":"machine-reset","id":"r","project":{"id":1,"workspace":"/x"}}`,
+		`{"type":"machine-reset","id":"","project":{"id":-1}}`,
+		`{"type":"exec-start","id":"c","project":{"id":2,"workspace":"/x","image":"../../etc"},"argv":["true"]}`,
+		`{"type":"machine-reset-done","id":"r"}`,
 	}
 	for i, s := range seeds {
 		f.Add([]byte(s), uint8(i%4), i%3 == 0)

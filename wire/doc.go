@@ -80,6 +80,19 @@
 //
 // New rejection codes of these features: "bad-user", "bad-image".
 //
+// Features may also add messages, which a client sends only to a worker
+// that announced them:
+//
+//	feature        client                      worker
+//	machine-reset  machine-reset {id,project}  machine-reset-done {id}, or
+//	                                           error {id,code,message}
+//	                                           ("busy": the machine has
+//	                                           sessions)
+//
+// machine-reset discards the state a project's machine keeps between
+// starts (the upper layer of its root filesystem), stopping the machine
+// first; the workspace and the home are kept.
+//
 // A worker may refuse a connection because of who the peer is (corral's
 // worker serves only root and the daemon's uid, by SO_PEERCRED): it then
 // sends, before interpreting anything the peer sent, the connection error

@@ -32,6 +32,10 @@ const (
 	TypeExecCancel   = "exec-cancel"
 	TypeNetDial      = "net-dial"
 	TypeNetDialed    = "net-dialed"
+	// TypeMachineReset and TypeMachineResetDone belong to
+	// FeatureMachineReset.
+	TypeMachineReset     = "machine-reset"
+	TypeMachineResetDone = "machine-reset-done"
 )
 
 // Error codes carried by error frames ([Error.Code]) and rejections
@@ -56,6 +60,7 @@ const (
 	CodeDialFailed      = "dial-failed"
 	CodeBadUser         = "bad-user"
 	CodeBadImage        = "bad-image"
+	CodeBusy            = "busy"
 	CodeInternal        = "internal"
 	// CodeForbidden is the connection error a worker sends a peer it does
 	// not serve (a uid other than root and the daemon's) before closing.
@@ -85,6 +90,9 @@ const (
 	// FeatureOOMKilled: exec-exit may carry "oomKilled": true beside
 	// "signal" when the kernel's OOM killer killed the session.
 	FeatureOOMKilled = "oom-killed"
+	// FeatureMachineReset: the client may send machine-reset (see
+	// [MachineReset]), which discards a project's machine state.
+	FeatureMachineReset = "machine-reset"
 )
 
 // Project identifies a project's machine.
@@ -229,6 +237,23 @@ type NetDialed struct {
 	ID string `json:"id"`
 }
 
+// MachineReset asks the worker to discard what the project's machine
+// keeps between starts: the upper layer of its root filesystem (what guest
+// root installed or changed outside the workspace and the home)
+// (FeatureMachineReset). The worker stops the machine first; it refuses
+// (error {id, "busy"}) while the machine has sessions. The answer is
+// machine-reset-done {id} or error {id, code, message}. Resetting a project
+// that has no machine or no state succeeds.
+type MachineReset struct {
+	ID      string  `json:"id"`
+	Project Project `json:"project"`
+}
+
+// MachineResetDone answers a MachineReset that succeeded.
+type MachineResetDone struct {
+	ID string `json:"id"`
+}
+
 func (Hello) Type() string        { return TypeHello }
 func (Error) Type() string        { return TypeError }
 func (Ping) Type() string         { return TypePing }
@@ -242,6 +267,9 @@ func (ExecExit) Type() string     { return TypeExecExit }
 func (ExecCancel) Type() string   { return TypeExecCancel }
 func (NetDial) Type() string      { return TypeNetDial }
 func (NetDialed) Type() string    { return TypeNetDialed }
+
+func (MachineReset) Type() string     { return TypeMachineReset }
+func (MachineResetDone) Type() string { return TypeMachineResetDone }
 
 // Error implements the error interface, so that an error frame can be
 // returned as an error.
@@ -282,6 +310,10 @@ func newMessage(t string) Message {
 		return &NetDial{}
 	case TypeNetDialed:
 		return &NetDialed{}
+	case TypeMachineReset:
+		return &MachineReset{}
+	case TypeMachineResetDone:
+		return &MachineResetDone{}
 	}
 	return nil
 }
@@ -386,6 +418,10 @@ func validate(m Message) error {
 	case *NetDial:
 		id = m.ID
 	case *NetDialed:
+		id = m.ID
+	case *MachineReset:
+		id = m.ID
+	case *MachineResetDone:
 		id = m.ID
 	default:
 		return protoErr(CodeUnknownType, "unknown message %T", m)

@@ -114,6 +114,8 @@ func allMessages() []Message {
 		&ExecCancel{ID: "s1"},
 		&NetDial{ID: "d1", Project: Project{ID: 7, Workspace: "/srv/p/7"}, Port: 8080},
 		&NetDialed{ID: "d1"},
+		&MachineReset{ID: "r1", Project: Project{ID: 7, Workspace: "/srv/p/7"}},
+		&MachineResetDone{ID: "r1"},
 	}
 }
 
@@ -158,6 +160,8 @@ func TestPinnedFrames(t *testing.T) {
 		{&ExecExit{ID: "x", Code: intp(0)}, `{"type":"exec-exit","id":"x","code":0}`},
 		{&ExecExit{ID: "x", NotStarted: true}, `{"type":"exec-exit","id":"x","notStarted":true}`},
 		{&Ping{}, `{"type":"ping"}`},
+		{&MachineReset{ID: "r", Project: Project{ID: 7, Workspace: "/w"}}, `{"type":"machine-reset","id":"r","project":{"id":7,"workspace":"/w"}}`},
+		{&MachineResetDone{ID: "r"}, `{"type":"machine-reset-done","id":"r"}`},
 		{&Error{Code: "unsupported-protocol", Message: "m"}, `{"type":"error","code":"unsupported-protocol","message":"m"}`},
 	}
 	for _, tt := range tests {

@@ -1,22 +1,37 @@
 package worker
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/image"
 	"github.com/corral-sandbox/corral/worker/internal/cgroup"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
 
 // machineStartTimeout bounds a machine's cold start.
 const machineStartTimeout = 30 * time.Second
+
+// projectDir is the directory of project id's persistent machine state
+// under StateDir: the overlay's upper and work directories ("upper",
+// "work"), owned by the machine's guest root. Beside it, projectDir+".image"
+// (root's) records the id of the image the upper layer was made over.
+// StateDir/uppers is 0700 root: no host user reaches them.
+func (w *Worker) projectDir(id int64) string {
+	return filepath.Join(w.cfg.StateDir, "uppers", strconv.FormatInt(id, 10))
+}
 
 func (m *machine) boot() (err error) {
 	w := m.w
@@ -28,6 +43,28 @@ func (m *machine) boot() (err error) {
 			}
 		}
 	}()
+	// The project's previous machine may still be dying, its overlay over
+	// the same upper directory.
+	if m.prev != nil {
+		select {
+		case <-m.prev.dead:
+		case <-time.After(machineStartTimeout):
+			return fmt.Errorf("the project's previous machine did not stop")
+		}
+		m.prev = nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), machineStartTimeout)
+	defer cancel()
+	img, err := w.resolveImage(ctx, m.imageName)
+	if err != nil {
+		return err
+	}
+	m.image, m.imageID, m.imageEnv = img.Name, img.ID, img.Config.Env
+	m.imageCwd = GuestWorkspace
+	if d := img.Config.WorkingDir; path.IsAbs(d) && path.Clean(d) == d && d != "/" && !strings.ContainsRune(d, 0) {
+		m.imageCwd = d
+	}
 
 	var wsStat unix.Stat_t
 	if err := unix.Stat(m.workspace, &wsStat); err != nil {
@@ -44,6 +81,15 @@ func (m *machine) boot() (err error) {
 			return fmt.Errorf("home: %w", err)
 		}
 	}
+	projDir, err := m.prepareUpper(img)
+	if err != nil {
+		return err
+	}
+	var layerNS *nsPromise
+	if len(img.Layers) > 0 {
+		layerNS = m.layerUserns()
+		defer layerNS.close()
+	}
 
 	m.cg, err = w.cgroups.New(fmt.Sprintf("%d.%d", m.id, m.gen), m.lim.Limits)
 	if err != nil {
@@ -54,8 +100,8 @@ func (m *machine) boot() (err error) {
 	cfg := &ctl.Config{
 		Hostname: "project-" + strconv.FormatInt(m.id, 10),
 		UID:      GuestUID, GID: GuestGID, GuestWorkspace: GuestWorkspace, GuestHome: GuestHome,
-		Mask:     w.masks,
-		GoHolder: w.cfg.GoHolders,
+		DefaultUser: defaultUser(img.Config.User),
+		GoHolder:    w.cfg.GoHolders,
 		// Enough holders kept for the sessions the machine admits.
 		MaxSessions: w.cfg.MaxSessions,
 	}
@@ -80,12 +126,6 @@ func (m *machine) boot() (err error) {
 	}
 	cfg.NProc = nproc(m.lim.Pids)
 	cfg.TmpSize = m.lim.Tmp
-	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
-	if err != nil {
-		return err
-	}
-	defer closeAll(mounts)
-
 	ctlConn, initEnd, err := ctl.Pair()
 	if err != nil {
 		return err
@@ -130,6 +170,18 @@ func (m *machine) boot() (err error) {
 	if err := w.protectInit(m.initPID); err != nil {
 		return err
 	}
+	// The machine's mounts are made while the init's runtime starts.
+	mounts, err := m.workspaceMounts(home, wsStat.Uid, wsStat.Gid)
+	if err != nil {
+		return err
+	}
+	defer func() { closeAll(mounts) }()
+	root, err := m.rootMounts(img, projDir, layerNS)
+	mounts = append(mounts, root...)
+	if err != nil {
+		return err
+	}
+	cfg.Layers, cfg.HostBinds = len(img.Layers), img.HostBinds
 	if err := ctlConn.Send(&ctl.Msg{Op: ctl.OpConfig, Config: cfg}, mounts...); err != nil {
 		return err
 	}
@@ -148,6 +200,94 @@ func (m *machine) boot() (err error) {
 		return fmt.Errorf("open machine netns: %w", err)
 	}
 	return nil
+}
+
+// defaultUser is the user sessions of an image run as by default: its
+// config's, where an empty one means root (as for OCI runtimes).
+func defaultUser(u string) string {
+	if u == "" {
+		return "0"
+	}
+	return u
+}
+
+// prepareUpper makes the project's upper and work directories, owned by
+// the machine's guest root, and returns the project directory holding
+// them. An upper layer made over another image (the project's image
+// changed) is discarded: its whiteouts and copies would be applied to
+// files they were not made from. One whose owner is not this machine's
+// guest root (the project's id range changed) is shifted onto the
+// machine's range, keeping every file's guest owner.
+func (m *machine) prepareUpper(img *image.Image) (string, error) {
+	dir := m.w.projectDir(m.id)
+	marker := dir + ".image"
+	if b, err := os.ReadFile(marker); err == nil && string(b) != img.ID {
+		m.w.log.Info("project image changed, discarding its upper layer", "project", m.id, "was", string(b), "now", img.ID)
+		if err := os.RemoveAll(dir); err != nil {
+			return "", fmt.Errorf("discard upper layer: %w", err)
+		}
+	}
+	var st unix.Stat_t
+	switch err := unix.Lstat(dir, &st); {
+	case errors.Is(err, unix.ENOENT):
+	case err != nil:
+		return "", fmt.Errorf("upper layer: %w", err)
+	case st.Uid != m.hostUID:
+		m.w.log.Warn("project id range changed, shifting its upper layer", "project", m.id, "from", st.Uid, "to", m.hostUID)
+		if err := shiftTree(dir, st.Uid, m.hostUID); err != nil {
+			return "", fmt.Errorf("shift upper layer: %w", err)
+		}
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "upper"), filepath.Join(dir, "work")} {
+		mode := os.FileMode(0o755)
+		if d == dir {
+			mode = 0o700
+		}
+		if err := os.Mkdir(d, mode); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", fmt.Errorf("upper layer: %w", err)
+		}
+		if err := os.Lchown(d, int(m.hostUID), int(m.hostUID)); err != nil {
+			return "", fmt.Errorf("upper layer: %w", err)
+		}
+	}
+	if err := os.WriteFile(marker, []byte(img.ID), 0o600); err != nil {
+		return "", fmt.Errorf("upper layer: %w", err)
+	}
+	return dir, nil
+}
+
+// shiftTree moves every owner and group of the tree at dir that lies in
+// [from, from+RangeSize) by to-from, without following symlinks.
+func shiftTree(dir string, from, to uint32) error {
+	shift := func(id uint32) (int, bool) {
+		if id >= from && uint64(id) < uint64(from)+RangeSize {
+			return int(id - from + to), true
+		}
+		return int(id), false
+	}
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			return err
+		}
+		uid, su := shift(st.Uid)
+		gid, sg := shift(st.Gid)
+		if !su && !sg {
+			return nil
+		}
+		// Lchown clears set-id bits of a regular file; put them back (they
+		// elevate only within the machine's own range).
+		if err := os.Lchown(p, uid, gid); err != nil {
+			return err
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+			return unix.Chmod(p, st.Mode&0o7777)
+		}
+		return nil
+	})
 }
 
 func closeFDs(fds []int) {

@@ -37,7 +37,7 @@ import (
 )
 
 // features are the protocol-2 extensions the worker announces.
-var features = []string{wire.FeatureUser, wire.FeatureOOMKilled}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -48,6 +48,8 @@ const handshakeTimeout = 10 * time.Second
 type conn struct {
 	w  *Worker
 	wc *wire.Conn
+
+	wg sync.WaitGroup // requests served off the connection's goroutine
 
 	mu       sync.Mutex
 	sessions map[string]*session // accepted and not yet ended, by client id
@@ -137,6 +139,7 @@ func (w *Worker) checkPeer(uc *net.UnixConn) error {
 // shutdown closes the connection and cancels its sessions.
 func (c *conn) shutdown() {
 	c.wc.Close()
+	defer c.wg.Wait()
 	c.mu.Lock()
 	c.closed = true
 	ss := make([]*session, 0, len(c.sessions))
@@ -195,6 +198,14 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		}
 	case *wire.NetDial:
 		c.netDial(m)
+	case *wire.MachineReset:
+		// Off the connection's goroutine: it waits for a machine to stop
+		// and a tree to be deleted.
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.machineReset(m)
+		}()
 	default:
 		closeFDs(fds)
 		c.send(&wire.Error{Code: wire.CodeBadFrame, Message: fmt.Sprintf("a client does not send %s", m.Type())})
@@ -215,8 +226,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(code, "%s", msg)
 		return
 	}
-	env, code, msg := buildEnv(m.Env)
-	if code != "" {
+	if code, msg := checkEnv(m.Env); code != "" {
 		reject(code, "%s", msg)
 		return
 	}
@@ -224,11 +234,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		reject(code, "%s", msg)
 		return
 	}
-	cwd := m.Cwd
-	if cwd == "" {
-		cwd = GuestWorkspace
-	}
-	if !validCwd(cwd) {
+	if m.Cwd != "" && !validCwd(m.Cwd) {
 		reject(wire.CodeBadCwd, "cwd %q must be a clean absolute path inside %s or %s", m.Cwd, GuestWorkspace, GuestHome)
 		return
 	}
@@ -240,7 +246,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		return
 	}
 	lim := c.w.resolve(m.Project.Limits)
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, true, lim)
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, true, lim)
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -251,6 +257,11 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		return
 	}
 	mach.setLimits(lim)
+	env := buildEnv(m.Env, mach.imageEnv)
+	cwd := m.Cwd
+	if cwd == "" {
+		cwd = mach.imageCwd
+	}
 	var cred *ctl.Cred
 	if m.User != "" && !alwaysKnown(m.User) {
 		if cred, err = mach.lookupUser(m.User); err != nil {
@@ -292,7 +303,7 @@ func (c *conn) netDial(m *wire.NetDial) {
 		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
 		return
 	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, false, c.w.resolve(m.Project.Limits))
+	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, false, c.w.resolve(m.Project.Limits))
 	if err != nil {
 		var r *rejection
 		if errors.As(err, &r) {
@@ -351,24 +362,45 @@ func alwaysKnown(user string) bool {
 	return err == nil && uid < RangeSize
 }
 
-// buildEnv returns a session's environment: PATH, overridden or extended
-// by the request's variables. The init adds HOME, the session user's,
-// unless the request sets it.
-func buildEnv(req map[string]string) (env []string, code, msg string) {
-	env = make([]string, 0, len(req)+2)
-	if _, hasPath := req["PATH"]; !hasPath {
-		env = append(env, "PATH="+DefaultPath)
-	}
+// checkEnv validates a request's variables.
+func checkEnv(req map[string]string) (code, msg string) {
 	for k, v := range req {
 		if k == "" || strings.ContainsAny(k, "=\x00") {
-			return nil, wire.CodeBadEnv, fmt.Sprintf("invalid variable name %q", k)
+			return wire.CodeBadEnv, fmt.Sprintf("invalid variable name %q", k)
 		}
 		if strings.IndexByte(v, 0) >= 0 {
-			return nil, wire.CodeBadEnv, fmt.Sprintf("variable %q contains a NUL byte", k)
+			return wire.CodeBadEnv, fmt.Sprintf("variable %q contains a NUL byte", k)
 		}
+	}
+	return "", ""
+}
+
+// buildEnv returns a session's environment (req checked by checkEnv):
+// PATH=DefaultPath, then the image's variables, then the request's, which
+// win — except that a request's PATH equal to DefaultPath (what corral's
+// clients send by default) leaves the image's PATH, so that an image's
+// tools (/usr/local/go/bin, /opt/venv/bin, ...) are found. The init adds
+// HOME, the session user's, unless the image or the request sets it.
+func buildEnv(req map[string]string, image []string) []string {
+	vars := make(map[string]string, len(image)+len(req)+2)
+	vars["PATH"] = DefaultPath
+	for _, kv := range image {
+		if k, v, ok := strings.Cut(kv, "="); ok && k != "" && strings.IndexByte(kv, 0) < 0 {
+			vars[k] = v
+		}
+	}
+	imagePath := vars["PATH"]
+	for k, v := range req {
+		vars[k] = v
+	}
+	if req["PATH"] == DefaultPath {
+		vars["PATH"] = imagePath
+	}
+	env := make([]string, 0, len(vars))
+	for k, v := range vars {
 		env = append(env, k+"="+v)
 	}
-	return env, "", ""
+	return env
 }
 
 // validCwd reports whether cwd is a clean absolute guest path inside the

@@ -10,19 +10,59 @@
 // claims a block of Config.MaxProjects ranges for its state directory in
 // the host-wide registry of package internal/idrange, and records each
 // project's slot in StateDir/id-slots.json, so that a project keeps its
-// range across restarts until ForgetProject frees it. Its filesystem is the host's
-// root read-only (nosuid, nodev; /home, /tmp, /proc, /sys and /dev are not
-// the host's), the project workspace read-write at /workspace, a
-// per-project home at /home/corral, a tmpfs /tmp, a /proc of each
+// range across restarts until ForgetProject frees it. Its hostname is
+// "project-<id>"; its network is a loopback interface only. PID 1 of a
+// machine is corral's own init — this binary re-executed (see
+// MaybeRunInit), placed in the machine's cgroup before it may fork — which
+// reaps zombies and forks sessions (see Session containment) as the
+// session's user (see Privilege; by default the image's), with exactly the
+// three descriptors the client attached as 0, 1 and 2 (put in blocking
+// mode) and nothing else open, a checked cwd and an environment of PATH and
+// HOME (the user's), the image's variables, then the request's.
+//
+// # Root filesystem
+//
+// A machine sees nothing of the host but what it is given. Its root is an
+// overlay (mounted by the init inside the machine's user namespace, with
+// userxattr): the layers of the project's image from the image store
+// (package image; Config.ImagesDir) below, each an idmapped detached mount
+// the worker makes (open_tree and mount_setattr MOUNT_ATTR_IDMAP, mapping
+// the store's id block onto the machine's range, so that the image's root
+// is guest root), and the project's upper directory above
+// (StateDir/uppers/<id>, owned by the machine's guest root, in a 0700
+// directory no host user reaches), so that guest root can install
+// packages and what it changes persists across commands and machine
+// restarts. On top: the workspace read-write at /workspace, the
+// per-project home at /home/corral, the image's host binds read-only,
+// nosuid and nodev (base: the host's /usr), a tmpfs /tmp, a /proc of each
 // session's own (see Session /proc), a fresh read-only sysfs with Docker's
 // masks (/sys/firmware, /sys/devices/virtual/powercap and the per-CPU
 // thermal_throttle directories under an empty read-only tmpfs) and a
 // minimal /dev (null, zero, full, random, urandom, tty, a devpts of its
 // own (newinstance) with /dev/ptmx a link to pts/ptmx, so that sessions
-// can open terminals, and a tmpfs /dev/shm); /tmp and /dev/shm are
-// sized when the worker says so (ctl.Config.TmpSize); its hostname is
-// "project-<id>"; its network is a loopback interface only. Each machine
-// has a cgroup with memory, pids and CPU limits: v2 where /sys/fs/cgroup
+// can open terminals, and a tmpfs /dev/shm); /tmp and /dev/shm are sized
+// when the worker says so (ctl.Config.TmpSize). The default image is
+// "base": a generated /etc (root and the guest user "user", no host
+// account, no shadow) with the host's /usr. Nothing else of the host —
+// not /etc, /opt, /srv, /var, /run, other workspaces, the worker's state,
+// host sockets — exists inside. Mount points the image lacks are made in
+// the upper layer, never through a symlink of the image.
+//
+// An exec-start's project may name its image (wire.FeatureMachineSpec);
+// an unknown one is exec-rejected "bad-image". The image is resolved when
+// the machine starts: a running machine keeps its image until it stops
+// (idle, or a reset), and a machine started over an upper layer made for
+// another image discards that layer first. machine-reset
+// (wire.FeatureMachineReset; Reset) stops a machine without sessions and
+// deletes its upper layer; with sessions it is refused "busy". The image's
+// Env is the base of every session's environment (a request's PATH equal
+// to DefaultPath keeps the image's PATH), its WorkingDir the cwd of a
+// start without one (else /workspace), its User the sessions' default user
+// (empty: root).
+//
+// # Limits
+//
+// Each machine has a cgroup with memory, pids and CPU limits: v2 where /sys/fs/cgroup
 // is the unified hierarchy, else the v1 memory, pids and cpu (CFS quota)
 // hierarchies, below the worker's own cgroup parent (Config.CgroupParent).
 // The limits are the worker's defaults (Config.Limits) overridden by the
@@ -34,14 +74,7 @@
 // them), sessions 0 (see package guest). The machine's user namespace is
 // owned by its guest root's host id, so that what it creates (inotify
 // instances, namespaces: the kernel's per-user counts) is charged to the
-// machine, never to host root. PID 1 of
-// a machine is corral's own init — this binary re-executed (see
-// MaybeRunInit), placed in the machine's cgroup before it may fork — which
-// reaps zombies and forks sessions (see Session containment) as the
-// session's user (see Privilege), with exactly the three descriptors the
-// client attached as 0, 1 and 2 (put in blocking mode) and nothing else
-// open, a checked cwd and an environment of PATH and HOME (the user's)
-// plus the request's.
+// machine, never to host root.
 //
 // A machine starts on its project's first exec-start or net-dial, serves
 // every later one, and stops once it has had no session for
@@ -192,20 +225,25 @@
 //
 // # Workspace ownership
 //
-// The workspace and the home are idmapped mounts (open_tree and
-// mount_setattr with MOUNT_ATTR_IDMAP): the workspace's host owner is the
-// guest user inside, and what the guest creates belongs to that owner on
-// the host; other host ids show as the overflow id inside. The home
-// directory is owned by the workspace's owner on the host. Where a
-// filesystem refuses idmapping, the worker logs a warning and falls back:
-// the workspace is bind-mounted as it is (files the guest creates then
-// belong to the guest user's host id, the project's range start + GuestUID, and
-// the owner's files are writable inside only through their "other"
-// permission bits), and the home directory is chowned to the guest user's
-// host id. MachineInfo.Idmapped says which happened.
+// No guest id writes as host root, nor as any host id outside its machine's range but
+// the workspace's own unprivileged owner. A workspace owned by a host user
+// U other than root is an idmapped mount (open_tree and mount_setattr with
+// MOUNT_ATTR_IDMAP) showing U as the guest user inside: what the guest
+// creates belongs to U on the host; other host ids show as the overflow id
+// inside. A workspace owned by root is not idmapped (that would make the
+// guest's files root's: a file capability or a git hook written there
+// would run as host root): it is bound as it is, root's files show as the
+// overflow id and are writable only through their "other" permission
+// bits, and what the guest creates belongs to the guest user's host id,
+// the range start + GuestUID. With Config.OwnWorkspaces (the daemon's
+// workspaces) the worker first gives a root-owned workspace to that host
+// id, recursively and without following symlinks. Where a filesystem
+// refuses idmapping, the workspace is bound as is and the worker logs it;
+// MachineInfo.Idmapped says which happened. The home and the upper layer
+// belong to the machine's ids (the guest user's and guest root's host
+// ids).
 //
-// As the guest writes as the workspace's owner, possibly root, the
-// syscall policy (see Privilege) refuses (EPERM) any mode with S_ISUID or
+// The syscall policy (see Privilege) refuses (EPERM) any mode with S_ISUID or
 // S_ISGID in chmod, fchmod, fchmodat(2), open, openat, creat and mknod(at),
 // and answers ENOSYS to openat2 and io_uring, whose modes it cannot
 // inspect; and no session can write a file capability (no CAP_SETFCAP, no
@@ -214,8 +252,8 @@
 //
 // # Privilege
 //
-// Sessions run as the machine's default user (GuestUID/GuestGID until
-// images say otherwise) or as the user exec-start names (the "user"
+// Sessions run as the machine's default user (the image's; GuestUID and
+// GuestGID for base) or as the user exec-start names (the "user"
 // feature, announced in the worker's hello): a name or numeric uid,
 // optionally ":group", resolved by the init against the machine's own
 // /etc/passwd and /etc/group (supplementary groups from /etc/group; a
@@ -281,8 +319,9 @@
 // error "unknown-session" and its descriptors are closed). Beyond what
 // package wire pins:
 //
-//   - exec-start with an empty cwd runs in /workspace; any other cwd must
-//     be a clean absolute path inside /workspace or /home/corral.
+//   - exec-start with an empty cwd runs in the image's WorkingDir, else in
+//     /workspace; any other cwd must be a clean absolute path inside
+//     /workspace or /home/corral.
 //   - Session ids are unique among a connection's unfinished sessions; an
 //     id is free again after its exec-exit.
 //   - exec-cancel of a session never attached ends it with exec-exit
@@ -296,5 +335,6 @@
 //     end such a session with ErrMachineFailed, a transport failure.
 //   - A client frame of a type only the worker sends is a protocol error.
 //
-// The worker imports no corral package but wire.
+// The worker imports no corral package but wire and image (and the
+// internal idrange).
 package worker

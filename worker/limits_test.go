@@ -152,7 +152,11 @@ print("ok" if fd >= 0 else "failed: " + os.strerror(ctypes.get_errno()))
 func TestMachineQuotasNotChargedToHostRoot(t *testing.T) {
 	h := newHarness(t, nil)
 	c := h.dial(t)
-	hog := h.start(t, c, h.project(t, 1), "python3", "-c", inotifyHog)
+	p1 := h.project(t, 1)
+	if err := os.Chown(p1.Workspace, 4242, 4242); err != nil { // writable by the guest user (idmapped)
+		t.Fatal(err)
+	}
+	hog := h.start(t, c, p1, "python3", "-c", inotifyHog)
 	if !hog.started {
 		t.Fatalf("%#v", hog.first)
 	}

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"sync"
@@ -16,9 +17,11 @@ import (
 type machine struct {
 	w         *Worker
 	id        int64
-	workspace string // resolved host path
-	requested string // the path as requested when the machine started
-	gen       int    // distinguishes successive machines of a project
+	workspace string   // resolved host path
+	requested string   // the path as requested when the machine started
+	imageName string   // as requested ("" is the base image)
+	gen       int      // distinguishes successive machines of a project
+	prev      *machine // the project's machine before this one, until boot saw it dead
 
 	// Set by start before ready is closed; read-only afterwards.
 	ready    chan struct{}
@@ -26,6 +29,11 @@ type machine struct {
 	hostUID  uint32
 	initPID  int
 	idmapped bool
+	// The image's name and id, and its defaults for sessions.
+	image    string
+	imageID  string
+	imageEnv []string
+	imageCwd string
 	cmd      *exec.Cmd
 	ctl      *ctl.Conn
 	cg       *cgroup.Group
@@ -52,10 +60,10 @@ type machine struct {
 	lookupsClosed bool
 }
 
-func (w *Worker) newMachine(id int64, ws, requested string, slot int, lim machineLimits) *machine {
+func (w *Worker) newMachine(id int64, ws, requested, img string, slot int, lim machineLimits) *machine {
 	w.gen++
 	return &machine{
-		w: w, id: id, workspace: ws, requested: requested, gen: w.gen, lim: lim,
+		w: w, id: id, workspace: ws, requested: requested, imageName: img, gen: w.gen, lim: lim,
 		hostUID: w.hostUIDOf(slot),
 		ready:   make(chan struct{}), dead: make(chan struct{}),
 		bySID: make(map[uint64]*session),
@@ -136,11 +144,17 @@ func (m *machine) start() {
 	defer close(m.ready)
 	if err := m.boot(); err != nil {
 		m.w.log.Error("machine start failed", "project", m.id, "err", err)
-		m.startErr = &rejection{wire.CodeMachineFailed, err.Error()}
+		var r *rejection
+		if errors.As(err, &r) {
+			m.startErr = r
+		} else {
+			m.startErr = &rejection{wire.CodeMachineFailed, err.Error()}
+		}
 		m.mu.Lock()
 		m.stopping = true
 		m.mu.Unlock()
 		m.w.forget(m)
+		m.w.buried(m)
 		close(m.dead)
 		return
 	}
@@ -169,6 +183,7 @@ func (m *machine) wait() {
 	m.netns.Close()
 	m.closeDisk()
 	m.w.log.Info("machine stopped", "project", m.id, "init", m.initPID)
+	m.w.buried(m)
 	close(m.dead)
 }
 

@@ -220,7 +220,12 @@ func TestFileCapabilityAttack(t *testing.T) {
 	}
 	h := newHarness(t, nil)
 	c := h.dial(t)
-	p := h.project(t, 1) // owned by host root
+	p := h.project(t, 1)
+	// Owned by an ordinary host user, idmapped to the guest user (a
+	// root-owned workspace is not writable by the guest at all).
+	if err := os.Chown(p.Workspace, 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
 	const setxattr = `
 import os, struct, sys
 try:
@@ -268,6 +273,9 @@ func TestInotifyNotChargedToHost(t *testing.T) {
 	h := newHarness(t, nil)
 	c := h.dial(t)
 	hp := h.project(t, 1)
+	if err := os.Chown(hp.Workspace, 4242, 4242); err != nil { // writable by the guest user
+		t.Fatal(err)
+	}
 	hog := h.startAs(t, c, hp, "", "python3", "-c", `
 import ctypes, sys
 libc = ctypes.CDLL(None)

@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -19,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/image"
 	"github.com/corral-sandbox/corral/internal/idrange"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/cgroup"
@@ -95,14 +95,28 @@ type Limits struct {
 type Config struct {
 	// ProjectsRoot is the directory under which workspaces are accepted:
 	// an exec-start or net-dial whose workspace, after EvalSymlinks, is
-	// not strictly below it is rejected with "bad-workspace". Machines do
-	// not see it (an empty directory hides it), nor StateDir and HomesRoot.
+	// not strictly below it is rejected with "bad-workspace". A machine
+	// sees nothing of the host but its own workspace and home, its image
+	// and the image's host binds (base: /usr).
 	ProjectsRoot string
 	// StateDir holds the worker's state. It must be root-owned.
 	StateDir string
 	// HomesRoot holds the per-project home directories (HomesRoot/<id>).
 	// Empty means StateDir/homes.
 	HomesRoot string
+	// ImagesDir is the image store (package image) that machines' root
+	// filesystems come from. Empty means StateDir/images; corral's daemon
+	// and `corral run --project` pass <state>/images, beside the worker's
+	// state <state>/worker, where `corral image import --state <state>`
+	// puts images.
+	ImagesDir string
+	// OwnWorkspaces makes the worker give a root-owned workspace to the
+	// project before its machine's first start: it chowns the tree
+	// (recursively, never following a symlink) to the guest user's host
+	// id, so that the project's files belong on the host to an unprivileged
+	// id of its own. For workspaces the worker's operator manages (the
+	// daemon's projects root); not for a user's checkout.
+	OwnWorkspaces bool
 	// IdleGrace is how long a machine without sessions stays up. Zero
 	// means DefaultIdleGrace.
 	IdleGrace time.Duration
@@ -161,6 +175,9 @@ type Config struct {
 	// other peer a connection error frame with code "forbidden" before
 	// interpreting anything it sends, then closes it. Zero means root only.
 	AllowUID uint32
+	// images overrides the store opened from ImagesDir (tests).
+	images imageStore
+
 	// GoHolders makes every session's pid-namespace holder corral's own
 	// binary (SelfExe) instead of `env --ignore-signal=CHLD sleep infinity`
 	// from the host, which machines use when the host's env supports that
@@ -206,8 +223,11 @@ type Worker struct {
 	ids      idrange.Range // host ids of the machines: one RangeSize slot per project
 	hostNet  *os.File
 	disks    *disks
-	masks    []string // host directories hidden in machines
+	images   imageStore
 	closeNet sync.Once
+
+	nsMu    sync.Mutex
+	nsCache map[[2]idMap]*os.File // user namespaces of idmapped mounts, by maps
 	// configHook, when set (by tests), edits every machine's init config.
 	configHook func(*ctl.Config)
 	lock       *os.File // the state directory's lock, held until Shutdown
@@ -223,8 +243,15 @@ type Worker struct {
 	machines map[int64]*machine
 	slots    map[int64]int // project id → id-range slot, persisted in StateDir
 	used     map[int]bool
-	conns    map[*conn]struct{}
-	closed   bool
+	// resetting holds the projects being reset; each channel closes when
+	// its reset is done. No machine of theirs starts meanwhile.
+	resetting map[int64]chan struct{}
+	// latest is each project's most recent machine, running or stopping,
+	// until it is dead: a new machine waits for it (they would share the
+	// upper layer), and so does a reset.
+	latest map[int64]*machine
+	conns  map[*conn]struct{}
+	closed bool
 }
 
 // MachineInfo describes a running machine.
@@ -241,6 +268,8 @@ type MachineInfo struct {
 	Cgroups []string
 	// Idmapped reports whether the workspace is an idmapped mount.
 	Idmapped bool
+	// Image is the name of the machine's image, ImageID its id.
+	Image, ImageID string
 }
 
 // New checks cfg and prepares a worker; it starts no machine. It removes
@@ -278,20 +307,11 @@ func New(cfg Config) (*Worker, error) {
 	if err := os.MkdirAll(cfg.HomesRoot, 0o711); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
-	// Machines see the host's root, but not the projects (other than their
-	// own, at /workspace) nor the worker's state (other projects' homes).
-	var masks []string
-	for _, d := range []string{root, cfg.StateDir, cfg.HomesRoot} {
-		r, err := filepath.EvalSymlinks(d)
-		if err != nil {
-			return nil, fmt.Errorf("worker: %w", err)
-		}
-		if r, err = filepath.Abs(r); err != nil {
-			return nil, fmt.Errorf("worker: %w", err)
-		}
-		if r != "/" && !slices.Contains(masks, r) {
-			masks = append(masks, r)
-		}
+	if cfg.ImagesDir == "" {
+		cfg.ImagesDir = filepath.Join(cfg.StateDir, "images")
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "uppers"), 0o700); err != nil {
+		return nil, fmt.Errorf("worker: %w", err)
 	}
 	if cfg.IdleGrace == 0 {
 		cfg.IdleGrace = DefaultIdleGrace
@@ -329,11 +349,21 @@ func New(cfg Config) (*Worker, error) {
 			Tmp:  limit(cfg.Limits.Tmp, DefaultTmp),
 			Disk: max(cfg.Limits.Disk, 0),
 		},
-		masks:    masks,
-		machines: make(map[int64]*machine),
-		slots:    make(map[int64]int),
-		used:     make(map[int]bool),
-		conns:    make(map[*conn]struct{}),
+		images:    cfg.images,
+		machines:  make(map[int64]*machine),
+		slots:     make(map[int64]int),
+		used:      make(map[int]bool),
+		resetting: make(map[int64]chan struct{}),
+		latest:    make(map[int64]*machine),
+		nsCache:   make(map[[2]idMap]*os.File),
+		conns:     make(map[*conn]struct{}),
+	}
+	if w.images == nil {
+		st, err := image.Open(cfg.ImagesDir, image.Options{Logger: log})
+		if err != nil {
+			return nil, fmt.Errorf("worker: images: %w", err)
+		}
+		w.images = st
 	}
 	// One worker per state directory: another one would sweep this one's
 	// cgroups and share its id slots.
@@ -522,6 +552,12 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	}
 	w.disks.closeAll(w.log)
 	w.closeNet.Do(func() { w.hostNet.Close(); w.lock.Close() })
+	w.nsMu.Lock()
+	for k, f := range w.nsCache {
+		f.Close()
+		delete(w.nsCache, k)
+	}
+	w.nsMu.Unlock()
 	w.cgroups.RemoveParents()
 	return nil
 }
@@ -548,6 +584,7 @@ func (w *Worker) Machines() []MachineInfo {
 		out = append(out, MachineInfo{
 			ProjectID: m.id, Workspace: m.workspace, InitPID: m.initPID, HostUID: m.hostUID,
 			Sessions: m.refs, Cgroups: m.cg.Paths(), Idmapped: m.idmapped,
+			Image: m.image, ImageID: m.imageID,
 		})
 		m.mu.Unlock()
 	}
@@ -566,11 +603,14 @@ var errClosed = errors.New("worker: shut down")
 //
 // A running machine started for the very same requested path is reused
 // without resolving the path again: the workspace it mounted was checked
-// when it started, and nothing is mounted anew.
-func (w *Worker) acquire(id int64, requested string, session bool, lim machineLimits) (*machine, error) {
+// when it started, and nothing is mounted anew. A running machine is used
+// whatever image the request names: a changed image takes effect at the
+// machine's next start (once it has been idle for the grace, or after a
+// reset).
+func (w *Worker) acquire(id int64, requested, img string, session bool, lim machineLimits) (*machine, error) {
 	w.mu.Lock()
 	if m := w.machines[id]; m != nil && m.requested == requested {
-		return w.hold(m, session, lim)
+		return w.hold(m, img, session, lim)
 	}
 	w.mu.Unlock()
 	ws, err := w.resolveWorkspace(requested)
@@ -589,14 +629,19 @@ func (w *Worker) acquire(id int64, requested string, session bool, lim machineLi
 		}
 	}
 	if m == nil {
-		return w.startMachine(id, ws, requested, session, lim)
+		if done := w.resetting[id]; done != nil && session {
+			w.mu.Unlock()
+			<-done
+			return w.acquire(id, requested, img, session, lim)
+		}
+		return w.startMachine(id, ws, requested, img, session, lim)
 	}
-	return w.hold(m, session, lim)
+	return w.hold(m, img, session, lim)
 }
 
 // hold takes a reference on m, or acquires a new machine if m is stopping.
 // Called with w.mu held; releases it.
-func (w *Worker) hold(m *machine, session bool, lim machineLimits) (*machine, error) {
+func (w *Worker) hold(m *machine, img string, session bool, lim machineLimits) (*machine, error) {
 	m.mu.Lock()
 	switch {
 	case m.stopping:
@@ -607,7 +652,7 @@ func (w *Worker) hold(m *machine, session bool, lim machineLimits) (*machine, er
 			delete(w.machines, m.id)
 		}
 		w.mu.Unlock()
-		return w.acquire(m.id, m.requested, session, lim)
+		return w.acquire(m.id, m.requested, img, session, lim)
 	case session && m.sessions >= w.cfg.MaxSessions:
 		m.mu.Unlock()
 		w.mu.Unlock()
@@ -622,7 +667,7 @@ func (w *Worker) hold(m *machine, session bool, lim machineLimits) (*machine, er
 // startMachine registers and starts a new machine. Called with w.mu held;
 // releases it. Only sessions start machines: a net-dial to a project
 // without one fails ("dial-failed"), as nothing could be listening there.
-func (w *Worker) startMachine(id int64, ws, requested string, session bool, lim machineLimits) (*machine, error) {
+func (w *Worker) startMachine(id int64, ws, requested, img string, session bool, lim machineLimits) (*machine, error) {
 	if w.closed {
 		w.mu.Unlock()
 		return nil, errClosed
@@ -636,7 +681,9 @@ func (w *Worker) startMachine(id int64, ws, requested string, session bool, lim 
 		w.mu.Unlock()
 		return nil, &rejection{wire.CodeMachineFailed, err.Error()}
 	}
-	m := w.newMachine(id, ws, requested, slot, lim)
+	m := w.newMachine(id, ws, requested, img, slot, lim)
+	m.prev = w.latest[id]
+	w.latest[id] = m
 	m.hold(session)
 	w.machines[id] = m
 	w.mu.Unlock()
@@ -659,6 +706,15 @@ func (w *Worker) forget(m *machine) {
 	w.mu.Lock()
 	if w.machines[m.id] == m {
 		delete(w.machines, m.id)
+	}
+	w.mu.Unlock()
+}
+
+// buried forgets m, which is dead, as the project's latest machine.
+func (w *Worker) buried(m *machine) {
+	w.mu.Lock()
+	if w.latest[m.id] == m {
+		delete(w.latest, m.id)
 	}
 	w.mu.Unlock()
 }

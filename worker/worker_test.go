@@ -234,10 +234,10 @@ func TestMachineIsolation(t *testing.T) {
 			t.Fatalf("cancelled sleep: %v", r)
 		}
 	})
-	t.Run("root is read-only", func(t *testing.T) {
-		for _, path := range []string{"/x", "/usr/x", "/etc/x"} {
+	t.Run("root is guest root's, the host's /usr read-only", func(t *testing.T) {
+		for path, want := range map[string]string{"/x": "Permission denied", "/etc/x": "Permission denied", "/usr/x": "Read-only file system"} {
 			r := h.run(t, c, p, "touch", path)
-			if r.code() == 0 || !strings.Contains(r.stderr, "Read-only file system") {
+			if r.code() == 0 || !strings.Contains(r.stderr, want) {
 				t.Errorf("touch %s: %v", path, r)
 			}
 		}
@@ -1041,7 +1041,11 @@ func TestOtherProjectsHidden(t *testing.T) {
 func TestNoSetIDFilesInWorkspace(t *testing.T) {
 	h := newHarness(t, nil)
 	c := h.dial(t)
-	p := h.project(t, 1) // owned by host root: what the guest writes is root's
+	p := h.project(t, 1)
+	const owner = 4242 // idmapped: what the guest writes is this user's
+	if err := os.Chown(p.Workspace, owner, owner); err != nil {
+		t.Fatal(err)
+	}
 	r := h.run(t, c, p, "sh", "-c", `
 		cd /workspace && echo x > f && chmod 755 f && echo chmod-ok
 		chmod u+s f 2>/dev/null || echo suid-refused
@@ -1057,11 +1061,61 @@ func TestNoSetIDFilesInWorkspace(t *testing.T) {
 	if err := unix.Stat(filepath.Join(p.Workspace, "f"), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 || st.Uid != 0 {
+	if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 || st.Uid != owner {
 		t.Fatalf("host sees mode %o owner %d", st.Mode, st.Uid)
 	}
 	if _, err := os.Stat(filepath.Join(p.Workspace, "g")); err == nil {
 		t.Fatal("set-uid open created a file")
+	}
+}
+
+// TestWorkspaceOwnership: no guest id writes as host root. A root-owned
+// workspace is bound as is (the guest's files belong to the guest user's
+// host id, root's show as the overflow id); with OwnWorkspaces it is first
+// given to the guest user's host id; the home is the guest user's host
+// id's.
+func TestWorkspaceOwnership(t *testing.T) {
+	for _, own := range []bool{false, true} {
+		t.Run(map[bool]string{false: "root-owned", true: "owned by the worker"}[own], func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.OwnWorkspaces = own })
+			c := h.dial(t)
+			p := h.project(t, 1)
+			if err := os.Chmod(p.Workspace, 0o777); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(p.Workspace, "root-file"), []byte("x"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			r := h.run(t, c, p, "sh", "-c", "echo g > /workspace/guest-file && echo h > /home/corral/h && stat -c %u /workspace/root-file")
+			m := h.machineOf(t, 1)
+			wantInside := "65534\n"
+			if own {
+				wantInside = "1000\n"
+			}
+			if r.code() != 0 || r.stdout != wantInside {
+				t.Fatalf("%v", r)
+			}
+			if m.Idmapped {
+				t.Error("a root-owned workspace was idmapped")
+			}
+			guest := m.HostUID + GuestUID
+			for _, f := range []string{filepath.Join(p.Workspace, "guest-file"), filepath.Join(h.w.cfg.HomesRoot, "1", "h"), filepath.Join(h.w.cfg.HomesRoot, "1")} {
+				var st unix.Stat_t
+				if err := unix.Lstat(f, &st); err != nil {
+					t.Fatal(err)
+				}
+				if st.Uid != guest || st.Gid != guest {
+					t.Errorf("%s owned by %d:%d on the host, want the guest user's host id %d", f, st.Uid, st.Gid, guest)
+				}
+			}
+			var st unix.Stat_t
+			if err := unix.Lstat(filepath.Join(p.Workspace, "root-file"), &st); err != nil {
+				t.Fatal(err)
+			}
+			if own != (st.Uid == guest) {
+				t.Errorf("the workspace's root file is owned by %d with OwnWorkspaces=%v", st.Uid, own)
+			}
+		})
 	}
 }
 

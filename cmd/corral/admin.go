@@ -392,7 +392,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, addMember, list, del, networkCmd)
+	cmd.AddCommand(create, addMember, list, del, networkCmd, newSetMachineCmd(&state), newResetCmd(&state))
 	return cmd
 }
 

@@ -49,6 +49,12 @@ and restarts it with backoff if it dies. With --worker-socket it uses that
 worker. Otherwise it has no privileged transport: host projects work, managed
 calls answer 503 "no privileged transport in this process".
 
+With --sites-domain D, site NAME is served at the origin NAME.D (requests
+whose Host is NAME.D, on any listener; point a wildcard DNS name *.D at the
+TCP listener or at a TLS proxy in front of it): browsers open it through a
+signed URL (POST /v1/projects/ID/sites/NAME/url) and the API refuses every
+Host under D. /sites/NAME/ paths then work on the Unix socket only.
+
 Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -118,6 +124,10 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.Float64Var(&cpus, "cpus", 0, "default CPU limit per machine in CPUs, for the supervised worker (default 1)")
 	fl.Var(&tmp, "tmp", "default size of a machine's /tmp and /dev/shm, for the supervised worker (default 256MiB)")
 	fl.Var(&disk, "disk", "default size of a machine's disk (its home), for the supervised worker (default none)")
+	fl.StringVar(&cfg.Sites.Domain, "sites-domain", "", "serve site NAME at the origin NAME.`D` (by Host header; /sites/NAME/ paths stay on the Unix socket only)")
+	fl.StringVar(&cfg.Sites.Scheme, "sites-scheme", "https", "scheme of signed site URLs: https (TLS in front of the daemon; Secure cookies) or http")
+	fl.IntVar(&cfg.Sites.Port, "sites-port", 0, "`PORT` written in signed site URLs (default none: the scheme's)")
+	fl.DurationVar(&cfg.Sites.URLTTL, "sites-url-ttl", daemon.DefaultSiteURLTTL, "default lifetime of a signed site URL (at most 1h)")
 	fl.BoolVar(&debug, "debug", false, "log at debug level")
 	return cmd
 }

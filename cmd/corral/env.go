@@ -98,6 +98,14 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 	if err != nil {
 		return nil, err
 	}
+	if f.image != "" && f.image != proj.Image {
+		// Recorded: later runs without --image keep it. The machine picks
+		// it up at its next start (a private worker's machines start with
+		// it), discarding the upper layer made over the previous image.
+		if err := st.SetProjectMachine(ctx, proj.ID, f.image, proj.Limits); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := st.GetMember(ctx, proj.ID, acct.ID); errors.Is(err, store.ErrNotFound) {
 		if _, err := st.AddMember(ctx, store.Member{Project: proj.ID, Account: acct.ID, Role: store.RoleOwner}); err != nil && !errors.Is(err, store.ErrExists) {
 			return nil, err

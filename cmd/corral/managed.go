@@ -42,8 +42,11 @@ func startManagedTransport(ctx context.Context, f *runFlags, state string) (mach
 		return nil, nil, err
 	}
 	sock := filepath.Join(dir, "worker.sock")
+	// Images beside the worker's state (STATE/images, where `corral image
+	// import --state STATE` puts them). Not --own-workspaces: the
+	// workspace is the user's own checkout.
 	cmd := exec.Command(self, "worker", "--socket", sock, "--projects-root", filepath.Dir(ws),
-		"--state", filepath.Join(state, "worker"))
+		"--state", filepath.Join(state, "worker"), "--images", filepath.Join(state, "images"))
 	// The worker logs JSON; a private worker's logs are kept only to explain
 	// a failed start.
 	logs := &tailBuffer{max: 4096}

@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -25,6 +27,11 @@ func TestRunProjectPrivateWorker(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ws, "hello.txt"), []byte("hi"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A checkout of an ordinary user: the guest writes as that user.
+	const owner = 4242
+	if err := os.Chown(ws, owner, owner); err != nil {
+		t.Fatal(err)
+	}
 	out, errs, status := corral(t, state, "--json", "--project", ws, "--",
 		"sh", "-c", "pwd; cat hello.txt; echo; hostname; touch made; id -u; exit 5")
 	if status != 5 {
@@ -41,8 +48,11 @@ func TestRunProjectPrivateWorker(t *testing.T) {
 	if len(lines) != 4 || lines[0] != "/workspace" || lines[1] != "hi" || !strings.HasPrefix(lines[2], "project-") || lines[3] == "0" {
 		t.Fatalf("inside the machine: %q", res.Stdout)
 	}
-	if _, err := os.Stat(filepath.Join(ws, "made")); err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(ws, "made"), &st); err != nil {
 		t.Errorf("the workspace is not the project: %v", err)
+	} else if st.Uid != owner {
+		t.Errorf("a file the guest made is owned by %d on the host, want the workspace's owner %d", st.Uid, owner)
 	}
 	// The same project again: registered once, reused.
 	out, _, status = corral(t, state, "--project", ws, "--", "git", "--version")
@@ -67,5 +77,59 @@ func TestRunProjectPrivateWorker(t *testing.T) {
 	_, errs, status = corral(t, state, "--host", ws, "--user", "root", "--", "true")
 	if status != 125 || !strings.Contains(errs, "corral: prepare:") {
 		t.Fatalf("--host with --user: %d %q", status, errs)
+	}
+}
+
+// TestRunProjectGitStatus: the README's `corral run --project . -- git
+// status` works on a fresh machine whether the checkout belongs to root (it
+// is then bound as is: the guest writes nothing as root) or to an ordinary
+// user; an unknown --image is a start error naming it.
+func TestRunProjectGitStatus(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
+	for _, owner := range []int{0, 4242} {
+		state := t.TempDir()
+		ws := filepath.Join(t.TempDir(), "repo")
+		if err := os.Mkdir(ws, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("git", "init", "-q", ws).CombinedOutput(); err != nil {
+			t.Fatalf("git init: %v %s", err, out)
+		}
+		if err := os.WriteFile(filepath.Join(ws, "new.txt"), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if owner != 0 {
+			if out, err := exec.Command("chown", "-R", "4242:4242", ws).CombinedOutput(); err != nil {
+				t.Fatalf("chown: %v %s", err, out)
+			}
+		}
+		out, errs, status := corral(t, state, "--project", ws, "--", "git", "status", "--porcelain")
+		if status != 0 || out != "?? new.txt\n" {
+			t.Fatalf("owner %d: git status: %d %q %q", owner, status, out, errs)
+		}
+		out, errs, status = corral(t, state, "--project", ws, "--", "sh", "-c", "touch /workspace/guest 2>/dev/null; echo done")
+		if status != 0 || out != "done\n" {
+			t.Fatalf("owner %d: %d %q %q", owner, status, out, errs)
+		}
+		var st syscall.Stat_t
+		err := syscall.Lstat(filepath.Join(ws, "guest"), &st)
+		switch {
+		case owner == 0 && err == nil:
+			t.Errorf("the guest wrote into a root-owned checkout (file owned by %d)", st.Uid)
+		case owner != 0 && (err != nil || st.Uid != uint32(owner)):
+			t.Errorf("owner %d: the guest's file: %v, uid %d", owner, err, st.Uid)
+		}
+		if owner == 0 {
+			_, errs, status = corral(t, state, "--project", ws, "--image", "no-such-image", "--", "true")
+			if status != 125 || !strings.Contains(errs, "no-such-image") {
+				t.Fatalf("unknown image: %d %q", status, errs)
+			}
+		}
 	}
 }

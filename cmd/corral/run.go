@@ -28,6 +28,7 @@ type runFlags struct {
 
 	state        string
 	workerSocket string
+	image        string
 
 	daemon    string
 	token     string
@@ -74,6 +75,7 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 	fl.BoolVar(&f.json, "json", false, "write one JSON object to stdout")
 	fl.StringVar(&f.state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
 	fl.StringVar(&f.workerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one (--project)")
+	fl.StringVar(&f.image, "image", "", "the machine's image `NAME` (--project; recorded for the project; default base)")
 	fl.StringVar(&f.daemon, "daemon", "", "run through the corral daemon at `ADDR` (a Unix socket path or host:port)")
 	fl.StringVar(&f.token, "token", "", "bearer token for --daemon (default $CORRAL_TOKEN)")
 	fl.Int64Var(&f.projectID, "project-id", 0, "the daemon's project `ID` (with --daemon)")
@@ -119,6 +121,9 @@ func (f *runFlags) options() (*sandbox.RunOptions, error) {
 		}
 	case (f.host == "") == (f.project == ""):
 		return nil, errors.New("give exactly one of --host DIR and --project DIR")
+	}
+	if f.image != "" && f.project == "" {
+		return nil, errors.New("--image goes with --project DIR")
 	}
 	if f.combinedLimit.set && (f.stdoutLimit.set || f.stderrLimit.set) {
 		return nil, errors.New("--combined-limit excludes --stdout-limit and --stderr-limit")

@@ -20,6 +20,8 @@ func newWorkerCmd() *cobra.Command {
 	var (
 		socket, projectsRoot, state string
 		cgroupParent                string
+		images                      string
+		ownWorkspaces               bool
 		idle                        time.Duration
 		memory, tmp, disk           sizeFlag
 		pids                        int64
@@ -51,15 +53,17 @@ and from the uid given by --allow-uid (the daemon's); others get a
 			}
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			w, err := worker.New(worker.Config{
-				ProjectsRoot: projectsRoot,
-				StateDir:     state,
-				CgroupParent: cgroupParent,
-				IdleGrace:    idle,
-				MaxSessions:  maxSessions,
-				Limits:       worker.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n},
-				Logger:       log,
-				Name:         "corral-worker/" + version,
-				AllowUID:     allowUID,
+				ProjectsRoot:  projectsRoot,
+				StateDir:      state,
+				ImagesDir:     images,
+				OwnWorkspaces: ownWorkspaces,
+				CgroupParent:  cgroupParent,
+				IdleGrace:     idle,
+				MaxSessions:   maxSessions,
+				Limits:        worker.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n},
+				Logger:        log,
+				Name:          "corral-worker/" + version,
+				AllowUID:      allowUID,
 			})
 			if err != nil {
 				return err
@@ -84,7 +88,9 @@ and from the uid given by --allow-uid (the daemon's); others get a
 	fl := cmd.Flags()
 	fl.StringVar(&socket, "socket", "", "listen on this Unix socket `PATH`")
 	fl.StringVar(&projectsRoot, "projects-root", "", "accept only workspaces under `DIR`")
-	fl.StringVar(&state, "state", "", "worker state `DIR` (homes); default /var/lib/corral/worker")
+	fl.StringVar(&state, "state", "", "worker state `DIR` (homes, upper layers); default /var/lib/corral/worker")
+	fl.StringVar(&images, "images", "", "image store `DIR` (default STATE/images)")
+	fl.BoolVar(&ownWorkspaces, "own-workspaces", false, "give root-owned workspaces to their projects' unprivileged ids before the first start (for managed workspaces, not user checkouts)")
 	fl.StringVar(&cgroupParent, "cgroup-parent", "", "machine cgroup parent `PATH`, relative to the worker's own cgroup (v1, delegated v2) or the v2 root; default corral-<hash of the state directory>")
 	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
 	fl.Var(&memory, "memory", "memory limit per machine (default 1GiB)")

@@ -31,6 +31,8 @@ func MaybeRunChild() {
 		CgroupParent: os.Getenv(childEnv + "_CGROUP"),
 		IDRegistry:   IDRegistry,
 		Limits:       worker.Limits{Memory: 512 << 20, Pids: 256},
+		// Test workspaces are made by root, like the daemon's.
+		OwnWorkspaces: true,
 	})
 	if err == nil {
 		var ln *net.UnixListener

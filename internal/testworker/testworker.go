@@ -84,6 +84,9 @@ func Start(t testing.TB, opts Options) *Worker {
 		IDRegistry:   IDRegistry,
 		SelfExe:      opts.SelfExe,
 		Logger:       log,
+		// Test workspaces are made by root, like the daemon's: they are
+		// given to their projects, as the daemon's worker does.
+		OwnWorkspaces: true,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,12 +1,14 @@
 // Package sitesplugin is the built-in plugin that owns the "sites" domain:
 // which port of which project is published under which name, and by whom.
-// The daemon's Sites gateway (/sites/{name}/…) resolves this control
-// through the registry on every request and proxies to the published port
-// through the machine gateway's net-dial; this package itself never dials.
+// The daemon's Sites gateway (NAME.D with --sites-domain D, and
+// /sites/{name}/… on the Unix socket) resolves this control through the
+// registry on every request and proxies to the published port through the
+// machine gateway's net-dial; this package itself never dials.
 //
-// Publications are kept in memory: they are lost when the daemon restarts
-// (the store's schema has no table for them). A platform re-publishes its
-// sites after a restart.
+// With a store (Options.Store, as core builds it), publications are rows
+// of the store: names are unique across projects and survive a daemon
+// restart, so nobody can take a name its project held before the restart.
+// Without one, they are kept in memory (tests, embedders).
 package sitesplugin
 
 import (
@@ -39,7 +41,7 @@ var (
 	ErrInvalid = errors.New("sites: invalid publication")
 )
 
-// Site is one publication: HTTP requests to /sites/{Name}/… reach Port on
+// Site is one publication: HTTP requests for site Name reach Port on
 // the loopback of Project's machine.
 type Site struct {
 	Name      string    `json:"name"`
@@ -69,8 +71,9 @@ type Control interface {
 
 // Options configure the plugin.
 type Options struct {
-	// Store, if non-nil, is consulted by Publish: an unknown project is
-	// refused. Nil accepts any positive project id.
+	// Store, if non-nil, holds the publications (they persist) and an
+	// unknown project is refused. Nil keeps them in memory and accepts any
+	// positive project id.
 	Store *store.Store
 	// Logger receives publications; nil means slog.Default().
 	Logger *slog.Logger
@@ -79,7 +82,7 @@ type Options struct {
 }
 
 // Registration returns the plugin's registration. Registering starts
-// nothing; the control it provides is an empty in-memory table.
+// nothing; the control it provides is New(opts).
 func Registration(opts Options) plugin.Registration {
 	return plugin.Registration{
 		Manifest: plugin.Manifest{
@@ -93,8 +96,9 @@ func Registration(opts Options) plugin.Registration {
 	}
 }
 
-// Table is the in-memory Control. The zero value is not usable; use New.
-// It is safe for concurrent use.
+// Table is the Control: over the store when Options.Store is set, else in
+// memory. The zero value is not usable; use New. It is safe for
+// concurrent use.
 type Table struct {
 	opts  Options
 	log   *slog.Logger
@@ -104,7 +108,7 @@ type Table struct {
 
 var _ Control = (*Table)(nil)
 
-// New returns an empty table.
+// New returns the table over opts.Store, or an empty in-memory one.
 func New(opts Options) *Table {
 	log := opts.Logger
 	if log == nil {
@@ -143,13 +147,25 @@ func (t *Table) Publish(ctx context.Context, project int64, name string, port in
 	if project <= 0 {
 		return Site{}, fmt.Errorf("%w: project %d", ErrInvalid, project)
 	}
-	if t.opts.Store != nil {
-		if _, err := t.opts.Store.GetProject(ctx, project); err != nil {
+	if st := t.opts.Store; st != nil {
+		if _, err := st.GetProject(ctx, project); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
 				return Site{}, fmt.Errorf("%w: project %d does not exist", ErrInvalid, project)
 			}
 			return Site{}, fmt.Errorf("sites: publish %q: %w", name, err)
 		}
+		p, err := st.PutPublication(ctx, store.Publication{Name: name, Project: project, Port: port, Owner: by})
+		switch {
+		case errors.Is(err, store.ErrNameTaken):
+			return Site{}, fmt.Errorf("%w: %q", ErrTaken, name)
+		case errors.Is(err, store.ErrNotFound):
+			// Deleted since the check above.
+			return Site{}, fmt.Errorf("%w: project %d does not exist", ErrInvalid, project)
+		case err != nil:
+			return Site{}, fmt.Errorf("sites: publish %q: %w", name, err)
+		}
+		t.log.Info("site published", "site", name, "project", project, "port", port, "by", by)
+		return fromStore(p), nil
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -163,7 +179,18 @@ func (t *Table) Publish(ctx context.Context, project int64, name string, port in
 }
 
 // Unpublish implements Control.
-func (t *Table) Unpublish(_ context.Context, project int64, name string) error {
+func (t *Table) Unpublish(ctx context.Context, project int64, name string) error {
+	if st := t.opts.Store; st != nil {
+		err := st.DeletePublication(ctx, project, name)
+		if errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("%w: %q in project %d", ErrNotFound, name, project)
+		}
+		if err != nil {
+			return fmt.Errorf("sites: unpublish %q: %w", name, err)
+		}
+		t.log.Info("site unpublished", "site", name, "project", project)
+		return nil
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s, ok := t.sites[name]
@@ -176,7 +203,17 @@ func (t *Table) Unpublish(_ context.Context, project int64, name string) error {
 }
 
 // Lookup implements Control.
-func (t *Table) Lookup(_ context.Context, name string) (Site, error) {
+func (t *Table) Lookup(ctx context.Context, name string) (Site, error) {
+	if st := t.opts.Store; st != nil {
+		p, err := st.GetPublication(ctx, name)
+		if errors.Is(err, store.ErrNotFound) {
+			return Site{}, fmt.Errorf("%w: %q", ErrNotFound, name)
+		}
+		if err != nil {
+			return Site{}, fmt.Errorf("sites: lookup %q: %w", name, err)
+		}
+		return fromStore(p), nil
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	s, ok := t.sites[name]
@@ -187,7 +224,18 @@ func (t *Table) Lookup(_ context.Context, name string) (Site, error) {
 }
 
 // List implements Control.
-func (t *Table) List(_ context.Context, project int64) ([]Site, error) {
+func (t *Table) List(ctx context.Context, project int64) ([]Site, error) {
+	if st := t.opts.Store; st != nil {
+		ps, err := st.ListPublications(ctx, project)
+		if err != nil {
+			return nil, fmt.Errorf("sites: list: %w", err)
+		}
+		out := make([]Site, 0, len(ps))
+		for _, p := range ps {
+			out = append(out, fromStore(p))
+		}
+		return out, nil
+	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	out := []Site{}
@@ -198,4 +246,8 @@ func (t *Table) List(_ context.Context, project int64) ([]Site, error) {
 	}
 	slices.SortFunc(out, func(a, b Site) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
+}
+
+func fromStore(p store.Publication) Site {
+	return Site{Name: p.Name, Project: p.Project, Port: p.Port, By: p.Owner, Published: p.Created}
 }

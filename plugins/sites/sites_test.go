@@ -103,3 +103,32 @@ func TestRegistration(t *testing.T) {
 		t.Errorf("disabled: %v", err)
 	}
 }
+
+// TestTablePersists: with a store, a publication survives reopening it
+// (a daemon restart), so another project cannot take the name then.
+func TestTablePersists(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "db")
+	st, err := store.Open(ctx, path, store.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1, _ := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "one", Root: "/w/one"})
+	p2, _ := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "two", Root: "/w/two"})
+	if _, err := New(Options{Store: st}).Publish(ctx, p1.ID, "app", 8000, 7); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st, err = store.Open(ctx, path, store.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	tb := New(Options{Store: st})
+	if s, err := tb.Lookup(ctx, "app"); err != nil || s.Project != p1.ID || s.Port != 8000 || s.By != 7 {
+		t.Fatalf("after reopen: %+v %v", s, err)
+	}
+	if _, err := tb.Publish(ctx, p2.ID, "app", 9000, 8); !errors.Is(err, ErrTaken) {
+		t.Errorf("another project after reopen: %v", err)
+	}
+}

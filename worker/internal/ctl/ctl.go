@@ -11,7 +11,7 @@
 //
 //	worker                                  init (PID 1 of the machine)
 //	  |                                        |
-//	  |-- config {Config} + 2 mount fds ------>|  set up mounts, pivot_root,
+//	  |-- config {Config} + mount fds -------->|  set up mounts, pivot_root,
 //	  |                                        |  hostname, loopback, rlimits
 //	  |<------------------- ready | fail {msg} |  (fail: init exits nonzero)
 //	  |                                        |
@@ -33,8 +33,8 @@
 // (Endpoint).
 //
 // A start carries exactly three descriptors (stdin, stdout, stderr); config
-// carries two (the detached mounts of the workspace and of the home);
-// nothing else carries any.
+// carries the detached mounts of the machine's filesystem (see
+// Config.Mounts); nothing else carries any.
 package ctl
 
 import (
@@ -97,9 +97,13 @@ type Config struct {
 	GID int `json:"gid"`
 	// NProc, when positive, is RLIMIT_NPROC for the session user.
 	NProc int `json:"nproc,omitempty"`
-	// Mask are host directories (symlink-free absolute paths) hidden under
-	// an empty read-only tmpfs: other projects' workspaces and homes.
-	Mask []string `json:"mask,omitempty"`
+	// Layers is how many image layers the config carries (see Mounts), at
+	// most MaxLayers.
+	Layers int `json:"layers,omitempty"`
+	// HostBinds are the guest paths (clean, absolute, not "/") of the
+	// read-only host binds the config carries, in order, at most
+	// MaxHostBinds.
+	HostBinds []string `json:"hostBinds,omitempty"`
 	// GuestWorkspace and GuestHome are the guest mount points.
 	GuestWorkspace string `json:"guestWorkspace"`
 	GuestHome      string `json:"guestHome"`
@@ -116,6 +120,29 @@ type Config struct {
 	// TmpSize, when positive, is the size limit in bytes of the machine's
 	// /tmp and of its /dev/shm (each). Zero: unsized.
 	TmpSize int64 `json:"tmpSize,omitempty"`
+}
+
+// Limits on what one config carries, so that its descriptors fit one
+// SCM_RIGHTS message (the kernel's limit is 253).
+const (
+	MaxLayers    = 128
+	MaxHostBinds = 16
+)
+
+// Mounts reports how many detached mounts a config with c carries, in this
+// order: the workspace, the home, the directory holding the overlay's upper
+// and work directories ("upper" and "work"), the image's layers (lowest
+// first, Layers of them), then one per HostBinds entry.
+func (c *Config) Mounts() int {
+	if c == nil {
+		return 0
+	}
+	return 3 + c.Layers + len(c.HostBinds)
+}
+
+// valid reports whether c's descriptor counts are within bounds.
+func (c *Config) valid() bool {
+	return c.Layers >= 0 && c.Layers <= MaxLayers && len(c.HostBinds) <= MaxHostBinds
 }
 
 // Cred is whom a session runs as: resolved by the init (lookedUp) and
@@ -155,10 +182,13 @@ func FDCount(m *Msg) int {
 	case OpStart:
 		return 3
 	case OpConfig:
-		return 2 // detached mounts: the workspace, then the home
+		return m.Config.Mounts()
 	}
 	return 0
 }
+
+// oobSize holds the descriptors of the largest config (and then some).
+var oobSize = unix.CmsgSpace(4 * (3 + MaxLayers + MaxHostBinds + 1))
 
 // ErrFDMismatch reports a packet whose descriptors do not match its Op.
 var ErrFDMismatch = errors.New("ctl: descriptor count mismatch")
@@ -206,7 +236,7 @@ func Pair() (*Conn, *os.File, error) {
 		unix.Close(fds[1])
 		return nil, nil, fmt.Errorf("ctl: %w", err)
 	}
-	c := &Conn{f: f, rc: rc, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
+	c := &Conn{f: f, rc: rc, buf: make([]byte, MaxPacket), oob: make([]byte, oobSize)}
 	return c, os.NewFile(uintptr(fds[1]), "ctl-init"), nil
 }
 
@@ -293,7 +323,7 @@ type Endpoint struct {
 
 // NewEndpoint returns an Endpoint owning fd.
 func NewEndpoint(fd int) *Endpoint {
-	return &Endpoint{fd: fd, buf: make([]byte, MaxPacket), oob: make([]byte, unix.CmsgSpace(4*4))}
+	return &Endpoint{fd: fd, buf: make([]byte, MaxPacket), oob: make([]byte, oobSize)}
 }
 
 // FD returns the descriptor, for polling.
@@ -381,6 +411,9 @@ func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 	}
 	if m.Config != nil {
 		bits |= hasConfig
+		if !m.Config.valid() {
+			return nil, nil, fmt.Errorf("ctl: config carries too many mounts")
+		}
 		if config, err = json.Marshal(m.Config); err != nil {
 			return nil, nil, fmt.Errorf("ctl: %w", err)
 		}
@@ -567,6 +600,9 @@ func unmarshal(b []byte) (*Msg, error) {
 			m.Config = new(Config)
 			if err := json.Unmarshal(raw, m.Config); err != nil {
 				return nil, fmt.Errorf("ctl: decode: %w", err)
+			}
+			if !m.Config.valid() {
+				return nil, errMalformed
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package ctl
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -135,7 +137,7 @@ func TestEncodingRoundTrip(t *testing.T) {
 		{Op: OpExit, SID: 4, Code: &neg},
 		{Op: OpExit, SID: 5, Signal: "SIGKILL"},
 		{Op: OpNotStarted, SID: 6, Message: "exec \"x\": not found"},
-		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, GID: 1000, NProc: 5, Mask: []string{"/a"}, GuestWorkspace: "/w", GuestHome: "/h"}},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, GID: 1000, NProc: 5, DefaultUser: "root", Layers: 2, HostBinds: []string{"/usr"}, GuestWorkspace: "/w", GuestHome: "/h"}},
 		{Op: OpConfig, Config: &Config{Hostname: "h", DefaultUser: "app:staff", UID: 1000, GID: 1000}},
 		{Op: OpLookup, SID: 8, User: "nobody"},
 		{Op: OpLookedUp, SID: 8, Cred: &Cred{UID: 65534, GID: 65534, Groups: []uint32{1, 1 << 31}, Home: "/nonexistent"}},
@@ -186,7 +188,8 @@ func FuzzUnmarshal(f *testing.F) {
 		{Op: OpReady},
 		{Op: OpStart, SID: 9, Argv: []string{"sh", "-c", "x"}, Env: []string{"A=b"}, Cwd: "/workspace"},
 		{Op: OpExit, SID: 3, Code: &code},
-		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, DefaultUser: "root"}},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000}},
+		{Op: OpConfig, Config: &Config{Hostname: "h", UID: 1000, Layers: 3, HostBinds: []string{"/usr"}, DefaultUser: "user:1000"}},
 		{Op: OpLookup, SID: 4, User: "1000:1000"},
 		{Op: OpLookedUp, SID: 4, Cred: &Cred{UID: 1000, GID: 1000, Groups: []uint32{27, 100}, Home: "/home/corral"}},
 		{Op: OpStart, SID: 5, Argv: []string{"id"}, Cred: &Cred{UID: 4242, GID: 4242, Home: "/"}},
@@ -211,4 +214,46 @@ func FuzzUnmarshal(f *testing.F) {
 			t.Fatalf("accepted %q as %+v, which encodes to %q and decodes as %+v, %v", b, m, enc, again, err)
 		}
 	})
+}
+
+// TestConfigMountLimits: a config carrying more layers or host binds than
+// one SCM_RIGHTS message holds is refused by both ends; one at the limits
+// travels with all its descriptors.
+func TestConfigMountLimits(t *testing.T) {
+	for _, cfg := range []*Config{{Layers: MaxLayers + 1}, {Layers: -1}, {HostBinds: make([]string, MaxHostBinds+1)}} {
+		if _, _, err := encode(&Msg{Op: OpConfig, Config: cfg}, make([]int, max(cfg.Mounts(), 0))); err == nil {
+			t.Errorf("config with %d layers, %d binds encoded", cfg.Layers, len(cfg.HostBinds))
+		}
+		// The packet a peer could send: op, bits, SID, no argv nor env,
+		// three empty strings, then the config.
+		raw, _ := json.Marshal(cfg)
+		b := []byte{opCodes[OpConfig], hasConfig, 0, 0, 0, 0, 0, 0}
+		b = binary.AppendUvarint(b, uint64(len(raw)))
+		b = append(b, raw...)
+		if _, err := unmarshal(b); !errors.Is(err, errMalformed) {
+			t.Errorf("decoded a config with %d layers, %d binds: %v", cfg.Layers, len(cfg.HostBinds), err)
+		}
+	}
+	c, initEnd, err := Pair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	defer initEnd.Close()
+	e := NewEndpoint(int(initEnd.Fd()))
+	cfg := &Config{Layers: MaxLayers, HostBinds: make([]string, MaxHostBinds)}
+	files := make([]*os.File, cfg.Mounts())
+	for i := range files {
+		files[i] = os.Stdin
+	}
+	if err := c.Send(&Msg{Op: OpConfig, Config: cfg}, files...); err != nil {
+		t.Fatal(err)
+	}
+	m, fds, err := e.Recv()
+	if err != nil || m.Config.Layers != MaxLayers || len(fds) != cfg.Mounts() {
+		t.Fatalf("%+v %d descriptors, %v", m, len(fds), err)
+	}
+	for _, fd := range fds {
+		unix.Close(fd)
+	}
 }

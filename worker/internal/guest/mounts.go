@@ -3,8 +3,9 @@ package guest
 import (
 	"fmt"
 	"os"
-	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -12,33 +13,38 @@ import (
 )
 
 // Layout while building (bubblewrap's approach): a tmpfs staged over /tmp
-// becomes the root, the host tree hangs at /oldroot, the guest root is a
-// tmpfs at /newroot that receives read-only binds of the host's top-level
-// entries plus the machine's own mounts; a final pivot_root into /newroot
-// detaches everything else.
+// becomes the root, the host tree hangs at /oldroot; the worker's detached
+// mounts are attached under /layers/<i> (the image's layers, idmapped onto
+// the machine's ids) and /upper (the project's upper and work
+// directories); the guest root is the overlay of these at /newroot, which
+// receives the machine's own mounts; a final pivot_root into /newroot
+// detaches everything else. Nothing of the host is reachable from the
+// guest root but what the worker passed and the few /dev nodes setupDev
+// binds.
 const (
 	stage   = "/tmp"
 	oldroot = "/oldroot"
 	newroot = "/newroot"
+	layers  = "/layers"
+	upper   = "/upper"
 )
 
-// skipped are top-level host entries the guest does not see (they are
-// replaced by the machine's own mounts).
-var skipped = map[string]bool{
-	"proc": true, "sys": true, "dev": true, "tmp": true, "home": true,
-	"workspace": true, "lost+found": true,
-}
-
-// setupRoot builds the guest's filesystem. mountFDs are the detached mounts
-// of the workspace and of the home, in that order.
+// setupRoot builds the guest's filesystem from mountFDs, the detached
+// mounts the worker sent in the order ctl.Config.Mounts gives.
 func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
+	if len(mountFDs) != cfg.Mounts() {
+		return fmt.Errorf("got %d mounts, want %d", len(mountFDs), cfg.Mounts())
+	}
+	workspace, home, upperFD := mountFDs[0], mountFDs[1], mountFDs[2]
+	layerFDs := mountFDs[3 : 3+cfg.Layers]
+	hostBinds := mountFDs[3+cfg.Layers:]
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make / private: %w", err)
 	}
 	if err := unix.Mount("tmpfs", stage, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
 		return fmt.Errorf("mount staging tmpfs: %w", err)
 	}
-	for _, d := range []string{stage + oldroot, stage + newroot} {
+	for _, d := range []string{stage + oldroot, stage + newroot, stage + layers, stage + upper} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return err
 		}
@@ -49,22 +55,11 @@ func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
-	if err := unix.Mount("tmpfs", newroot, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, "mode=0755"); err != nil {
-		return fmt.Errorf("mount root tmpfs: %w", err)
-	}
-	if err := bindHostEntries(); err != nil {
+	if err := mountOverlay(layerFDs, upperFD); err != nil {
 		return err
 	}
-	for _, p := range cfg.Mask {
-		if st, err := os.Lstat(newroot + p); err != nil || !st.IsDir() {
-			continue // not visible anyway
-		}
-		if err := unix.Mount("tmpfs", newroot+p, "tmpfs", unix.MS_RDONLY|unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "size=4k,mode=0755"); err != nil {
-			return fmt.Errorf("mask %s: %w", p, err)
-		}
-	}
-	for _, d := range []string{"proc", "sys", "dev", "tmp", "home", cfg.GuestWorkspace[1:], cfg.GuestHome[1:]} {
-		if err := os.MkdirAll(filepath.Join(newroot, d), 0o755); err != nil {
+	for _, d := range []string{"proc", "sys", "dev", "tmp", cfg.GuestWorkspace[1:], cfg.GuestHome[1:]} {
+		if err := mkdirGuest(d); err != nil {
 			return err
 		}
 	}
@@ -87,15 +82,19 @@ func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
 	if err := maskSys(newroot+"/sys", newroot+"/dev/null"); err != nil {
 		return err
 	}
-	if err := moveMount(mountFDs[0], newroot+cfg.GuestWorkspace); err != nil {
+	for i, p := range cfg.HostBinds {
+		if err := mkdirGuest(p[1:]); err != nil {
+			return err
+		}
+		if err := moveMount(hostBinds[i], newroot+p); err != nil {
+			return fmt.Errorf("attach %s: %w", p, err)
+		}
+	}
+	if err := moveMount(workspace, newroot+cfg.GuestWorkspace); err != nil {
 		return fmt.Errorf("attach workspace: %w", err)
 	}
-	if err := moveMount(mountFDs[1], newroot+cfg.GuestHome); err != nil {
+	if err := moveMount(home, newroot+cfg.GuestHome); err != nil {
 		return fmt.Errorf("attach home: %w", err)
-	}
-	// The root tmpfs itself becomes read-only: "/" is not writable.
-	if err := unix.MountSetattr(unix.AT_FDCWD, newroot, 0, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
-		return fmt.Errorf("remount / read-only: %w", err)
 	}
 	// runc's pivot_root(".", ".") trick: the old root is stacked under the
 	// new one and detached.
@@ -111,44 +110,72 @@ func setupRoot(cfg *ctl.Config, mountFDs []*os.File) error {
 	return unix.Chdir("/")
 }
 
-// bindHostEntries binds every top-level entry of the host root read-only
-// (recursively, nosuid, nodev) into the new root, and recreates top-level
-// symlinks (merged-/usr systems).
-func bindHostEntries() error {
-	ents, err := os.ReadDir(oldroot)
+// mountOverlay mounts the guest root at /newroot: an overlay of the image's
+// layers (attached at /layers/<i>, lowest first) under the project's upper
+// directory (attached at /upper, holding "upper" and "work"), with
+// userxattr: inside a user namespace overlayfs keeps its metadata, and
+// reads the layers' opaque markers, in user.overlay.* xattrs. The layer
+// mounts are needed only for the mount call: overlayfs takes its own
+// private clones of them, and they go away with the staging tree.
+func mountOverlay(layerFDs []*os.File, upperFD *os.File) error {
+	var lower []string
+	for i, f := range layerFDs {
+		d := fmt.Sprintf("%s/%d", layers, i)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+		if err := moveMount(f, d); err != nil {
+			return fmt.Errorf("attach layer %d: %w", i, err)
+		}
+		lower = append(lower, d)
+	}
+	if len(lower) == 0 {
+		// An image without layers: an empty root.
+		lower = append(lower, layers)
+	}
+	slices.Reverse(lower) // overlayfs lists the uppermost lower layer first
+	if err := moveMount(upperFD, upper); err != nil {
+		return fmt.Errorf("attach upper layer: %w", err)
+	}
+	opts := "lowerdir=" + strings.Join(lower, ":") + ",upperdir=" + upper + "/upper,workdir=" + upper + "/work,userxattr"
+	if err := unix.Mount("overlay", newroot, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
+		return fmt.Errorf("mount overlay root (%s): %w", opts, err)
+	}
+	return nil
+}
+
+// mkdirGuest makes the directory rel (relative to the guest root) and its
+// parents, as guest root, without following a symlink of the image out of
+// the new root: each component is resolved beneath it.
+func mkdirGuest(rel string) error {
+	root, err := unix.Open(newroot, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return err
 	}
-	for _, e := range ents {
-		name := e.Name()
-		if skipped[name] {
+	defer unix.Close(root)
+	dir := root
+	for _, c := range strings.Split(rel, "/") {
+		if c == "" {
 			continue
 		}
-		src, dst := oldroot+"/"+name, newroot+"/"+name
-		switch {
-		case e.Type()&os.ModeSymlink != 0:
-			target, err := os.Readlink(src)
-			if err != nil {
-				return err
-			}
-			if err := os.Symlink(target, dst); err != nil {
-				return err
-			}
-		case e.IsDir():
-			if err := os.Mkdir(dst, 0o755); err != nil {
-				return err
-			}
-			if err := bindRO(src, dst); err != nil {
-				return fmt.Errorf("bind /%s: %w", name, err)
-			}
-		case e.Type().IsRegular():
-			if err := touch(dst); err != nil {
-				return err
-			}
-			if err := bindRO(src, dst); err != nil {
-				return fmt.Errorf("bind /%s: %w", name, err)
-			}
+		err := unix.Mkdirat(dir, c, 0o755)
+		if err != nil && err != unix.EEXIST {
+			return fmt.Errorf("mkdir /%s: %w", rel, err)
 		}
+		next, err := unix.Openat2(dir, c, &unix.OpenHow{
+			Flags:   unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_XDEV,
+		})
+		if dir != root {
+			unix.Close(dir)
+		}
+		if err != nil {
+			return fmt.Errorf("mount point /%s: %w", rel, err)
+		}
+		dir = next
+	}
+	if dir != root {
+		unix.Close(dir)
 	}
 	return nil
 }

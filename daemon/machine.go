@@ -1,0 +1,165 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/store"
+	"github.com/corral-sandbox/corral/wire"
+)
+
+// MachineJSON is a managed project's machine spec, in responses and as
+// the body of PUT /v1/projects/{id}/machine.
+type MachineJSON struct {
+	// Image names the image of the machine's root filesystem; empty (in a
+	// request) means "base". A changed image takes effect at the machine's
+	// next start and discards its upper layer.
+	Image string `json:"image,omitempty"`
+	// Limits override the daemon's defaults; a zero or absent field means
+	// the default, a negative one no limit.
+	Limits LimitsJSON `json:"limits"`
+}
+
+// LimitsJSON are a machine's resource limits.
+type LimitsJSON struct {
+	Memory    int64 `json:"memory,omitempty"`    // bytes
+	Pids      int64 `json:"pids,omitempty"`      // tasks
+	CPUMillis int64 `json:"cpuMillis,omitempty"` // thousandths of a CPU
+	Disk      int64 `json:"disk,omitempty"`      // bytes: workspace, home, upper layer
+	Tmp       int64 `json:"tmp,omitempty"`       // bytes: /tmp and /dev/shm
+}
+
+func machineJSON(p store.Project) *MachineJSON {
+	if p.Kind != store.ProjectManaged {
+		return nil
+	}
+	l := p.Limits
+	return &MachineJSON{Image: p.Image, Limits: LimitsJSON{l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp}}
+}
+
+// imageName is the syntax of image names (package image's).
+var imageName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+
+// ownerOrAdmin returns the {id} project if the caller owns it or is an
+// admin: 404 for an unknown project, 403 otherwise; 400 for a host
+// project, which has no machine.
+func (a *App) ownerOrAdmin(r *http.Request) (store.Project, error) {
+	acct, _ := accountFrom(r.Context())
+	var p store.Project
+	if a.isAdmin(acct) {
+		id, err := pathID(r)
+		if err != nil {
+			return store.Project{}, err
+		}
+		if p, err = a.store.GetProject(r.Context(), id); errors.Is(err, store.ErrNotFound) {
+			return store.Project{}, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
+		} else if err != nil {
+			return store.Project{}, err
+		}
+	} else {
+		_, proj, m, err := a.projectMember(r)
+		if err != nil {
+			return store.Project{}, err
+		}
+		if err := requireOwner(m, proj); err != nil {
+			return store.Project{}, err
+		}
+		p = proj
+	}
+	if p.Kind != store.ProjectManaged {
+		return store.Project{}, apiErr(http.StatusBadRequest, KindInvalid, "project %d is a host project: it has no machine", p.ID)
+	}
+	return p, nil
+}
+
+// setMachine serves PUT /v1/projects/{id}/machine (owners and admins):
+// the project's image and limits.
+func (a *App) setMachine(w http.ResponseWriter, r *http.Request) error {
+	p, err := a.ownerOrAdmin(r)
+	if err != nil {
+		return err
+	}
+	var req MachineJSON
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	if req.Image == "" {
+		req.Image = store.DefaultImage
+	}
+	if !imageName.MatchString(req.Image) {
+		return apiErr(http.StatusBadRequest, KindInvalid, "invalid image name %q", req.Image)
+	}
+	l := req.Limits
+	if err := a.store.SetProjectMachine(r.Context(), p.ID, req.Image,
+		store.MachineLimits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}); err != nil {
+		return err
+	}
+	if p, err = a.store.GetProject(r.Context(), p.ID); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, machineJSON(p))
+	return nil
+}
+
+// resetMachine serves POST /v1/projects/{id}/reset (owners and admins):
+// the machine's upper layer is discarded. 409 while the project has a
+// live lease or its machine has sessions; 503 without a worker that can.
+func (a *App) resetMachine(w http.ResponseWriter, r *http.Request) error {
+	p, err := a.ownerOrAdmin(r)
+	if err != nil {
+		return err
+	}
+	if err := ResetMachine(r.Context(), a.store, a.core.Gateway(), p); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// ResetMachine discards managed project p's machine state through gw (see
+// machine.Gateway.Reset). It refuses with store.ErrProjectBusy while the
+// project has a live lease or its machine has sessions; without a
+// privileged transport it is machine.ErrNoPrivilegedTransport.
+func ResetMachine(ctx context.Context, st *store.Store, gw *machine.Gateway, p store.Project) error {
+	live, err := st.ProjectLiveLeases(ctx, p.ID)
+	if err != nil {
+		return err
+	}
+	if live > 0 {
+		return fmt.Errorf("project %d has %d live lease(s): %w", p.ID, live, store.ErrProjectBusy)
+	}
+	if !gw.HasTransport() {
+		return fmt.Errorf("reset project %d: %w", p.ID, machine.ErrNoPrivilegedTransport)
+	}
+	err = gw.Reset(ctx, machine.Project{ID: p.ID, Workspace: p.Root})
+	var rej *machine.RejectedError
+	switch {
+	case errors.As(err, &rej) && rej.Code == wire.CodeBusy:
+		return fmt.Errorf("%s: %w", rej.Message, store.ErrProjectBusy)
+	case errors.Is(err, machine.ErrUnsupported):
+		return apiErr(http.StatusServiceUnavailable, KindUnavailable, "the worker cannot reset machines: %v", err)
+	}
+	return err
+}
+
+// RemoveMachineState removes what a worker keeps of project id under the
+// worker state directory workerState (<state>/worker): the upper layer of
+// its machine's root. For a worker that is not running, or a project that
+// is gone.
+func RemoveMachineState(workerState string, id int64) error {
+	dir := filepath.Join(workerState, "uppers", strconv.FormatInt(id, 10))
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	if err := os.Remove(dir + ".image"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
