@@ -219,7 +219,7 @@ func defaultUser(u string) string {
 // guest root (the project's id range changed) is shifted onto the
 // machine's range, keeping every file's guest owner.
 func (m *machine) prepareUpper(img *image.Image) (string, error) {
-	dir := m.w.projectDir(m.id)
+	dir := m.layerDir()
 	marker := dir + ".image"
 	if b, err := os.ReadFile(marker); err == nil && string(b) != img.ID {
 		m.w.log.Info("project image changed, discarding its upper layer", "project", m.id, "was", string(b), "now", img.ID)

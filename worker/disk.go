@@ -77,7 +77,7 @@ func (m *machine) openDisk() (string, error) {
 			continue
 		}
 		r.refs++
-		m.disk = r
+		m.disk, m.diskMnt = r, mnt
 		d.mu.Unlock()
 		if m.lim.Disk > 0 && max(m.lim.Disk, datafs.MinSize) != r.fs.Size {
 			m.w.log.Info("disk resize waits for the project's running machine to stop", "project", m.id)
@@ -97,7 +97,7 @@ func (m *machine) openDisk() (string, error) {
 		return "", err
 	}
 	r.fs = fs
-	m.disk = r
+	m.disk, m.diskMnt = r, mnt
 	return home, nil
 }
 
@@ -122,11 +122,24 @@ func (m *machine) mountDisk(image, mnt, home string) (*datafs.FS, error) {
 		m.w.log.Warn("disk kept larger than its limit: its data does not fit", "project", m.id, "size", fs.Size, "limit", m.lim.Disk)
 	}
 	if fs.Created {
-		if err := m.migrateHome(home); err != nil {
+		if err := m.migrate(home, mnt); err != nil {
 			_ = fs.Close()
 			os.Remove(image)
 			return nil, err
 		}
+	}
+	// A reset while no machine ran left its mark beside the image.
+	if _, err := os.Stat(image + ".reset"); err == nil {
+		layer := filepath.Join(mnt, "layer")
+		if err := errors.Join(os.RemoveAll(layer), os.RemoveAll(layer+".image")); err != nil {
+			_ = fs.Close()
+			return nil, fmt.Errorf("disk: reset: %w", err)
+		}
+		if err := os.Remove(image + ".reset"); err != nil {
+			_ = fs.Close()
+			return nil, fmt.Errorf("disk: reset: %w", err)
+		}
+		m.w.log.Info("upper layer reset on the project's disk", "project", m.id)
 	}
 	if err := os.MkdirAll(home, 0o700); err != nil {
 		_ = fs.Close()
@@ -135,27 +148,62 @@ func (m *machine) mountDisk(image, mnt, home string) (*datafs.FS, error) {
 	return fs, nil
 }
 
-// migrateHome moves the project's host home, if any, onto its new disk.
-func (m *machine) migrateHome(home string) error {
-	old := filepath.Join(m.w.cfg.HomesRoot, strconv.FormatInt(m.id, 10))
+// migrate moves the project's host home and upper layer, if any, onto its
+// new disk mounted at mnt.
+func (m *machine) migrate(home, mnt string) error {
+	layer := filepath.Join(mnt, "layer")
+	for _, mv := range [][2]string{
+		{filepath.Join(m.w.cfg.HomesRoot, strconv.FormatInt(m.id, 10)), home},
+		{m.w.projectDir(m.id), layer},
+		{m.w.projectDir(m.id) + ".image", layer + ".image"},
+	} {
+		if err := m.moveOnto(mv[0], mv[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// moveOnto copies old, if it exists, to dst on the disk, then removes it.
+func (m *machine) moveOnto(old, dst string) error {
 	if _, err := os.Lstat(old); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	// cp -a keeps owners, modes, times, links and xattrs; the disk's root
-	// is not the home itself so that a failed copy leaves nothing half
-	// used.
-	tmp := home + ".migrating"
+	// cp -a keeps owners, modes, times, links, device nodes (overlay
+	// whiteouts) and xattrs; the copy is renamed into place so that a
+	// failed one leaves nothing half made.
+	tmp := dst + ".migrating"
 	if out, err := exec.Command("cp", "-a", "--no-dereference", old, tmp).CombinedOutput(); err != nil {
-		return fmt.Errorf("disk: moving the home onto the project's disk (limit %d bytes): %w: %s", m.lim.Disk, err, bytes.TrimSpace(out))
+		return fmt.Errorf("disk: moving %s onto the project's disk (limit %d bytes): %w: %s", old, m.lim.Disk, err, bytes.TrimSpace(out))
 	}
-	if err := os.Rename(tmp, home); err != nil {
+	if err := os.Rename(tmp, dst); err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
 	if err := os.RemoveAll(old); err != nil {
-		m.w.log.Warn("the host home moved onto the project's disk could not be removed", "project", m.id, "err", err)
+		m.w.log.Warn("a host directory moved onto the project's disk could not be removed", "project", m.id, "path", old, "err", err)
 	}
-	m.w.log.Info("home moved onto the project's disk", "project", m.id)
+	m.w.log.Info("moved onto the project's disk", "project", m.id, "path", old)
 	return nil
+}
+
+// layerDir is the directory of the machine's upper layer: on its disk if
+// it has one, else under StateDir (see projectDir).
+func (m *machine) layerDir() string {
+	if m.diskMnt != "" {
+		return filepath.Join(m.diskMnt, "layer")
+	}
+	return m.w.projectDir(m.id)
+}
+
+// resetDisk marks project id's disk, if it has one, for its upper layer's
+// removal at its next mount (no machine of the project runs: its disk is
+// not mounted).
+func (w *Worker) resetDisk(id int64) error {
+	image, _ := w.disks.paths(id)
+	if _, err := os.Stat(image); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return os.WriteFile(image+".reset", nil, 0o600)
 }
 
 // closeDisk releases the machine's disk: unmounted (its loop device then
@@ -164,7 +212,7 @@ func (m *machine) closeDisk() {
 	d := m.w.disks
 	d.mu.Lock()
 	r := m.disk
-	m.disk = nil
+	m.disk, m.diskMnt = nil, ""
 	if r == nil {
 		d.mu.Unlock()
 		return

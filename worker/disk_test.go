@@ -55,9 +55,12 @@ func hostFree(t testing.TB, dir string) int64 {
 // leaves no loop device attached.
 func TestDiskLimit(t *testing.T) {
 	const limit = 64 << 20
-	h := newHarness(t, func(c *Config) { c.Limits.Disk = limit })
-	state := h.w.cfg.StateDir
-	t.Cleanup(func() { awaitNoLoops(t, state) })
+	state, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { awaitNoLoops(t, state) }) // after the workers' Shutdown
+	h := newHarness(t, func(c *Config) { c.StateDir = state; c.Limits.Disk = limit })
 	// A home made before disks existed (an upgrade).
 	old := filepath.Join(h.w.cfg.HomesRoot, "1")
 	if err := os.MkdirAll(old, 0o700); err != nil {
@@ -97,6 +100,23 @@ func TestDiskLimit(t *testing.T) {
 	// Project 1 keeps working once it deletes.
 	if r := h.run(t, c, p, "sh", "-c", "rm /home/corral/big && echo kept > /home/corral/small && cat /home/corral/small"); r.code() != 0 || r.stdout != "kept\n" {
 		t.Fatalf("a small write after deleting: %v", r)
+	}
+	// The upper layer is on the disk too: root's writes to the image's
+	// directories count, and a reset removes them (not the home).
+	if r := h.runAs(t, c, p, "root", "dd", "if=/dev/zero", "of=/var/big", "bs=1M", "count=200", "conv=fsync"); r.code() == 0 || !strings.Contains(r.stderr, "No space left") {
+		t.Errorf("root writing 200 MiB under /var with a 64 MiB disk: %v", r)
+	}
+	if r := h.runAs(t, c, p, "root", "sh", "-c", "rm /var/big && echo x > /var/mark"); r.code() != 0 {
+		t.Fatalf("root's small write after deleting: %v", r)
+	}
+	if _, err := os.Stat(filepath.Join(state, "disks", "1", "layer", "upper", "var", "mark")); err != nil {
+		t.Errorf("the upper layer is not on the disk: %v", err)
+	}
+	if err := h.w.Reset(t.Context(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if r := h.run(t, c, p, "sh", "-c", "test ! -e /var/mark && cat /home/corral/small"); r.code() != 0 || r.stdout != "kept\n" {
+		t.Errorf("after a reset: %v", r)
 	}
 	if r := h.run(t, c, p, "df", "-B1", "--output=size", "/home/corral"); r.code() != 0 {
 		t.Errorf("df: %v", r)

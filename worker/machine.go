@@ -45,6 +45,8 @@ type machine struct {
 	limMu sync.Mutex    // serialises limit changes
 	lim   machineLimits // as applied
 	disk  *diskRef      // the project's disk, if it has one
+	// diskMnt is where disk is mounted.
+	diskMnt string
 
 	mu        sync.Mutex
 	refs      int // sessions plus in-flight net-dials
