@@ -28,7 +28,8 @@ const machineStartTimeout = 30 * time.Second
 // under StateDir: the overlay's upper and work directories ("upper",
 // "work"), owned by the machine's guest root. Beside it, projectDir+".image"
 // (root's) records the id of the image the upper layer was made over.
-// StateDir/uppers is 0700 root: no host user reaches them.
+// StateDir/uppers is 0700 root: no host user reaches them. A project with
+// a disk has them on it instead (see machine.layerDir).
 func (w *Worker) projectDir(id int64) string {
 	return filepath.Join(w.cfg.StateDir, "uppers", strconv.FormatInt(id, 10))
 }

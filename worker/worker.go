@@ -78,16 +78,17 @@ type Limits struct {
 	Tmp int64
 	// Disk is the size in bytes of the machine's disk: an ext4 filesystem
 	// in a sparse image file of its own (StateDir/disks/<id>.img,
-	// loop-mounted while the machine runs) that holds its home, so that
-	// a write past it fails with ENOSPC and the host filesystem grows by
-	// at most Disk. It counts ext4's own metadata (about 6% at 64 MiB)
-	// and is at least 8 MiB. The workspace is not on it: it is a host
-	// directory, unlimited. Zero means no disk limit unless the request
-	// sets one (then the home is a host directory, HomesRoot/<id>, as is
-	// a project's without a limit whose disk was never made); negative
-	// means none. Once made, a project's disk stays its home, resized at
-	// each machine start to the limit (kept as it is when unlimited, or
-	// when its data does not fit a smaller one).
+	// loop-mounted while the machine runs) that holds its home and its
+	// upper layer, so that a write past it fails with ENOSPC and the host
+	// filesystem grows by at most Disk. It counts ext4's own metadata
+	// (about 14% at 64 MiB) and is at least 8 MiB. The workspace is not
+	// on it: it is a host directory, unlimited. Zero means no disk limit
+	// unless the request sets one (then the home and the upper layer are
+	// host directories, as for a project without a limit whose disk was
+	// never made); negative means none. Once made, a project's disk stays
+	// its own, resized at each machine start to the limit (kept as it is
+	// when unlimited, or when its data does not fit a smaller one). See
+	// the package documentation, Disk.
 	Disk int64
 }
 
