@@ -3,6 +3,7 @@ package datafs
 import (
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -180,5 +181,37 @@ func TestResize(t *testing.T) {
 	}
 	if st, err := os.Stat(filepath.Join(fs.Dir, "f")); err != nil || st.Size() != 20<<20 {
 		t.Fatalf("data after shrinking: %v", err)
+	}
+}
+
+// An image whose superblock records errors is checked before it is
+// mounted; a clean one is not.
+func TestErrorsChecked(t *testing.T) {
+	fs := openTemp(t, 16<<20)
+	if err := fs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	AwaitDetached(t, fs.Image)
+	if hasErrors(fs.Image) {
+		t.Fatal("a clean image has errors")
+	}
+	// What the kernel does on finding an inconsistency (s_state's
+	// EXT4_ERROR_FS, the superblock's checksum updated).
+	if out, err := exec.Command("tune2fs", "-E", "force_fsck", fs.Image).CombinedOutput(); err != nil {
+		t.Fatalf("tune2fs: %v: %s", err, out)
+	}
+	if !hasErrors(fs.Image) {
+		t.Fatal("an image marked with errors is not seen so")
+	}
+	again, err := Open(fs.Image, fs.Dir, 16<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := again.Close(); err != nil {
+		t.Fatal(err)
+	}
+	AwaitDetached(t, fs.Image)
+	if hasErrors(fs.Image) {
+		t.Error("e2fsck did not run: the error mark is still there")
 	}
 }
