@@ -108,6 +108,10 @@
 // on. Machines without a limit and without a disk keep their home and
 // upper layer on the host filesystem, unlimited.
 //
+// The worker does not reserve host space for the disks: the limits of
+// all projects together may exceed what the host filesystem has free, and
+// projects filling their disks then fill it (each by at most its limit).
+//
 // Not covered: the workspace, which is the user's host directory (corral
 // run --project DIR) or the daemon's under its projects root, both on the
 // host filesystem and unlimited.
