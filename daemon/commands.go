@@ -64,14 +64,39 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// The command's output stays in memory until its response is written:
+	// reserve it (429 over the budget) until then, not only while it runs.
+	ticket, err := ctl.Admit(r.Context(), sandbox.Admission{Kind: sandbox.AdmitCommand, Account: acct.ID, Bytes: reservedBytes(l)})
+	if err != nil {
+		return err
+	}
+	defer ticket.Release()
 	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, User: req.User, LeaseKind: req.LeaseKind, Project: projectRef(proj)}
-	res, err := ctl.RunCommand(r.Context(), in, &sandbox.Actor{AccountUserID: acct.ID}, &sandbox.RunOptions{
+	res, err := ctl.RunCommand(sandbox.WithTicket(r.Context(), ticket), in, &sandbox.Actor{AccountUserID: acct.ID}, &sandbox.RunOptions{
 		Timeout:     timeout,
 		OutputLimit: l,
 	})
 	if err != nil {
+		// Written here, while the partial output is still reserved.
+		a.writeFailure(w, r, err)
 		return err
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil
+}
+
+// reservedBytes is what a command with limit l reserves: its limits with
+// sandbox's defaults (1 MiB per stream) applied.
+func reservedBytes(l sandbox.OutputLimit) int64 {
+	if l.Combined > 0 {
+		return l.Combined
+	}
+	n := int64(0)
+	for _, v := range []int64{l.Stdout, l.Stderr} {
+		if v == 0 {
+			v = sandbox.DefaultStreamLimit
+		}
+		n += v
+	}
+	return n
 }
