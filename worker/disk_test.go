@@ -143,3 +143,37 @@ func TestDiskLimit(t *testing.T) {
 		t.Fatalf("after a restart: %v", r)
 	}
 }
+
+// A project's first start with a disk limit moves its host home and upper
+// layer onto the new disk: nothing of the machine is lost, nothing is left
+// on the host.
+func TestDiskMigrates(t *testing.T) {
+	state, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { awaitNoLoops(t, state) })
+	h := newHarness(t, func(c *Config) { c.StateDir = state })
+	c := h.dial(t)
+	p := h.project(t, 1)
+	if r := h.runAs(t, c, p, "root", "sh", "-c", "echo layer > /var/mark && echo home > /home/corral/note"); r.code() != 0 {
+		t.Fatal(r)
+	}
+	c.Close()
+	if err := h.w.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	h2 := newHarness(t, func(c *Config) { c.StateDir = state; c.ProjectsRoot = h.root; c.Limits.Disk = 64 << 20 })
+	c2 := h2.dial(t)
+	if r := h2.run(t, c2, p, "cat", "/var/mark", "/home/corral/note"); r.code() != 0 || r.stdout != "layer\nhome\n" {
+		t.Fatalf("after the move onto the disk: %v", r)
+	}
+	for _, d := range []string{h2.w.projectDir(1), filepath.Join(h2.w.cfg.HomesRoot, "1")} {
+		if _, err := os.Lstat(d); !os.IsNotExist(err) {
+			t.Errorf("%s is left on the host: %v", d, err)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(state, "disks", "1", "layer", "upper", "var", "mark")); err != nil {
+		t.Errorf("the upper layer is not on the disk: %v", err)
+	}
+}
