@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/confine"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -39,7 +41,7 @@ func TestMain(m *testing.M) {
 	if p := os.Getenv(probeEnv); p != "" {
 		os.Exit(probe(p))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // probe performs "OP:PATH" and prints "ok", "ok:DATA" or "errno:NAME".

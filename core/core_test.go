@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/confine"
@@ -29,7 +31,7 @@ func TestMain(m *testing.M) {
 	confine.MaybeRun()
 	worker.MaybeRunInit()
 	testworker.MaybeRunChild()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // env is a built core with one account that is a member of a host project

@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/client"
@@ -38,7 +40,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(testWorkerMain(os.Args[2:]))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // testWorkerMain serves as `corral worker` for the supervisor tests: the

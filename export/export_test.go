@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/confine"
@@ -30,7 +32,7 @@ import (
 func TestMain(m *testing.M) {
 	confine.MaybeRun()
 	worker.MaybeRunInit()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // env is a core over a real in-process worker, with alice owning the

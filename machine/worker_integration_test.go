@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/internal/testworker"
@@ -39,7 +41,7 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv(childWorkerEnv); sock != "" {
 		runChildWorker(sock) // never returns
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 type realWorker struct {

@@ -11,12 +11,14 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/plugin"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // The test's own domain interfaces (plugin/ knows nothing of sandbox).

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/confine"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -25,7 +27,7 @@ func TestMain(m *testing.M) {
 	// The test binary is the confinement helper of the provider under test
 	// (Options.SelfExe defaults to os.Executable()).
 	confine.MaybeRun()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // fixture is a store with one host project, one member and the provider.

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/confine"
@@ -38,7 +40,7 @@ func TestMain(m *testing.M) {
 	case "parent":
 		os.Exit(parentMain())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // runnerMain is `corral runner --state DIR [--lease-ttl D] [--worker-fd N]`

@@ -11,13 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc)) }
 
 var actor = sandbox.Actor{AccountUserID: 7}
 

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/client"
@@ -31,7 +33,7 @@ func TestMain(m *testing.M) {
 	worker.MaybeRunInit()
 	testworker.MaybeRunChild()
 	maybeRunDaemonChild()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // stack is a real daemon over a real Unix socket, on a core with a real

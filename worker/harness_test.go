@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"go.uber.org/goleak"
 
 	"github.com/corral-sandbox/corral/wire"
@@ -27,7 +29,7 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv("CORRAL_TEST_WORKER_SOCKET"); sock != "" {
 		os.Exit(runTestWorker(sock))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // runTestWorker serves a worker in this process (a re-executed test

@@ -52,3 +52,8 @@ func Start(cmd *exec.Cmd) error {
 	requests <- request{cmd: cmd, done: done}
 	return <-done
 }
+
+// SpawnerFunc names the function of the goroutine that owns the permanent
+// thread, for leak checkers (goleak.IgnoreTopFunction(pdeath.SpawnerFunc)):
+// it is started on first use and never ends, by design.
+const SpawnerFunc = "github.com/corral-sandbox/corral/internal/pdeath.spawner"

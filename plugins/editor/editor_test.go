@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/confine"
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/plugin"
@@ -30,7 +32,7 @@ func TestMain(m *testing.M) {
 	// The test binary is the confinement helper of the host provider
 	// (core's SelfExe defaults to os.Executable()).
 	confine.MaybeRun()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 
 // env is a real core with the sandbox and editor plugins, one host project
