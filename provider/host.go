@@ -165,10 +165,10 @@ func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor 
 		"lease", l.ID(), "mode", mode, "cwd", cwd)
 	return &sandbox.LocalPrepared{
 		PreparedCommon: sandbox.PreparedCommon{
-			Project:    in.Project,
-			Cwd:        cwd,
-			DisplayCwd: displayPath(cwd, root),
-			Lease:      l,
+			Project:      in.Project,
+			Cwd:          cwd,
+			DisplayCwd:   displayPath(cwd, root),
+			Lease:        l,
 			Sanitize:     sanitizer(hostRoots),
 			SanitizeHold: sanitizeHold(hostRoots),
 		},

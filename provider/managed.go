@@ -91,10 +91,10 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	l.Watch(func() { _ = m.cancel(context.Background()) })
 	return &sandbox.ManagedPrepared{
 		PreparedCommon: sandbox.PreparedCommon{
-			Project:    in.Project,
-			Cwd:        cwd,
-			DisplayCwd: cwd,
-			Lease:      l,
+			Project:      in.Project,
+			Cwd:          cwd,
+			DisplayCwd:   cwd,
+			Lease:        l,
 			Sanitize:     sanitizer([]string{proj.Root}),
 			SanitizeHold: sanitizeHold([]string{proj.Root}),
 		},

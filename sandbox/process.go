@@ -194,8 +194,8 @@ func (p *localProcess) input() io.WriteCloser {
 	}
 	return p.stdin
 }
-func (p *localProcess) done() <-chan struct{}           { return p.doneCh }
-func (p *localProcess) exit() (Exit, error)             { return p.exitVal, p.exitErr }
+func (p *localProcess) done() <-chan struct{} { return p.doneCh }
+func (p *localProcess) exit() (Exit, error)   { return p.exitVal, p.exitErr }
 
 // killGroup kills the command's process group and, if it has one, its pid
 // namespace: everything it started, whatever group or session they moved
