@@ -34,6 +34,13 @@ type errorDetail struct {
 // report writes the outcome of a run per the pinned contract and returns
 // corral's exit status.
 func report(stdout, stderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
+	return reportTo(stdout, stderr, stdout, stderr, asJSON, res, err)
+}
+
+// reportTo is report with the command's output written to outStdout and
+// outStderr (io.Discard when it was written as it arrived) and corral's
+// own to stdout and stderr.
+func reportTo(stdout, stderr, outStdout, outStderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
 	if err != nil {
 		ce := asCommandError(err)
 		status := exitFailure
@@ -44,16 +51,16 @@ func report(stdout, stderr io.Writer, asJSON bool, res *sandbox.CommandResult, e
 			writeJSON(stdout, errorBody{Error: errorDetail{Kind: ce.Kind, Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr}})
 			return status
 		}
-		_, _ = io.WriteString(stdout, ce.Stdout)
-		_, _ = io.WriteString(stderr, ce.Stderr)
+		_, _ = io.WriteString(outStdout, ce.Stdout)
+		_, _ = io.WriteString(outStderr, ce.Stderr)
 		fmt.Fprintf(stderr, "corral: %s: %s\n", ce.Kind, ce.Message)
 		return status
 	}
 	if asJSON {
 		writeJSON(stdout, res)
 	} else {
-		_, _ = io.WriteString(stdout, res.Stdout)
-		_, _ = io.WriteString(stderr, res.Stderr)
+		_, _ = io.WriteString(outStdout, res.Stdout)
+		_, _ = io.WriteString(outStderr, res.Stderr)
 	}
 	return exitStatus(res)
 }
