@@ -31,15 +31,10 @@ type errorDetail struct {
 	Stderr  string            `json:"stderr"`
 }
 
-// report writes the outcome of a run per the pinned contract and returns
-// corral's exit status.
-func report(stdout, stderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
-	return reportTo(stdout, stderr, stdout, stderr, asJSON, res, err)
-}
-
-// reportTo is report with the command's output written to outStdout and
-// outStderr (io.Discard when it was written as it arrived) and corral's
-// own to stdout and stderr.
+// reportTo writes the outcome of a run per the pinned contract and returns
+// corral's exit status: the command's output to outStdout and outStderr
+// (io.Discard when it was written as it arrived), corral's own to stdout and
+// stderr.
 func reportTo(stdout, stderr, outStdout, outStderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
 	if err != nil {
 		ce := asCommandError(err)
