@@ -24,8 +24,8 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 	"strings"
+	"time"
 
 	"github.com/corral-sandbox/corral/sandbox"
 )
@@ -317,15 +317,8 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 }
 
 func decodeError(status int, data []byte) *Error {
-	var body struct {
-		Error struct {
-			Kind    string `json:"kind"`
-			Message string `json:"message"`
-			Stdout  string `json:"stdout"`
-			Stderr  string `json:"stderr"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(data, &body); err != nil || body.Error.Kind == "" {
+	var e sandbox.ErrorBody
+	if err := e.UnmarshalJSON(data); err != nil {
 		msg := strings.TrimSpace(string(data))
 		if len(msg) > 512 {
 			msg = msg[:512]
@@ -335,7 +328,6 @@ func decodeError(status int, data []byte) *Error {
 		}
 		return &Error{Status: status, Kind: "http", Message: msg}
 	}
-	e := body.Error
 	return &Error{Status: status, Kind: e.Kind, Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr}
 }
 

@@ -35,6 +35,7 @@ type internals struct {
 	leases  *lease.Manager
 	gateway *machine.Gateway
 	selfExe string
+	egress  provider.Egress // nil: no egress service
 }
 
 // PluginFactory makes one plugin's registration when core is built. Make
@@ -79,6 +80,7 @@ var SandboxPlugin = PluginFactory{builtin: func(d internals) plugin.Registration
 			Gateway: d.gateway,
 			SelfExe: d.selfExe,
 			Logger:  d.Logger,
+			Egress:  d.egress,
 		})
 	})
 }}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
@@ -57,6 +58,10 @@ type Options struct {
 	// by name (a command line each, run inside the project's machine). Nil
 	// means the plugin's defaults (gopls).
 	LSPServers map[string][]string
+	// Egress configures the egress service (see package egress), which a
+	// core built with Migrate runs: it arms proxy-mode projects' machines
+	// and journals their connections.
+	Egress EgressOptions
 }
 
 // Core is a built corral core. Close it when done.
@@ -70,6 +75,7 @@ type Core struct {
 	controlOpts sandbox.ControlOptions
 	migrated    bool
 	log         *slog.Logger
+	egress      *egress.Manager
 	cancel      context.CancelFunc
 	wg          sync.WaitGroup
 	closeOnce   sync.Once
@@ -162,6 +168,12 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 		Deps:  Deps{Logger: log, LSPServers: opts.LSPServers},
 		store: c.store, leases: c.leases, gateway: c.gateway, selfExe: opts.SelfExe,
 	}
+	if opts.Migrate {
+		if c.egress, err = c.buildEgress(opts.Egress); err != nil {
+			return c, err
+		}
+		in.egress = c.egress
+	}
 	regs := make([]plugin.Registration, 0, len(factories))
 	for i, f := range factories {
 		reg, ok := f.registration(in)
@@ -252,6 +264,9 @@ func (c *Core) Close() error {
 			c.cancel()
 		}
 		c.wg.Wait()
+		if c.egress != nil {
+			err = errors.Join(err, c.egress.Close())
+		}
 		if c.gateway != nil {
 			err = errors.Join(err, c.gateway.Close())
 		}

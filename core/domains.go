@@ -4,7 +4,9 @@ import (
 	"fmt"
 
 	"github.com/corral-sandbox/corral/plugin"
-	"github.com/corral-sandbox/corral/plugins/sites"
+	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
+	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
+	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -18,23 +20,14 @@ func (c *Core) registerDomains() error {
 	}{
 		{plugin.DomainSandbox, plugin.Implements[sandbox.Provider](), plugin.DomainOptions{Absent: sandbox.ErrUnavailable}},
 		{plugin.DomainSandboxArtifacts, plugin.Implements[ArtifactReader](), plugin.DomainOptions{CoreOnly: true}},
-		{plugin.DomainEditor, anyControl, plugin.DomainOptions{}},
-		{plugin.DomainLSP, anyControl, plugin.DomainOptions{}},
+		{plugin.DomainEditor, plugin.Implements[editorplugin.Domain](), plugin.DomainOptions{}},
+		{plugin.DomainLSP, plugin.Implements[lspplugin.Domain](), plugin.DomainOptions{}},
 		{plugin.DomainSites, plugin.Implements[sitesplugin.Control](), plugin.DomainOptions{Absent: sitesplugin.ErrUnavailable}},
 	}
 	for _, x := range decl {
 		if err := c.registry.RegisterDomain(x.d, x.check, x.opts); err != nil {
 			return fmt.Errorf("core: declare domain %s: %w", x.d, err)
 		}
-	}
-	return nil
-}
-
-// anyControl accepts any non-nil control (domains whose interface their
-// consumers check).
-func anyControl(v any) error {
-	if v == nil {
-		return fmt.Errorf("nil control")
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -95,6 +96,14 @@ type AppOptions struct {
 	// credential and which remotes are allowed. The zero value allows
 	// https remotes only and pushes without a credential.
 	Export export.Options
+	// MaxSessionLifetime ends sessions (WebSocket, LSP, proxied site
+	// connections) this long after they opened (close 1008). Zero means
+	// DefaultMaxSessionLifetime (24 h).
+	MaxSessionLifetime time.Duration
+	// SessionCheckInterval is how often live sessions are checked against
+	// the store (token revoked, account deleted, membership removed,
+	// lifetime reached). Zero means DefaultSessionCheckInterval (1 s).
+	SessionCheckInterval time.Duration
 	// Sites configures the Sites gateway's own origins (NAME.D), signed
 	// site URLs and their cookies. The zero value serves sites by path
 	// only.
@@ -119,14 +128,16 @@ type App struct {
 	sites   *sitesGateway
 
 	exporter *export.Exporter
-	editor   editorHandlers
 
 	ctx     context.Context // ended by Close: cancels sessions
 	cancel  context.CancelFunc
 	sessMu  sync.Mutex
-	closing bool           // guarded by sessMu
-	wg      sync.WaitGroup // sessions in flight
-	once    sync.Once
+	closing bool                      // guarded by sessMu
+	live    map[*liveSession]struct{} // guarded by sessMu
+	wg      sync.WaitGroup            // sessions in flight
+
+	followDone chan struct{} // closed when followSessions returned
+	once       sync.Once
 }
 
 // Route is one registered route: Method is empty for routes that accept
@@ -161,6 +172,12 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if opts.SessionHeartbeat <= 0 {
 		opts.SessionHeartbeat = DefaultSessionHeartbeat
 	}
+	if opts.MaxSessionLifetime <= 0 {
+		opts.MaxSessionLifetime = DefaultMaxSessionLifetime
+	}
+	if opts.SessionCheckInterval <= 0 {
+		opts.SessionCheckInterval = DefaultSessionCheckInterval
+	}
 	if opts.SessionDrain <= 0 {
 		opts.SessionDrain = 2 * time.Second
 	}
@@ -183,6 +200,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		metrics: m,
 		mux:     http.NewServeMux(),
 		admins:  make(map[string]bool),
+		live:    make(map[*liveSession]struct{}),
+
+		followDone: make(chan struct{}),
 	}
 	for _, n := range opts.Admins {
 		a.admins[n] = true
@@ -201,6 +221,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if err := a.startExport(); err != nil {
 		return nil, err
 	}
+	go a.followSessions()
 	a.routes = []Route{
 		{"GET", "/healthz", false, a.healthz},
 		{"GET", "/metrics", false, a.serveMetrics},
@@ -228,6 +249,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"GET", "/v1/projects/{id}/git/log", true, a.editorGit},
 		{"GET", "/v1/projects/{id}/git/diff", true, a.editorGit},
 		{"GET", "/v1/projects/{id}/git/show", true, a.editorGit},
+		{"GET", "/v1/projects/{id}/egress", true, a.getEgress},
+		{"PUT", "/v1/projects/{id}/egress", true, a.putEgress},
+		{"GET", "/v1/projects/{id}/egress/log", true, a.egressLog},
 		{"", "/sites/{name}/{path...}", true, a.sites.serve},
 	}
 	for _, rt := range a.routes {
@@ -280,6 +304,7 @@ func (a *App) Close() error {
 		a.sessMu.Unlock()
 		a.cancel()
 		a.wg.Wait()
+		<-a.followDone
 		a.sites.close()
 	})
 	return nil
@@ -342,9 +367,10 @@ func (a *App) wrap(rt Route) http.Handler {
 		var err error
 		if rt.Auth {
 			var acct store.Account
-			acct, err = a.authenticate(r)
+			var tok int64
+			acct, tok, err = a.authenticate(r)
 			if err == nil {
-				r = r.WithContext(withAccount(r.Context(), acct))
+				r = r.WithContext(context.WithValue(withAccount(r.Context(), acct), tokenKey{}, tok))
 			}
 		}
 		if err == nil {
@@ -352,19 +378,7 @@ func (a *App) wrap(rt Route) http.Handler {
 		}
 		var ae *APIError
 		if err != nil {
-			ae = toAPIError(err)
-			if ae.Status == StatusClientClosed && r.Context().Err() == nil {
-				// An abort the client did not cause (the daemon is
-				// shutting down) is the server's unavailability.
-				ae.Status = http.StatusServiceUnavailable
-			}
-			if w.status == 0 {
-				writeError(w, ae)
-			} else if w.status != ae.Status {
-				// A hijacked or half-written response: record the
-				// error's status.
-				w.status = ae.Status
-			}
+			ae = a.writeFailure(w, r, err)
 		}
 		status := w.status
 		if status == 0 {
@@ -389,15 +403,48 @@ func (a *App) wrap(rt Route) http.Handler {
 	})
 }
 
-// writeError writes e's pinned body with e's status.
-func writeError(w http.ResponseWriter, e *APIError) {
-	if e.Status == http.StatusUnauthorized {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
+// writeFailure translates err (toAPIError) and writes it, unless a
+// response was written already (then it records the error's status in w, a
+// *statusWriter). A handler that must write its error before it returns
+// (while its output is still reserved) calls it, and returns err too.
+func (a *App) writeFailure(rw http.ResponseWriter, r *http.Request, err error) *APIError {
+	ae := toAPIError(err)
+	if ae.Status == StatusClientClosed && r.Context().Err() == nil {
+		// An abort the client did not cause (the daemon is shutting
+		// down) is the server's unavailability.
+		ae.Status = http.StatusServiceUnavailable
 	}
-	writeJSON(w, e.Status, e)
+	w, ok := rw.(*statusWriter)
+	switch {
+	case !ok || w.status == 0:
+		writeError(rw, ae)
+	case w.status != ae.Status:
+		// A hijacked or half-written response: record the error's
+		// status.
+		w.status = ae.Status
+	}
+	return ae
 }
 
+// jsonStreamer is a value that streams its own JSON (command results and
+// error bodies: their output may be tens of MiB, which encoding/json would
+// copy several times).
+type jsonStreamer interface {
+	WriteJSON(w io.Writer, escapeHTML bool) error
+}
+
+// writeJSON writes v as JSON with status. The bytes are json.Marshal's
+// and a newline; a jsonStreamer is streamed without a copy.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	if js, ok := v.(jsonStreamer); ok {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		w.WriteHeader(status)
+		if js.WriteJSON(w, true) == nil {
+			_, _ = io.WriteString(w, "\n")
+		}
+		return
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		status = http.StatusInternalServerError
@@ -467,9 +514,28 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) error {
 // machine /healthz answers 503.
 const StartFailureWindow = time.Minute
 
+// serveMetrics serves GET /metrics: open on the Unix socket (whose mode
+// decides who may connect), and only to an administrator's bearer token on
+// TCP (401 without a valid token, 403 for other accounts). A Prometheus
+// that cannot present one scrapes Config.MetricsListen instead.
 func (a *App) serveMetrics(w http.ResponseWriter, r *http.Request) error {
+	if !overUnixSocket(r) {
+		acct, _, err := a.authenticate(r)
+		if err != nil {
+			return err
+		}
+		if !a.isAdmin(acct) {
+			return apiErr(http.StatusForbidden, KindForbidden, "metrics are for the daemon's administrators (or its Unix socket, or --metrics-listen)")
+		}
+	}
 	a.metrics.Handler().ServeHTTP(w, r)
 	return nil
+}
+
+// overUnixSocket reports whether r arrived on a Unix socket listener.
+func overUnixSocket(r *http.Request) bool {
+	addr, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	return ok && addr.Network() == "unix"
 }
 
 func (a *App) openapi(w http.ResponseWriter, _ *http.Request) error {

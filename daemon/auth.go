@@ -32,27 +32,29 @@ func bearerToken(r *http.Request) (string, bool) {
 	return tok, tok != ""
 }
 
-// authenticate returns the account of the request's bearer token: 401
+// authenticate returns the account of the request's bearer token and the
+// token's ID: 401
 // without one or for a token that is unknown or revoked. Nothing else —
 // no project, no provider — is looked at before it succeeded.
-func (a *App) authenticate(r *http.Request) (store.Account, error) {
+func (a *App) authenticate(r *http.Request) (store.Account, int64, error) {
 	tok, ok := bearerToken(r)
 	if !ok {
-		return store.Account{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
+		return store.Account{}, 0, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
 	}
-	acct, err := a.store.Authenticate(r.Context(), tok)
+	acct, id, err := a.store.AuthenticateToken(r.Context(), tok)
 	if errors.Is(err, store.ErrNotFound) {
-		return store.Account{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "the bearer token is not valid")
+		return store.Account{}, 0, apiErr(http.StatusUnauthorized, KindUnauthorized, "the bearer token is not valid")
 	}
 	if err != nil {
-		return store.Account{}, err
+		return store.Account{}, 0, err
 	}
-	return acct, nil
+	return acct, id, nil
 }
 
 // member checks that the request's account is a member of project id: 404
-// for an unknown project, 403 for a non-member. It consults only the
-// store, so it runs before any provider is contacted.
+// for an unknown project and, with the same message, for a project the
+// account is not a member of (outsiders do not learn which ids exist). It
+// consults only the store, so it runs before any provider is contacted.
 func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, store.Member, error) {
 	acct, ok := accountFrom(r.Context())
 	if !ok {
@@ -67,7 +69,7 @@ func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, s
 	}
 	m, err := a.store.GetMember(r.Context(), id, acct.ID)
 	if errors.Is(err, store.ErrNotFound) {
-		return acct, p, store.Member{}, apiErr(http.StatusForbidden, KindForbidden, "account %s is not a member of project %d", acct.Name, id)
+		return acct, store.Project{}, store.Member{}, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
 	}
 	if err != nil {
 		return acct, p, store.Member{}, err

@@ -136,21 +136,32 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// The command's output stays in memory until its response (with
+	// NDJSON, the whole stream) is written: reserve it (429 over the
+	// budget) until then, not only while it runs.
+	ticket, err := ctl.Admit(r.Context(), sandbox.Admission{Kind: sandbox.AdmitCommand, Account: acct.ID, Bytes: reservedBytes(l)})
+	if err != nil {
+		return err
+	}
+	defer ticket.Release()
 	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, User: req.User, LeaseKind: req.LeaseKind, Project: projectRef(proj), Env: req.Env}
 	opts := &sandbox.RunOptions{Timeout: timeout, OutputLimit: l, RawOutput: binary}
 	if stdin != nil {
 		opts.Stdin = bytes.NewReader(stdin)
 	}
 	if !acceptsNDJSON(r) {
-		res, err := ctl.RunCommand(r.Context(), in, &sandbox.Actor{AccountUserID: acct.ID}, opts)
+		res, err := ctl.RunCommand(sandbox.WithTicket(r.Context(), ticket), in, &sandbox.Actor{AccountUserID: acct.ID}, opts)
 		if err != nil {
-			return encodeError(err, binary)
+			// Written here, while the partial output is still reserved.
+			err = encodeError(err, binary)
+			a.writeFailure(w, r, err)
+			return err
 		}
 		writeJSON(w, http.StatusOK, encodeResult(res, binary))
 		return nil
 	}
 
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(sandbox.WithTicket(r.Context(), ticket))
 	defer cancel()
 	st := &ndjsonStream{w: w, rc: http.NewResponseController(w), binary: binary, broken: cancel}
 	opts.OnStart = func(sandbox.StartInfo) error {
@@ -165,7 +176,9 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if !st.begun() {
 		// Nothing was streamed: the ordinary answer.
 		if err != nil {
-			return encodeError(err, binary)
+			err = encodeError(err, binary)
+			a.writeFailure(w, r, err)
+			return err
 		}
 		writeJSON(w, http.StatusOK, encodeResult(res, binary))
 		return nil
@@ -173,7 +186,7 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	st.flushHeld()
 	if err != nil {
 		ae := toAPIError(encodeError(err, binary))
-		st.line(ae)
+		st.line(ae.streamer())
 		return ae // for the log and metrics; the status 200 was sent
 	}
 	st.line(encodeResult(res, binary))
@@ -197,27 +210,30 @@ func acceptsNDJSON(r *http.Request) bool {
 	return false
 }
 
-// encodeResult returns res as it is answered: its output base64 when
-// binary.
-func encodeResult(res *sandbox.CommandResult, binary bool) *sandbox.CommandResult {
+// encodeResult returns res as it is answered (streamed, without a copy):
+// its output base64 when binary.
+func encodeResult(res *sandbox.CommandResult, binary bool) jsonStreamer {
 	if !binary {
 		return res
 	}
-	out := *res
-	out.Stdout = base64.StdEncoding.EncodeToString([]byte(res.Stdout))
-	out.Stderr = base64.StdEncoding.EncodeToString([]byte(res.Stderr))
-	return &out
+	return base64Result{res}
+}
+
+// base64Result streams a result with its output base64.
+type base64Result struct{ *sandbox.CommandResult }
+
+func (r base64Result) WriteJSON(w io.Writer, escapeHTML bool) error {
+	return r.WriteJSONBase64(w, escapeHTML)
 }
 
 // encodeError returns err as it is answered: with its partial output
-// base64 when binary.
+// base64 when binary (see APIError.Base64).
 func encodeError(err error, binary bool) error {
 	if !binary {
 		return err
 	}
 	ae := *toAPIError(err)
-	ae.Stdout = base64.StdEncoding.EncodeToString([]byte(ae.Stdout))
-	ae.Stderr = base64.StdEncoding.EncodeToString([]byte(ae.Stderr))
+	ae.Base64 = true
 	return &ae
 }
 
@@ -296,17 +312,19 @@ func (s *ndjsonStream) writeChunkLocked(st sandbox.Stream, v string) {
 	s.writeLocked(b)
 }
 
-// line writes the last line.
-func (s *ndjsonStream) line(v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		b = []byte(`{"error":{"kind":"internal","message":"cannot encode response","stdout":"","stderr":""}}`)
-	}
+// line writes the last line: v's pinned JSON, streamed without a copy of
+// the output (as writeJSON writes it).
+func (s *ndjsonStream) line(v jsonStreamer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.failed {
-		s.writeLocked(b)
+	if s.failed {
+		return
 	}
+	if v.WriteJSON(s.w, true) != nil {
+		s.failLocked()
+		return
+	}
+	s.writeLocked(nil)
 }
 
 func (s *ndjsonStream) writeLocked(b []byte) {
@@ -356,4 +374,20 @@ func (b *countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n += int64(n)
 	return n, err
+}
+
+// reservedBytes is what a command with limit l reserves: its limits with
+// sandbox's defaults (1 MiB per stream) applied.
+func reservedBytes(l sandbox.OutputLimit) int64 {
+	if l.Combined > 0 {
+		return l.Combined
+	}
+	n := int64(0)
+	for _, v := range []int64{l.Stdout, l.Stderr} {
+		if v == 0 {
+			v = sandbox.DefaultStreamLimit
+		}
+		n += v
+	}
+	return n
 }

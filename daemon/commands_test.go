@@ -1,12 +1,14 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -69,7 +71,7 @@ func TestCommandStatuses(t *testing.T) {
 		}},
 		{name: "anonymous", path: path, body: cmdBody("true"), status: 401, kind: KindUnauthorized},
 		{name: "unknown token", path: path, token: "corral_nope", body: cmdBody("true"), status: 401, kind: KindUnauthorized},
-		{name: "non-member", path: path, token: stranger, body: cmdBody("true"), status: 403, kind: KindForbidden},
+		{name: "non-member", path: path, token: stranger, body: cmdBody("true"), status: 404, kind: KindNotFound},
 		{name: "unknown project", path: commandsPath(999), token: tok, body: cmdBody("true"), status: 404, kind: KindNotFound},
 		{name: "bad project id", path: "/v1/projects/x/commands", token: tok, body: cmdBody("true"), status: 400, kind: KindInvalid},
 		{name: "unknown field", path: path, token: tok, body: `{"command":{"type":"argv","file":"true"},"bogus":1}`, status: 400, kind: KindInvalid},
@@ -131,7 +133,7 @@ func TestAuthBeforeProvider(t *testing.T) {
 	for _, tc := range []struct {
 		token  string
 		status int
-	}{{"", 401}, {"corral_forged", 401}, {"Basic abc", 401}, {stranger, 403}} {
+	}{{"", 401}, {"corral_forged", 401}, {"Basic abc", 401}, {stranger, 404}} {
 		status, body := e.do(ctx, "POST", commandsPath(p.ID), tc.token, cmdBody("true"))
 		if status != tc.status {
 			t.Errorf("token %q: status %d, want %d: %s", tc.token, status, tc.status, body)
@@ -139,7 +141,7 @@ func TestAuthBeforeProvider(t *testing.T) {
 	}
 	// Sessions too.
 	status, body := e.do(ctx, "GET", fmt.Sprintf("/v1/projects/%d/sessions?argv=true", p.ID), stranger, nil)
-	if status != 403 {
+	if status != 404 {
 		t.Errorf("session by a stranger: %d %s", status, body)
 	}
 	if n := fake.Calls(); n != 0 {
@@ -274,4 +276,24 @@ func processesWith(token string) []string {
 		}
 	}
 	return found
+}
+
+// TestOutsidersCannotTellProjectsApart: to a non-member, a project that
+// exists answers exactly as one that does not.
+func TestOutsidersCannotTellProjectsApart(t *testing.T) {
+	fake := &sandboxtest.Provider{Dir: t.TempDir(), Kind: sandbox.ProjectManaged}
+	e := newEnv(t, envOpts{fake: fake})
+	alice, _ := e.account("alice")
+	_, stranger := e.account("mallory")
+	p := e.managedProject("box", alice)
+	ctx := context.Background()
+	missing := p.ID + 1000
+	for _, route := range []string{"", "/members", "/sites", "/git/status"} {
+		s1, b1 := e.do(ctx, "GET", fmt.Sprintf("/v1/projects/%d%s", p.ID, route), stranger, nil)
+		s2, b2 := e.do(ctx, "GET", fmt.Sprintf("/v1/projects/%d%s", missing, route), stranger, nil)
+		b2 = bytes.ReplaceAll(b2, []byte(strconv.FormatInt(missing, 10)), []byte(strconv.FormatInt(p.ID, 10)))
+		if s1 != http.StatusNotFound || s1 != s2 || !bytes.Equal(b1, b2) {
+			t.Errorf("%q: existing %d %s, missing %d %s", route, s1, b1, s2, b2)
+		}
+	}
 }

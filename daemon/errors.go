@@ -1,16 +1,19 @@
 package daemon
 
 import (
-	"encoding/json"
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
+	"time"
 
-	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/plugin"
-	"github.com/corral-sandbox/corral/plugins/sites"
+	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/internal/errdefs"
+	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/sandbox"
-	"github.com/corral-sandbox/corral/store"
 )
 
 // StatusClientClosed is the status recorded when the client went away
@@ -23,19 +26,24 @@ const StatusClientClosed = 499
 // "abort", "overflow", "transport", "cleanup") instead.
 const (
 	KindUnauthorized    = "unauthorized"    // 401: no or unknown bearer token
-	KindForbidden       = "forbidden"       // 403: not a member, or not allowed
-	KindNotFound        = "notFound"        // 404: unknown project, site or route
+	KindForbidden       = "forbidden"       // 403: not allowed
+	KindNotFound        = "notFound"        // 404: unknown project (or not the caller's), site or route
 	KindInvalid         = "invalid"         // 400: malformed request
 	KindRequestTooLarge = "requestTooLarge" // 413: request body over the cap
-	KindConflict        = "conflict"        // 409: exists already, or busy
+	KindConflict        = "conflict"        // 409: exists already, or in use
+	KindBusy            = "busy"            // 429: an admission budget is exhausted
 	KindUnavailable     = "unavailable"     // 503: a domain or the transport is missing
-	KindBadGateway      = "badGateway"      // 502: a site could not be reached
+	KindBadGateway      = "badGateway"      // 502: a site or remote could not be reached
 	KindInternal        = "internal"        // 500
 )
 
+// RetryAfter is the Retry-After of a 429 answer (an admission budget
+// exhausted): commands settle in seconds.
+const RetryAfter = time.Second
+
 // APIError is every error the API answers with. Errors are translated into
 // an APIError once, at the HTTP boundary (see toAPIError); its JSON form is
-// the pinned body
+// the pinned body (sandbox.ErrorBody)
 //
 //	{"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}
 //
@@ -47,6 +55,9 @@ type APIError struct {
 	Message string
 	Stdout  string
 	Stderr  string
+	// Base64 answers Stdout and Stderr as the base64 of their bytes (a
+	// command request's "encoding":"base64").
+	Base64 bool
 	// Cause is the translated error, for logs; it is never sent.
 	Cause error
 }
@@ -59,23 +70,57 @@ func (e *APIError) Unwrap() error { return e.Cause }
 
 // MarshalJSON writes the pinned error body.
 func (e *APIError) MarshalJSON() ([]byte, error) {
-	type detail struct {
-		Kind    string `json:"kind"`
-		Message string `json:"message"`
-		Stdout  string `json:"stdout"`
-		Stderr  string `json:"stderr"`
+	if e.Base64 {
+		var buf bytes.Buffer
+		err := e.body().WriteJSONBase64(&buf, false)
+		return buf.Bytes(), err
 	}
-	return json.Marshal(struct {
-		Error detail `json:"error"`
-	}{detail{e.Kind, e.Message, e.Stdout, e.Stderr}})
+	return e.body().MarshalJSON()
+}
+
+// streamer is e's pinned body as written (its output base64 when
+// e.Base64), streamed.
+func (e *APIError) streamer() jsonStreamer {
+	if e.Base64 {
+		return base64Body{e.body()}
+	}
+	return e.body()
+}
+
+// base64Body streams an error body with its output base64.
+type base64Body struct{ sandbox.ErrorBody }
+
+func (b base64Body) WriteJSON(w io.Writer, escapeHTML bool) error {
+	return b.WriteJSONBase64(w, escapeHTML)
+}
+
+func (e *APIError) body() sandbox.ErrorBody {
+	return sandbox.ErrorBody{Kind: e.Kind, Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr}
 }
 
 func apiErr(status int, kind, format string, args ...any) *APIError {
 	return &APIError{Status: status, Kind: kind, Message: fmt.Sprintf(format, args...)}
 }
 
-// commandStatus is the HTTP status of each sandbox.ErrorKind. A prepare
-// error's status depends on its cause (see toAPIError).
+// classStatus is the HTTP status and kind of each error class
+// (internal/errdefs).
+var classStatus = map[errdefs.Kind]struct {
+	status int
+	kind   string
+}{
+	errdefs.Invalid:         {http.StatusBadRequest, KindInvalid},
+	errdefs.NotFound:        {http.StatusNotFound, KindNotFound},
+	errdefs.Forbidden:       {http.StatusForbidden, KindForbidden},
+	errdefs.Unauthenticated: {http.StatusUnauthorized, KindUnauthorized},
+	errdefs.Conflict:        {http.StatusConflict, KindConflict},
+	errdefs.Unavailable:     {http.StatusServiceUnavailable, KindUnavailable},
+	errdefs.TooLarge:        {http.StatusRequestEntityTooLarge, KindTooLarge},
+	errdefs.Timeout:         {http.StatusGatewayTimeout, string(sandbox.KindTimeout)},
+	errdefs.Busy:            {http.StatusTooManyRequests, KindBusy},
+}
+
+// commandStatus is the HTTP status of each sandbox.ErrorKind, for a
+// command error whose cause has no class.
 var commandStatus = map[sandbox.ErrorKind]int{
 	sandbox.KindPrepare:   http.StatusBadRequest,
 	sandbox.KindStart:     http.StatusUnprocessableEntity,
@@ -86,65 +131,110 @@ var commandStatus = map[sandbox.ErrorKind]int{
 	sandbox.KindCleanup:   http.StatusInternalServerError,
 }
 
+// rule is a row of errorRules: errors that need a kind of their own (more
+// precise than their class) or that no class covers.
+type rule struct {
+	match   func(error) bool
+	status  int
+	kind    string
+	message func(error) string // nil: err.Error()
+}
+
+func is(target error) func(error) bool { return func(err error) bool { return errors.Is(err, target) } }
+
+func as[T error]() func(error) bool {
+	return func(err error) bool {
+		var t T
+		return errors.As(err, &t)
+	}
+}
+
+// errorRules are tried in order, before the classes.
+var errorRules = []rule{
+	{as[*export.HeadMovedError](), http.StatusConflict, KindHeadMoved, func(err error) string {
+		var hm *export.HeadMovedError
+		errors.As(err, &hm)
+		return fmt.Sprintf("branch %s is at %s, not at %s", hm.Branch, hm.Actual, hm.Expected)
+	}},
+	{is(export.ErrNotRepository), http.StatusConflict, KindNotRepository, func(error) string {
+		return "the project's workspace is not a git repository"
+	}},
+	{is(export.ErrRejected), http.StatusConflict, KindRejected, nil},
+	{is(export.ErrPush), http.StatusBadGateway, KindBadGateway, nil},
+	// Redacted git output of the export: worth showing.
+	{as[*export.GitError](), http.StatusInternalServerError, KindInternal, nil},
+	// Editor Git reads: an unknown ref or path has its own kind; an
+	// internal failure says so in the editor's (redacted) words.
+	{is(editorplugin.ErrUnknownRevision), http.StatusNotFound, KindUnknownRevision, nil},
+	{func(err error) bool {
+		var e *editorplugin.Error
+		return errors.As(err, &e) && e.Kind == editorplugin.KindInternal
+	}, http.StatusInternalServerError, KindInternal, nil},
+	// A site's port could not be reached through the worker.
+	{siteDialFailure, http.StatusBadGateway, KindBadGateway, siteDialMessage},
+	// Session errors outside a CommandError (language servers).
+	{is(sandbox.ErrNotStarted), http.StatusUnprocessableEntity, string(sandbox.KindStart), nil},
+	{is(sandbox.ErrTransport), http.StatusBadGateway, string(sandbox.KindTransport), nil},
+}
+
 // toAPIError translates any error into the API's form. It is the only place
 // where errors of the layers below become statuses:
 //
 //   - an *APIError passes through;
 //   - a *sandbox.CommandError keeps its kind, message and partial output;
-//     its status comes from its kind, except that a cause of
-//     sandbox.ErrDenied is 403, sandbox.ErrNotFound 404, and
-//     sandbox.ErrUnavailable, machine.ErrNoPrivilegedTransport or
-//     machine.ErrUnavailable (the worker cannot be reached) 503, whatever
-//     the kind;
-//   - sandbox.ErrUnavailable, plugin.ErrAbsent and
-//     machine.ErrNoPrivilegedTransport are 503 "unavailable";
-//   - store.ErrNotFound is 404, store.ErrExists 409, store.ErrProjectBusy 409;
-//   - anything else is 500 "internal".
+//     its status is its cause's class's (403 forbidden, 404 not found, 429
+//     busy, 503 unavailable, …) if the cause has one, else its kind's;
+//   - an error matching a row of errorRules gets that row's status and
+//     kind (export's headMoved, notRepository, rejected; a site's bad
+//     gateway; language-server start and transport failures);
+//   - a classified error (internal/errdefs) gets its class's status and
+//     kind: store.ErrNotFound 404, store.ErrExists 409,
+//     machine.ErrNoPrivilegedTransport 503, sandbox.ErrBusy 429, …;
+//   - a client that went away (context.Canceled) is 499 "abort";
+//   - anything else is 500 "internal", its message withheld.
 func toAPIError(err error) *APIError {
 	var ae *APIError
 	if errors.As(err, &ae) {
 		return ae
 	}
+	class, classed := classStatus[errdefs.KindOf(err)]
 	var ce *sandbox.CommandError
 	if errors.As(err, &ce) {
 		out := &APIError{Status: commandStatus[ce.Kind], Kind: string(ce.Kind), Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr, Cause: err}
-		switch {
-		case errors.Is(err, sandbox.ErrDenied):
-			out.Status = http.StatusForbidden
-		case errors.Is(err, sandbox.ErrNotFound):
-			out.Status = http.StatusNotFound
-		case errors.Is(err, machine.ErrNoPrivilegedTransport), errors.Is(err, sandbox.ErrUnavailable),
-			errors.Is(err, machine.ErrUnavailable):
-			// Nothing was sent to a worker: try again later.
-			out.Status = http.StatusServiceUnavailable
+		if classed {
+			out.Status = class.status
 		}
 		if out.Status == 0 {
 			out.Status = http.StatusInternalServerError
 		}
 		return out
 	}
-	switch {
-	case errors.Is(err, machine.ErrNoPrivilegedTransport):
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: machine.ErrNoPrivilegedTransport.Error(), Cause: err}
-	case errors.Is(err, sandbox.ErrUnavailable), errors.Is(err, plugin.ErrAbsent):
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: err.Error(), Cause: err}
-	case errors.Is(err, store.ErrNotFound), errors.Is(err, sandbox.ErrNotFound):
-		return &APIError{Status: http.StatusNotFound, Kind: KindNotFound, Message: err.Error(), Cause: err}
-	case errors.Is(err, sandbox.ErrDenied):
-		return &APIError{Status: http.StatusForbidden, Kind: KindForbidden, Message: err.Error(), Cause: err}
-	case errors.Is(err, store.ErrExists), errors.Is(err, store.ErrProjectBusy):
-		return &APIError{Status: http.StatusConflict, Kind: KindConflict, Message: err.Error(), Cause: err}
-	case errors.Is(err, sitesplugin.ErrUnavailable):
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: err.Error(), Cause: err}
-	case errors.Is(err, sitesplugin.ErrNotFound):
-		return &APIError{Status: http.StatusNotFound, Kind: KindNotFound, Message: err.Error(), Cause: err}
-	case errors.Is(err, sitesplugin.ErrTaken):
-		return &APIError{Status: http.StatusConflict, Kind: KindConflict, Message: err.Error(), Cause: err}
-	case errors.Is(err, errInvalid), errors.Is(err, ErrInvalidProject), errors.Is(err, sitesplugin.ErrInvalid):
-		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: err.Error(), Cause: err}
+	for _, r := range errorRules {
+		if r.match(err) {
+			msg := err.Error()
+			if r.message != nil {
+				msg = r.message(err)
+			}
+			return &APIError{Status: r.status, Kind: r.kind, Message: msg, Cause: err}
+		}
+	}
+	if classed {
+		return &APIError{Status: class.status, Kind: class.kind, Message: err.Error(), Cause: err}
+	}
+	if errors.Is(err, context.Canceled) {
+		return &APIError{Status: StatusClientClosed, Kind: string(sandbox.KindAbort), Message: "client went away", Cause: err}
 	}
 	return &APIError{Status: http.StatusInternalServerError, Kind: KindInternal, Message: "internal error", Cause: err}
 }
 
-// errInvalid marks errors of the daemon's own validation (400).
-var errInvalid = errors.New("invalid request")
+// writeError writes e's pinned body with e's status (and the headers its
+// status calls for: WWW-Authenticate on 401, Retry-After on 429).
+func writeError(w http.ResponseWriter, e *APIError) {
+	switch e.Status {
+	case http.StatusUnauthorized:
+		w.Header().Set("WWW-Authenticate", `Bearer realm="corral"`)
+	case http.StatusTooManyRequests:
+		w.Header().Set("Retry-After", strconv.Itoa(int(RetryAfter/time.Second)))
+	}
+	writeJSON(w, e.Status, e.streamer())
+}

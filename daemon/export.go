@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -71,37 +70,8 @@ func (a *App) exportBranch(w http.ResponseWriter, r *http.Request) error {
 		ExpectedHead: req.ExpectedHead,
 	})
 	if err != nil {
-		return exportError(err)
+		return err
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil
-}
-
-// exportError translates the export's own errors; the sandbox's pass on
-// to toAPIError.
-func exportError(err error) error {
-	var hm *export.HeadMovedError
-	var ge *export.GitError
-	switch {
-	case errors.As(err, &hm):
-		return &APIError{Status: http.StatusConflict, Kind: KindHeadMoved, Message: fmt.Sprintf("branch %s is at %s, not at %s", hm.Branch, hm.Actual, hm.Expected), Cause: err}
-	case errors.Is(err, export.ErrRemoteNotAllowed):
-		return &APIError{Status: http.StatusForbidden, Kind: KindForbidden, Message: err.Error(), Cause: err}
-	case errors.Is(err, export.ErrInvalid):
-		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: err.Error(), Cause: err}
-	case errors.Is(err, export.ErrNoBranch):
-		return &APIError{Status: http.StatusNotFound, Kind: KindNotFound, Message: err.Error(), Cause: err}
-	case errors.Is(err, export.ErrNotRepository):
-		return &APIError{Status: http.StatusConflict, Kind: KindNotRepository, Message: "the project's workspace is not a git repository", Cause: err}
-	case errors.Is(err, export.ErrTooLarge):
-		return &APIError{Status: http.StatusRequestEntityTooLarge, Kind: KindTooLarge, Message: err.Error(), Cause: err}
-	case errors.Is(err, export.ErrRejected):
-		return &APIError{Status: http.StatusConflict, Kind: KindRejected, Message: err.Error(), Cause: err}
-	case errors.Is(err, export.ErrPush):
-		return &APIError{Status: http.StatusBadGateway, Kind: KindBadGateway, Message: err.Error(), Cause: err}
-	case errors.As(err, &ge):
-		// Redacted git output: worth showing.
-		return &APIError{Status: http.StatusInternalServerError, Kind: KindInternal, Message: err.Error(), Cause: err}
-	}
-	return err
 }

@@ -9,9 +9,8 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
-	"github.com/corral-sandbox/corral/plugins/lsp"
+	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -29,6 +28,8 @@ import (
 //
 //	1000  the server exited with code 0 (reason "exited: …")
 //	1001  the daemon is shutting down
+//	1008  the session lost its authorization (token revoked, account
+//	      deleted or removed from the project, lifetime reached)
 //	1003  the client sent a binary message
 //	1007  the client sent a text message that is not one JSON object
 //	1009  the client sent a message over the limit (16 MiB)
@@ -55,7 +56,7 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		return apiErr(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
 	}
-	ctl, err := plugin.ResolveCoreAs[*lspplugin.Control](a.core.Registry(), plugin.DomainLSP)
+	ctl, err := plugin.ResolveCoreAs[lspplugin.Domain](a.core.Registry(), plugin.DomainLSP)
 	if err != nil {
 		return err
 	}
@@ -64,7 +65,7 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	}
 	sess, err := ctl.Open(r.Context(), sandbox.Actor{AccountUserID: acct.ID}, projectRef(proj), server)
 	if err != nil {
-		return lspAPIError(err)
+		return err
 	}
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {
@@ -82,32 +83,10 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	a.metrics.sessionsTotal.Inc()
 	a.metrics.sessionsActive.Inc()
 	defer a.metrics.sessionsActive.Dec()
-	a.bridgeLSP(conn, sess, ctl.MaxMessage())
+	ctx, untrack := a.trackSession(a.ctx, r, proj.ID)
+	defer untrack()
+	a.bridgeLSP(ctx, conn, sess, ctl.MaxMessage())
 	return nil
-}
-
-// lspAPIError translates Open's own errors; the rest go through toAPIError.
-func lspAPIError(err error) error {
-	switch {
-	case errors.Is(err, lspplugin.ErrUnknownServer):
-		return &APIError{Status: http.StatusNotFound, Kind: KindNotFound, Message: err.Error(), Cause: err}
-	case errors.Is(err, lspplugin.ErrUnsupportedProject):
-		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: err.Error(), Cause: err}
-	}
-	var ce *sandbox.CommandError
-	if errors.As(err, &ce) {
-		return err
-	}
-	switch {
-	case errors.Is(err, sandbox.ErrNotStarted):
-		return &APIError{Status: http.StatusUnprocessableEntity, Kind: string(sandbox.KindStart), Message: err.Error(), Cause: err}
-	case errors.Is(err, machine.ErrUnavailable):
-		// The worker cannot be reached: nothing started.
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: err.Error(), Cause: err}
-	case errors.Is(err, sandbox.ErrTransport):
-		return &APIError{Status: http.StatusBadGateway, Kind: string(sandbox.KindTransport), Message: err.Error(), Cause: err}
-	}
-	return err
 }
 
 // errLSPBinary marks a binary message from the client.
@@ -115,8 +94,10 @@ var errLSPBinary = errors.New("binary messages are not LSP messages; send JSON-R
 
 // bridgeLSP carries messages between conn and sess until either ends, and
 // leaves the server torn down and conn closed.
-func (a *App) bridgeLSP(conn *websocket.Conn, sess *lspplugin.Session, maxMessage int) {
-	ctx, cancel := context.WithCancel(a.ctx)
+func (a *App) bridgeLSP(parent context.Context, conn *websocket.Conn, sess *lspplugin.Session, maxMessage int) {
+	// As in wsSession.run: the socket's context ends only when the bridge
+	// returns, so that the close frame goes first.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	defer cancel()
 	conn.SetReadLimit(int64(maxMessage))
 
@@ -178,9 +159,9 @@ func (a *App) bridgeLSP(conn *websocket.Conn, sess *lspplugin.Session, maxMessag
 			_ = conn.CloseNow()
 			_ = sess.Close()
 		}
-	case <-ctx.Done():
+	case <-parent.Done():
 		_ = sess.Close()
-		_ = conn.Close(websocket.StatusGoingAway, "the daemon is shutting down")
+		_ = conn.Close(sessionCloseStatus(parent))
 	}
 	cancel()
 	_ = conn.CloseNow()

@@ -16,7 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/internal/testworker"
-	"github.com/corral-sandbox/corral/plugins/lsp"
+	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -69,7 +69,7 @@ func TestLSPRefusals(t *testing.T) {
 		}{
 			{"", 401, KindUnauthorized},
 			{"nope", 401, KindUnauthorized},
-			{stranger, 403, KindForbidden},
+			{stranger, 404, KindNotFound},
 			// The fake setup loads no lsp plugin: absent is 503.
 			{tok, 503, KindUnavailable},
 		} {

@@ -35,6 +35,10 @@ import (
 //	corral_worker_starts_total                worker processes started by the
 //	                                          daemon's supervisor
 //	corral_http_requests_total{route,code}    requests served
+//	corral_egress_connections_total{verdict}  machines' outbound connection
+//	                                          attempts: allowed, denied, failed
+//	corral_egress_bytes_total{direction}      bytes through the egress proxies:
+//	                                          in (to machines), out
 //
 // plus the Go and process collectors. Machines are not counted: the
 // gateway does not report them.
@@ -56,6 +60,7 @@ type Metrics struct {
 	sessionsTotal  prometheus.Counter
 	workerStarts   prometheus.Counter
 	requests       *prometheus.CounterVec
+	egress         egressMetrics
 
 	mu       sync.Mutex
 	attached bool
@@ -102,6 +107,7 @@ func NewMetrics() *Metrics {
 	}
 	m.reg.MustRegister(m.commands, m.oomKilled, m.duration, m.output, m.sessionsActive, m.sessionsTotal, m.workerStarts, m.requests,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.egress = newEgressMetrics(m.reg)
 	return m
 }
 

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -21,7 +22,7 @@ import (
 // ErrInvalidProject is wrapped by Projects.Create for a specification it
 // refuses (bad name, missing or conflicting sources, a root that is not a
 // directory).
-var ErrInvalidProject = errors.New("daemon: invalid project")
+var ErrInvalidProject = errdefs.New(errdefs.Invalid, "daemon: invalid project")
 
 // ErrHostPath is wrapped by Projects.Create for a host path no project may
 // use: "/", the state directory, a directory inside it or one containing

@@ -10,11 +10,13 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
@@ -125,7 +127,12 @@ type Config struct {
 	// either way.
 	StateDir string
 	// Listen, if non-empty, is a TCP address served besides the socket.
+	// There, /metrics needs an administrator's bearer token.
 	Listen string
+	// MetricsListen, if non-empty, is a TCP address that serves GET
+	// /metrics only, without authentication (bind it to a private
+	// interface for Prometheus).
+	MetricsListen string
 	// WorkerSocket, if non-empty, is the socket of a running worker: the
 	// daemon uses it and starts none.
 	WorkerSocket string
@@ -152,6 +159,8 @@ type Config struct {
 	Sites SitesOptions
 	// LSPServers configures language servers by name (core.Options).
 	LSPServers map[string][]string
+	// EgressAllowCIDRs open ranges of the egress floor (core.EgressOptions).
+	EgressAllowCIDRs []string
 	// DisabledPlugins names built-in plugins not to load (their domains
 	// resolve as absent: "sandbox" makes every command answer 503, "sites"
 	// makes the Sites gateway answer 503 with that reason).
@@ -167,6 +176,61 @@ type Config struct {
 	WorkerLog io.Writer
 	// Ready, if non-nil, is called once the daemon listens.
 	Ready func(socket string)
+
+	// MaxSessionLifetime ends a session (WebSocket, LSP, proxied site
+	// connection) this long after it opened, with close code 1008. Zero
+	// means DefaultMaxSessionLifetime (24 h). Sessions also end within
+	// about a second of their token's revocation, their account's
+	// deletion or removal from the project.
+	MaxSessionLifetime time.Duration
+
+	// Budget bounds what every account together may have in flight (see
+	// sandbox.Budget): the captured bytes of running commands (the sum of
+	// their output limits), concurrent commands and concurrent sessions.
+	// A zero field means its default (DefaultBudget: 1 GiB, 256 commands,
+	// 1024 sessions); a negative field means unlimited. Work over the
+	// budget is refused with 429 and Retry-After (in process: a prepare
+	// error wrapping sandbox.ErrBusy), never queued.
+	Budget sandbox.Budget
+	// AccountBudget is the same per account. Zero fields mean
+	// DefaultAccountBudget (512 MiB, 64 commands, 128 sessions).
+	AccountBudget sandbox.Budget
+	// MemoryLimit is the Go runtime's soft memory limit
+	// (runtime/debug.SetMemoryLimit) that keeps garbage from doubling the
+	// budgeted captured bytes. Zero means Budget.CapturedBytes plus
+	// DefaultMemoryMargin (256 MiB) when the captured bytes are bounded and
+	// GOMEMLIMIT is not set; negative leaves the runtime's limit alone.
+	MemoryLimit int64
+}
+
+// Defaults of Config's budgets.
+var (
+	DefaultBudget        = sandbox.Budget{CapturedBytes: 1 << 30, Commands: 256, Sessions: 1024}
+	DefaultAccountBudget = sandbox.Budget{CapturedBytes: 512 << 20, Commands: 64, Sessions: 128}
+)
+
+// DefaultMemoryMargin is what Config.MemoryLimit allows beyond the
+// captured-bytes budget: the daemon's own heap, buffers, goroutines.
+const DefaultMemoryMargin = 256 << 20
+
+// budget applies the defaults: zero fields take def's, negative ones
+// become unlimited (zero in sandbox.Budget).
+func budget(b, def sandbox.Budget) sandbox.Budget {
+	pick64 := func(v, d int64) int64 {
+		switch {
+		case v == 0:
+			return d
+		case v < 0:
+			return 0
+		}
+		return v
+	}
+	pick := func(v, d int) int { return int(pick64(int64(v), int64(d))) }
+	return sandbox.Budget{
+		CapturedBytes: pick64(b.CapturedBytes, def.CapturedBytes),
+		Commands:      pick(b.Commands, def.Commands),
+		Sessions:      pick(b.Sessions, def.Sessions),
+	}
 }
 
 // Run runs the daemon until ctx ends (SIGTERM in the CLI), then shuts
@@ -229,6 +293,19 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		log.Warn("no privileged transport in this process: managed projects answer 503 (run as root, or pass --worker-socket)")
 	}
 
+	limiter := &reclaimer{Limiter: sandbox.NewLimiter(budget(cfg.Budget, DefaultBudget), budget(cfg.AccountBudget, DefaultAccountBudget))}
+	defer limiter.stop()
+	if ml := cfg.MemoryLimit; ml >= 0 && os.Getenv("GOMEMLIMIT") == "" {
+		if ml == 0 && limiter.Global.CapturedBytes > 0 {
+			ml = limiter.Global.CapturedBytes + DefaultMemoryMargin
+		}
+		if ml > 0 {
+			old := debug.SetMemoryLimit(ml)
+			defer debug.SetMemoryLimit(old)
+		}
+	}
+	log.Info("admission budgets", "global", limiter.Global, "perAccount", limiter.PerAccount)
+
 	var beat time.Duration
 	if cfg.Lease.TTL > 0 && cfg.Lease.TTL/3 < sandbox.DefaultHeartbeatInterval {
 		beat = cfg.Lease.TTL / 3
@@ -238,16 +315,18 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Migrate:             true,
 		PrivilegedTransport: transport,
 		Logger:              log,
-		Control:             sandbox.ControlOptions{Observe: metrics.Observe, HeartbeatInterval: beat},
+		Control:             sandbox.ControlOptions{Observe: metrics.Observe, HeartbeatInterval: beat, Admitter: limiter},
 		Lease:               cfg.Lease,
 		LSPServers:          cfg.LSPServers,
 		PluginConfig:        plugin.Config{Disabled: cfg.DisabledPlugins},
+		Egress: core.EgressOptions{AllowCIDRs: cfg.EgressAllowCIDRs,
+			Service: egress.Options{Audit: metrics.ObserveEgress}},
 	})
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, SessionHeartbeat: beat})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, SessionHeartbeat: beat, MaxSessionLifetime: cfg.MaxSessionLifetime})
 	if err != nil {
 		return err
 	}
@@ -266,6 +345,26 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("daemon: %w", err)
 		}
 		lns = append(lns, tln)
+	}
+	var metricsDone chan error
+	if cfg.MetricsListen != "" {
+		mln, err := net.Listen("tcp", cfg.MetricsListen)
+		if err != nil {
+			for _, ln := range lns {
+				ln.Close()
+			}
+			return fmt.Errorf("daemon: metrics: %w", err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics.Handler())
+		metricsDone = make(chan error, 1)
+		mctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { metricsDone <- Serve(mctx, mux, []net.Listener{mln}, log) }()
+		defer func() {
+			stop()
+			err = errors.Join(err, <-metricsDone)
+		}()
 	}
 	if cfg.Ready != nil {
 		cfg.Ready(sock)

@@ -37,7 +37,10 @@ import (
 //	  text    {"type":"error","kind":K,"message":M}
 //
 // After "exit" or "error" the daemon closes the socket (1000 after an exit,
-// 1011 after an error, 1001 when the daemon shuts down). The client closing
+// 1011 after an error, 1001 when the daemon shuts down, 1008 with the reason
+// when the session lost its authorization: its token was revoked, its
+// account deleted or removed from the project, or it outlived
+// AppOptions.MaxSessionLifetime; see follow.go). The client closing
 // the socket cancels the command's whole process tree and releases its
 // lease. Output is read from the command only as fast as the socket takes
 // it; stdin is read from the socket only as fast as the command takes it.
@@ -125,7 +128,9 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	a.metrics.sessionsTotal.Inc()
 	a.metrics.sessionsActive.Inc()
 	defer a.metrics.sessionsActive.Dec()
-	s.run()
+	ctx, untrack := a.trackSession(a.ctx, r, proj.ID)
+	defer untrack()
+	s.run(ctx)
 	return nil
 }
 
@@ -182,14 +187,23 @@ func (s *wsSession) send(ctx context.Context, v any) error {
 
 func (s *wsSession) fail(kind sandbox.ErrorKind, msg string, code websocket.StatusCode) {
 	_ = s.send(context.Background(), map[string]any{"type": "error", "kind": kind, "message": msg})
-	_ = s.conn.Close(code, string(kind))
+	reason := string(kind)
+	if code == websocket.StatusPolicyViolation {
+		reason = clipReason(msg)
+	}
+	_ = s.conn.Close(code, reason)
 }
 
-// run drives the session until its command exits or its socket closes. It
-// always leaves the command ended and its lease released.
-func (s *wsSession) run() {
+// run drives the session until its command exits, its socket closes or
+// parent ends (the daemon shuts down: 1001; the session lost its
+// authorization: 1008). It always leaves the command ended and its lease
+// released.
+func (s *wsSession) run(parent context.Context) {
 	a := s.a
-	ctx, cancel := context.WithCancel(a.ctx)
+	// The socket's reads and writes use ctx, which ends only when run
+	// returns: a cancelled read or write closes the socket at once, and
+	// the close frame saying why must go first.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	defer cancel()
 	s.conn.SetReadLimit(sessionReadLimit)
 
@@ -278,8 +292,9 @@ func (s *wsSession) run() {
 				releaseAfterCancel(s, sess)
 				return
 			}
-		case <-ctx.Done():
-			s.fail(sandbox.KindAbort, "the daemon is shutting down", websocket.StatusGoingAway)
+		case <-parent.Done():
+			code, reason := sessionCloseStatus(parent)
+			s.fail(sandbox.KindAbort, reason, code)
 			releaseAfterCancel(s, sess)
 			return
 		}

@@ -15,9 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
-	"github.com/corral-sandbox/corral/plugins/sites"
+	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -146,7 +147,7 @@ func newSitesGateway(a *App, opts SitesOptions) *sitesGateway {
 				writeError(w, &APIError{Status: http.StatusForbidden, Kind: KindForbidden, Message: c.Error(), Cause: c})
 				return
 			}
-			writeError(w, g.dialError(err))
+			writeError(w, toAPIError(&siteDialError{err}))
 		},
 	}
 	g.host = a.wrap(Route{Pattern: "{site}." + cmp.Or(opts.Domain, "-") + "/{path...}", handler: g.serveHost})
@@ -210,21 +211,24 @@ func (g *sitesGateway) dial(ctx context.Context, _, addr string) (net.Conn, erro
 	return g.a.core.Gateway().Dial(ctx, machine.Project{ID: p.ID, Workspace: p.Root}, port)
 }
 
-// dialError translates a proxy failure.
-func (g *sitesGateway) dialError(err error) *APIError {
-	switch {
-	case errors.Is(err, machine.ErrNoPrivilegedTransport):
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: machine.ErrNoPrivilegedTransport.Error(), Cause: err}
-	case errors.Is(err, machine.ErrUnavailable):
-		return &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: "the privileged worker is unavailable", Cause: err}
-	case errors.Is(err, context.Canceled):
-		return &APIError{Status: StatusClientClosed, Kind: string("abort"), Message: "client went away", Cause: err}
-	}
+// siteDialError is a failure to proxy to a site (see errorRules): a
+// missing transport or worker is 503, a client gone 499, anything else 502.
+type siteDialError struct{ err error }
+
+func (e *siteDialError) Error() string { return e.err.Error() }
+func (e *siteDialError) Unwrap() error { return e.err }
+
+func siteDialFailure(err error) bool {
+	var de *siteDialError
+	return errors.As(err, &de) && errdefs.KindOf(err) == "" && !errors.Is(err, context.Canceled)
+}
+
+func siteDialMessage(err error) string {
 	var rej *machine.RejectedError
 	if errors.As(err, &rej) {
-		return &APIError{Status: http.StatusBadGateway, Kind: KindBadGateway, Message: fmt.Sprintf("site unreachable: %s: %s", rej.Code, rej.Message), Cause: err}
+		return fmt.Sprintf("site unreachable: %s: %s", rej.Code, rej.Message)
 	}
-	return &APIError{Status: http.StatusBadGateway, Kind: KindBadGateway, Message: "site unreachable", Cause: err}
+	return "site unreachable"
 }
 
 type siteTarget struct {
@@ -372,6 +376,13 @@ func (g *sitesGateway) serve(w http.ResponseWriter, r *http.Request) error {
 	}
 	acct, _, _, err := g.a.member(r, site.Project)
 	if err != nil {
+		var ae *APIError
+		if errors.As(err, &ae) && ae.Status == http.StatusNotFound {
+			// A non-member learns no more than of a name nobody
+			// published (the lookup's own answer), not even the
+			// project's id.
+			return fmt.Errorf("%w: %q", sitesplugin.ErrNotFound, name)
+		}
 		return err
 	}
 	// The token's id, to close the connection if it is revoked.

@@ -60,6 +60,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
@@ -88,9 +89,9 @@ var (
 	// ErrInvalid reports a malformed request: a remote, branch or head
 	// that is not acceptable, or a project that is not managed. Nothing
 	// was run.
-	ErrInvalid = errors.New("export: invalid request")
+	ErrInvalid = errdefs.New(errdefs.Invalid, "export: invalid request")
 	// ErrNoBranch reports that the branch does not exist in the project.
-	ErrNoBranch = errors.New("export: no such branch")
+	ErrNoBranch = errdefs.New(errdefs.NotFound, "export: no such branch")
 	// ErrNotRepository reports that the project's workspace is not a Git
 	// repository.
 	ErrNotRepository = errors.New("export: not a git repository")
@@ -101,7 +102,7 @@ var (
 	// remote could not be reached, authentication failed).
 	ErrPush = errors.New("export: push failed")
 	// ErrTooLarge reports a bundle larger than Options.MaxBundle.
-	ErrTooLarge = errors.New("export: bundle too large")
+	ErrTooLarge = errdefs.New(errdefs.TooLarge, "export: bundle too large")
 )
 
 // HeadMovedError reports that the branch head is not the one the caller

@@ -1,17 +1,18 @@
 package export
 
 import (
-	"errors"
 	"fmt"
 	"net/url"
 	"path"
 	"strings"
+
+	"github.com/corral-sandbox/corral/internal/errdefs"
 )
 
 // ErrRemoteNotAllowed reports a remote that no allowed pattern matches (or
 // an exporter with no allowed remotes at all). It is returned before any
 // network use and before anything runs in the machine.
-var ErrRemoteNotAllowed = errors.New("export: remote not allowed")
+var ErrRemoteNotAllowed = errdefs.New(errdefs.Forbidden, "export: remote not allowed")
 
 // Remote patterns (Options.AllowedRemotes, a project's export remotes)
 // name remotes without their scheme and user information:

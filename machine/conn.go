@@ -230,6 +230,14 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			return nil
 		}
 		w <- dialResult{file: files[0]}
+	case *wire.NetListening: // a net-listen answer shares the dial waiters
+		w := c.takeDial(m.ID)
+		if w == nil {
+			log.Debug("net-listening for unknown listen", "id", m.ID)
+			closeFiles(files)
+			return nil
+		}
+		w <- dialResult{file: files[0]}
 	case *wire.Error:
 		if m.ID == "" {
 			return fmt.Errorf("worker error: %w", m)

@@ -27,12 +27,13 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/wire"
 )
 
 // ErrNoPrivilegedTransport is returned by every Gateway call when the
 // gateway was built without a transport.
-var ErrNoPrivilegedTransport = errors.New("no privileged transport in this process")
+var ErrNoPrivilegedTransport = errdefs.New(errdefs.Unavailable, "no privileged transport in this process")
 
 // Errors callers branch on. All are wrapped; test with errors.Is.
 var (
@@ -43,7 +44,7 @@ var (
 	ErrInterrupted = errors.New("machine: connection to the worker lost")
 	// ErrUnavailable means no connection to the worker could be made; the
 	// request was not sent.
-	ErrUnavailable = errors.New("machine: worker unavailable")
+	ErrUnavailable = errdefs.New(errdefs.Unavailable, "machine: worker unavailable")
 	// ErrNotStarted means the worker could not start the program (it was
 	// never executed); it comes from Session.Wait.
 	ErrNotStarted = errors.New("machine: command not started")

@@ -3,6 +3,8 @@ package plugin
 import (
 	"errors"
 	"fmt"
+
+	"github.com/corral-sandbox/corral/internal/errdefs"
 )
 
 // Sentinel errors. Errors returned by this package wrap one of them (with
@@ -11,7 +13,7 @@ var (
 	// ErrAbsent reports that a domain has no usable control: no owner, the
 	// owner is disabled, skipped or failed, or one of the control's
 	// requirements is itself absent. Callers report "unavailable".
-	ErrAbsent = errors.New("plugin: control absent")
+	ErrAbsent = errdefs.New(errdefs.Unavailable, "plugin: control absent")
 	// ErrNotDeclared reports that a consumer resolved a domain its manifest
 	// does not declare in Consumes.
 	ErrNotDeclared = errors.New("plugin: domain not declared by consumer")

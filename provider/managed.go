@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"strings"
 	"sync"
@@ -83,9 +84,10 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	}
 	req.ID, req.Lease = l.ID(), l.ID()
 	m := &managedExec{
-		gw:    p.gateway,
-		req:   req,
-		lease: l,
+		gw:     p.gateway,
+		req:    req,
+		lease:  l,
+		egress: p.egress,
 	}
 	// Work under an expired lease is cancelled, even if its holder died.
 	l.Watch(func() { _ = m.cancel(context.Background()) })
@@ -150,9 +152,10 @@ func guestCwd(req string) (string, error) {
 
 // managedExec is one prepared managed execution.
 type managedExec struct {
-	gw    *machine.Gateway
-	req   machine.ExecRequest
-	lease *lease.Lease
+	gw     *machine.Gateway
+	req    machine.ExecRequest
+	lease  *lease.Lease
+	egress Egress // nil: no egress service
 
 	mu        sync.Mutex
 	session   *machine.Session
@@ -166,8 +169,21 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 		return nil, errors.New("provider: execution was cancelled before it started")
 	}
 	m.mu.Unlock()
-	s, err := m.gw.Exec(ctx, m.req)
+	req, release := m.req, func() {}
+	if m.egress != nil {
+		env, rel, err := m.egress.Session(ctx, req.Project, req.Account)
+		if err != nil {
+			return nil, fmt.Errorf("provider: project %d: network: %w", req.Project.ID, err)
+		}
+		release = rel
+		if len(env) > 0 {
+			req.Env = maps.Clone(req.Env)
+			maps.Copy(req.Env, env)
+		}
+	}
+	s, err := m.gw.Exec(ctx, req)
 	if err != nil {
+		release()
 		return nil, translate(err)
 	}
 	m.mu.Lock()
@@ -180,6 +196,7 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 	sess, settle := sandbox.NewManagedSession(s.Stdin, s.Stdout, s.Stderr)
 	go func() {
 		exit, err := s.Wait()
+		release()
 		if err != nil {
 			settle(sandbox.Exit{}, translate(err))
 			return

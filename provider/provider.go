@@ -68,6 +68,9 @@ type Options struct {
 	// replaces. Nil adds nothing. The daemon's own environment is never
 	// passed on.
 	Env []string
+	// Egress, if set, is told of every managed session before it starts
+	// (core's egress service): see Egress.
+	Egress Egress
 	// HostIDs configures the unprivileged users confined host commands run
 	// as when this process is root (see prepareHost); the zero value
 	// claims the block in idrange.DefaultRegistry for "host-ids" beside the
@@ -85,6 +88,7 @@ type Provider struct {
 	self    string
 	log     *slog.Logger
 	env     []string
+	egress  Egress
 
 	// available reports whether confinement works on this kernel
 	// (confine.Available; replaced in tests).
@@ -112,6 +116,7 @@ func New(opts Options) (*Provider, error) {
 		self:      opts.SelfExe,
 		log:       opts.Logger,
 		env:       append([]string(nil), opts.Env...),
+		egress:    opts.Egress,
 		available: confine.Available,
 	}
 	if p.domain == "" {

@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,17 +89,6 @@ func resultOf(res *sandbox.CommandResult, err error) Result {
 	return Result{Err: &sandbox.CommandError{Kind: ce.Kind, Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr}}
 }
 
-type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Kind    sandbox.ErrorKind `json:"kind"`
-	Message string            `json:"message"`
-	Stdout  string            `json:"stdout"`
-	Stderr  string            `json:"stderr"`
-}
-
 // MarshalJSON encodes r in its pinned form. A Result with neither or both
 // of Result and Err set is an error.
 func (r Result) MarshalJSON() ([]byte, error) {
@@ -108,7 +96,7 @@ func (r Result) MarshalJSON() ([]byte, error) {
 	case r.Result != nil && r.Err == nil:
 		return json.Marshal(r.Result)
 	case r.Err != nil && r.Result == nil:
-		return json.Marshal(errorBody{Error: errorDetail{Kind: r.Err.Kind, Message: r.Err.Message, Stdout: r.Err.Stdout, Stderr: r.Err.Stderr}})
+		return r.Err.MarshalJSON()
 	}
 	return nil, errors.New("runner: a Result needs exactly one of Result and Err")
 }
@@ -120,17 +108,12 @@ func (r *Result) UnmarshalJSON(b []byte) error {
 	if err := json.Unmarshal(b, &probe); err != nil {
 		return fmt.Errorf("runner: result: %w", err)
 	}
-	if raw, ok := probe["error"]; ok {
-		var d errorDetail
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&d); err != nil {
+	if _, ok := probe["error"]; ok {
+		var ce sandbox.CommandError
+		if err := ce.UnmarshalJSON(b); err != nil {
 			return fmt.Errorf("runner: error result: %w", err)
 		}
-		if d.Kind == "" {
-			return errors.New("runner: error result without a kind")
-		}
-		*r = Result{Err: &sandbox.CommandError{Kind: d.Kind, Message: d.Message, Stdout: d.Stdout, Stderr: d.Stderr}}
+		*r = Result{Err: &ce}
 		return nil
 	}
 	var res sandbox.CommandResult

@@ -37,6 +37,10 @@ type ControlOptions struct {
 	Journal func(Record) (finish func(Record))
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// Admitter, if non-nil, is asked before every RunCommand and
+	// PrepareExecution (see Admitter); it must be comparable (a pointer,
+	// such as a *Limiter). Nil admits everything.
+	Admitter Admitter
 }
 
 // Record describes one settled RunCommand call.
@@ -87,7 +91,9 @@ func (c *Control) WithDomain(domain string) *Control {
 }
 
 // PrepareExecution resolves the actor (explicit, else the turn scope),
-// validates the input, asks the provider to prepare and checks the returned
+// validates the input, admits a session (ControlOptions.Admitter: a
+// refusal is a KindPrepare error wrapping ErrBusy; the reservation is given
+// back when the lease is first released), asks the provider to prepare and checks the returned
 // target. On success the caller owns the prepared execution: it must
 // heartbeat and release the lease, and cancel what it started. On a target
 // mismatch the lease is released and an error returned.
@@ -99,17 +105,25 @@ func (c *Control) PrepareExecution(ctx context.Context, in ExecInput, actor *Act
 	if err := in.Validate(); err != nil {
 		return nil, newError(KindPrepare, err, "%v", err)
 	}
+	release, ce := c.admit(ctx, Admission{Kind: AdmitSession, Account: a.AccountUserID})
+	if ce != nil {
+		return nil, ce
+	}
 	prep, err := c.provider.PrepareExecution(ctx, in, a)
 	if err != nil {
+		release()
 		return nil, newError(KindPrepare, err, "preparation refused: %v", err)
 	}
 	if err := CheckTarget(in, a, prep); err != nil {
+		release()
 		ce := newError(KindPrepare, err, "%v", err)
 		if prep != nil && prep.Common().Lease != nil {
 			ce.Cleanup = releaseLease(ctx, prep.Common().Lease)
 		}
 		return nil, ce
 	}
+	// The session's reservation is given back with its lease.
+	prep.Common().Lease = wrapAdmitted(prep.Common().Lease, release)
 	return prep, nil
 }
 

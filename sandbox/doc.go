@@ -24,5 +24,12 @@
 // Long-lived sessions (language servers) use [Control.PrepareExecution] and
 // the raw session, and heartbeat their own lease.
 //
+// A Control with an [Admitter] (such as a [Limiter]: global and per-account
+// budgets of captured bytes, commands and sessions) refuses work over budget
+// before anything is prepared, with a KindPrepare error wrapping [ErrBusy].
+//
+// [CommandError] and [CommandResult] write their own pinned JSON
+// ([ErrorBody], WriteJSON streams it without copying the output).
+//
 // This package imports no other corral package.
 package sandbox

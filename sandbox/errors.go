@@ -34,11 +34,13 @@ const (
 )
 
 // Sentinel errors. CommandError unwraps to its Cause and Cleanup, so
-// errors.Is works through it.
+// errors.Is works through it. The sentinels that say what an edge should
+// answer carry a class (a Class() string method, see internal/errdefs):
+// sandbox imports nothing of the project, so it spells the classes itself.
 var (
 	// ErrUnavailable reports that no sandbox provider is loaded. Callers
 	// report "unavailable" (HTTP 503), never crash.
-	ErrUnavailable = errors.New("sandbox: unavailable")
+	ErrUnavailable error = &classedError{"sandbox: unavailable", "unavailable"}
 	// ErrNoActor: neither an explicit actor nor a turn scope was given.
 	ErrNoActor = errors.New("sandbox: no actor and no turn scope")
 	// ErrNotStarted is wrapped by providers when the program could not be
@@ -50,15 +52,29 @@ var (
 	ErrTransport = errors.New("sandbox: transport lost")
 	// ErrDenied is wrapped by providers when tenancy refuses the actor
 	// (not a member of the project). The daemon answers 403.
-	ErrDenied = errors.New("sandbox: access denied")
+	ErrDenied error = &classedError{"sandbox: access denied", "forbidden"}
 	// ErrNotFound is wrapped by providers when the project does not exist.
-	ErrNotFound = errors.New("sandbox: project not found")
+	ErrNotFound error = &classedError{"sandbox: project not found", "notFound"}
+	// ErrBusy is wrapped by an Admitter that refuses a command or session
+	// because a budget (captured bytes, concurrent commands or sessions,
+	// globally or for the account) is exhausted. RunCommand and Open
+	// report it as a KindPrepare error: nothing was prepared. The daemon
+	// answers 429 with Retry-After.
+	ErrBusy error = &classedError{"sandbox: busy", "busy"}
 	// ErrWaitDelay is a CommandResult's OutputErr when the command's
 	// output was cut by the drain bound (ControlOptions.DrainTimeout)
 	// because a process it left behind kept its output open: the output
 	// may be incomplete. Like os/exec's ErrWaitDelay.
 	ErrWaitDelay = errors.New("sandbox: output still open after the drain timeout: it may be incomplete")
 )
+
+// classedError is a sentinel with an error class (see internal/errdefs).
+type classedError struct{ msg, class string }
+
+func (e *classedError) Error() string { return e.msg }
+
+// Class returns the error's class name.
+func (e *classedError) Class() string { return e.class }
 
 // CommandError is a command that did not complete. It never carries an exit
 // code. Stdout and Stderr hold the decoded, sanitized output captured before

@@ -14,7 +14,9 @@ import (
 // (see WithTurn); with neither, RunCommand refuses. opts may be nil; see
 // RunOptions for the defaults.
 //
-// RunCommand follows the same steps for every provider: validate, prepare,
+// RunCommand follows the same steps for every provider: validate, admit
+// (ControlOptions.Admitter, reserving the output limits until RunCommand
+// returns: a refusal is a KindPrepare error wrapping ErrBusy), prepare,
 // check the returned target, heartbeat the lease (every five seconds),
 // refuse an already-cancelled ctx, call OnStart, start, capture stdout and
 // stderr into bounded buffers, and settle on the first of: the command's exit,
@@ -73,6 +75,11 @@ func (c *Control) RunCommand(ctx context.Context, in ExecInput, actor *Actor, op
 	}
 	o.OutputLimit = o.OutputLimit.withDefaults()
 
+	release, cerr := c.admit(ctx, Admission{Kind: AdmitCommand, Account: a.AccountUserID, Bytes: reservedBytes(o.OutputLimit)})
+	if cerr != nil {
+		return nil, cerr
+	}
+	defer release()
 	r := &run{c: c, in: in, actor: a, opts: o}
 	res, cerr := r.execute(ctx)
 	if c.opts.Observe != nil {

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -46,7 +47,7 @@ func (s *Store) CreateAccount(ctx context.Context, name string) (Account, error)
 		"INSERT INTO accounts (name, created_at) VALUES (?, ?) RETURNING id",
 		name, ms(a.Created)).Scan(&a.ID)
 	if err != nil {
-		return Account{}, classify(err, "create account "+strconvQuote(name))
+		return Account{}, classifyExists(err, "account "+strconvQuote(name), "create account "+strconvQuote(name))
 	}
 	return a, nil
 }
@@ -115,7 +116,7 @@ func (s *Store) CreateToken(ctx context.Context, account int64, name string) (st
 		"INSERT INTO tokens (account, hash, name, created_at) VALUES (?, ?, ?, ?) RETURNING id",
 		account, HashToken(plaintext), name, ms(t.Created)).Scan(&t.ID)
 	if err != nil {
-		return "", Token{}, classify(err, fmt.Sprintf("create token for account %d", account))
+		return "", Token{}, classifyExists(err, "the token", fmt.Sprintf("create token for account %d", account))
 	}
 	return plaintext, t, nil
 }
@@ -169,6 +170,89 @@ func (s *Store) AuthenticateToken(ctx context.Context, plaintext string) (Accoun
 	return a, tokenID, nil
 }
 
+// TokensByID returns the tokens with the given IDs that still exist
+// (revoked ones included, with Revoked set). A token whose account was
+// deleted no longer exists. One query, for any number of IDs.
+func (s *Store) TokensByID(ctx context.Context, ids []int64) (map[int64]Token, error) {
+	out := make(map[int64]Token, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	rows, err := s.r.QueryContext(ctx, `
+		SELECT id, account, name, created_at, last_used_at, revoked_at
+		FROM tokens WHERE id IN (SELECT value FROM json_each(?))`, jsonInts(ids))
+	if err != nil {
+		return nil, fmt.Errorf("store: tokens by id: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		t, err := scanToken(rows)
+		if err != nil {
+			return nil, err
+		}
+		out[t.ID] = t
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("store: tokens by id: %w", err)
+	}
+	return out, nil
+}
+
+func jsonInts(ids []int64) string {
+	var b strings.Builder
+	b.WriteByte('[')
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	b.WriteByte(']')
+	return b.String()
+}
+
+func scanToken(r scanner) (Token, error) {
+	var (
+		t                 Token
+		created           int64
+		lastUsed, revoked sql.NullInt64
+	)
+	if err := r.Scan(&t.ID, &t.Account, &t.Name, &created, &lastUsed, &revoked); err != nil {
+		return Token{}, fmt.Errorf("store: token: %w", err)
+	}
+	t.Created, t.LastUsed, t.Revoked = fromMS(created), fromNullMS(lastUsed), fromNullMS(revoked)
+	return t, nil
+}
+
+// DeleteAccount deletes an account with its tokens and memberships. An
+// account that is the only owner of a project is refused with ErrSoleOwner
+// (make someone else owner, or delete the project, first). An unknown
+// account is ErrNotFound.
+func (s *Store) DeleteAccount(ctx context.Context, id int64) error {
+	return s.tx(ctx, func(tx *sql.Tx) error {
+		var name string
+		if err := tx.QueryRowContext(ctx, "SELECT name FROM accounts WHERE id = ?", id).Scan(&name); err != nil {
+			return classify(err, fmt.Sprintf("account %d", id))
+		}
+		var sole string
+		err := tx.QueryRowContext(ctx, `
+			SELECT p.name FROM members m JOIN projects p ON p.id = m.project
+			WHERE m.account = ? AND m.role = 'owner'
+			AND NOT EXISTS (SELECT 1 FROM members o WHERE o.project = m.project AND o.role = 'owner' AND o.account <> m.account)
+			ORDER BY p.id LIMIT 1`, id).Scan(&sole)
+		switch {
+		case err == nil:
+			return fmt.Errorf("store: account %q is the only owner of project %q: %w", name, sole, ErrSoleOwner)
+		case !errors.Is(err, sql.ErrNoRows):
+			return fmt.Errorf("store: delete account %d: %w", id, err)
+		}
+		if _, err := tx.ExecContext(ctx, "DELETE FROM accounts WHERE id = ?", id); err != nil {
+			return fmt.Errorf("store: delete account %d: %w", id, err)
+		}
+		return nil
+	})
+}
+
 // RevokeToken revokes a token. Revoking a revoked token is a no-op; an
 // unknown token is ErrNotFound.
 func (s *Store) RevokeToken(ctx context.Context, id int64) error {
@@ -187,26 +271,22 @@ func (s *Store) RevokeToken(ctx context.Context, id int64) error {
 	})
 }
 
-// ListTokens returns the account's tokens (live and revoked), by ID.
+// ListTokens returns the account's tokens (live and revoked), by ID. An
+// account of 0 lists every account's tokens.
 func (s *Store) ListTokens(ctx context.Context, account int64) ([]Token, error) {
 	rows, err := s.r.QueryContext(ctx, `
 		SELECT id, account, name, created_at, last_used_at, revoked_at
-		FROM tokens WHERE account = ? ORDER BY id`, account)
+		FROM tokens WHERE account = ? OR ? = 0 ORDER BY id`, account, account)
 	if err != nil {
 		return nil, fmt.Errorf("store: list tokens: %w", err)
 	}
 	defer rows.Close()
 	var out []Token
 	for rows.Next() {
-		var (
-			t                 Token
-			created           int64
-			lastUsed, revoked sql.NullInt64
-		)
-		if err := rows.Scan(&t.ID, &t.Account, &t.Name, &created, &lastUsed, &revoked); err != nil {
-			return nil, fmt.Errorf("store: list tokens: %w", err)
+		t, err := scanToken(rows)
+		if err != nil {
+			return nil, err
 		}
-		t.Created, t.LastUsed, t.Revoked = fromMS(created), fromNullMS(lastUsed), fromNullMS(revoked)
 		out = append(out, t)
 	}
 	if err := rows.Err(); err != nil {

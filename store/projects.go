@@ -102,7 +102,7 @@ func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
 		string(p.Kind), p.Name, p.Root, ms(out.Created), p.Image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp, p.Network).Scan(&out.ID)
 	if err != nil {
-		return Project{}, classify(err, fmt.Sprintf("create project %q", p.Name))
+		return Project{}, classifyExists(err, fmt.Sprintf("project %q", p.Name), fmt.Sprintf("create project %q", p.Name))
 	}
 	return out, nil
 }
@@ -206,7 +206,7 @@ func (s *Store) AddMember(ctx context.Context, m Member) (Member, error) {
 		"INSERT INTO members (project, account, role, trusted, created_at) VALUES (?, ?, ?, ?, ?)",
 		m.Project, m.Account, string(m.Role), m.Trusted, ms(m.Created))
 	if err != nil {
-		return Member{}, classify(err, fmt.Sprintf("add account %d to project %d", m.Account, m.Project))
+		return Member{}, classifyExists(err, fmt.Sprintf("the membership of account %d in project %d", m.Account, m.Project), fmt.Sprintf("add account %d to project %d", m.Account, m.Project))
 	}
 	return m, nil
 }

@@ -37,6 +37,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"modernc.org/sqlite"
 	sqlite3 "modernc.org/sqlite/lib"
 )
@@ -46,11 +47,11 @@ import (
 var (
 	// ErrNotFound: the row asked for does not exist (or, for Authenticate,
 	// no live token matches).
-	ErrNotFound = errors.New("store: not found")
+	ErrNotFound = errdefs.New(errdefs.NotFound, "store: not found")
 	// ErrExists: a row with the same unique key already exists.
-	ErrExists = errors.New("store: already exists")
+	ErrExists = errdefs.New(errdefs.Conflict, "store: already exists")
 	// ErrProjectBusy: the project has live leases and cannot be deleted.
-	ErrProjectBusy = errors.New("store: project has live leases")
+	ErrProjectBusy = errdefs.New(errdefs.Conflict, "store: project has live leases")
 	// ErrSchemaMismatch: the database's schema version is not the one this
 	// binary knows and the store was opened without Migrate (or the
 	// database is newer than this binary). The error is a *SchemaError.
@@ -62,7 +63,10 @@ var (
 	ErrLeaseReleased = errors.New("store: lease released")
 	// ErrNotMember: the account is not a member of the project (from
 	// GetProjectMember, whose project exists). It also matches ErrNotFound.
-	ErrNotMember = errors.New("store: not a member")
+	// ErrSoleOwner: deleting an account would leave a project without an
+	// owner.
+	ErrSoleOwner = errdefs.New(errdefs.Conflict, "store: the only owner of a project")
+	ErrNotMember = errdefs.New(errdefs.Forbidden, "store: not a member")
 )
 
 // errNotMember is ErrNotMember, matching ErrNotFound too.
@@ -411,15 +415,37 @@ func sqliteCode(err error) int {
 func classify(err error, what string) error {
 	switch sqliteCode(err) {
 	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-		return fmt.Errorf("store: %s: %w (%w)", what, ErrExists, err)
+		return &constraintError{msg: fmt.Sprintf("store: %s: already exists", what), class: ErrExists, cause: err}
 	case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
-		return fmt.Errorf("store: %s: referenced row: %w (%w)", what, ErrNotFound, err)
+		return &constraintError{msg: fmt.Sprintf("store: %s: a row it refers to does not exist", what), class: ErrNotFound, cause: err}
 	}
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("store: %s: %w", what, ErrNotFound)
 	}
 	return fmt.Errorf("store: %s: %w", what, err)
 }
+
+// classifyExists is classify for an insert whose uniqueness violation
+// means subject exists already: its message is `subject already exists`.
+func classifyExists(err error, subject, what string) error {
+	switch sqliteCode(err) {
+	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
+		return &constraintError{msg: subject + " already exists", class: ErrExists, cause: err}
+	}
+	return classify(err, what)
+}
+
+// constraintError is a constraint violation said for people: its message
+// names what conflicted, never SQLite's text; it unwraps to its class
+// (ErrExists, ErrNotFound) and to SQLite's error.
+type constraintError struct {
+	msg   string
+	class error
+	cause error
+}
+
+func (e *constraintError) Error() string   { return e.msg }
+func (e *constraintError) Unwrap() []error { return []error{e.class, e.cause} }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 

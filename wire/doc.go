@@ -16,7 +16,8 @@
 //
 // File descriptors ride as SCM_RIGHTS ancillary data on the packet that
 // declares them with "fds": n, and the packet must carry exactly n of them.
-// Only exec-attach (3) and net-dialed (1) carry descriptors. Descriptors are
+// Only exec-attach (3), net-dialed (1) and net-listening (1, an announced
+// extension) carry descriptors. Descriptors are
 // received with MSG_CMSG_CLOEXEC and every descriptor received on a packet is
 // closed when anything about that packet is wrong.
 //
@@ -77,6 +78,17 @@
 //	               project."limits": {memory, pids,
 //	                 cpuMillis, disk, tmp}
 //	oom-killed     "oomKilled": true (with "signal")   exec-exit
+//	net-listen     messages net-listen {id,project,port}
+//	               → net-listening {id,fds:1} [listener]
+//	               or error {id,code,message}
+//
+// net-listen asks for a TCP socket listening on 127.0.0.1:port inside the
+// network namespace of the project's running machine (it starts none:
+// "dial-failed" when there is none, or when the port is taken). The worker
+// passes the descriptor and keeps no copy; connections accepted on it are
+// the client's, which relays them (corral's egress proxies). The listener
+// keeps listening after the machine stops, with nothing left to connect to
+// it: the client closes it.
 //
 // New rejection codes of these features: "bad-user", "bad-image".
 //

@@ -20,6 +20,7 @@ func addSeeds(f *testing.F, add func(b []byte, nfds int)) {
 		``, `{}`, `null`, `[]`, `{"type":null}`, `{"type":"hello","protocol":1}`,
 		`{"type":"exec-attach","fds":3,"id":"x"}`, `{"type":"exec-exit","id":"x","code":1,"signal":"SIGKILL"}`,
 		`{"type":"exec-start","id":"x","argv":["a\u0000b"],"env":{"A":null}}`, `{"type":"net-dialed","fds":1e0,"id":"x"}`,
+		`{"type":"net-listen","id":"x","project":{"id":1,"workspace":"/w"},"port":65536}`, `{"type":"net-listening","fds":1,"id":""}`,
 		`{"type":"ping","TYPE":"pong","Id":"x"}`,
 		`{"type":"machine-reset","id":"","project":{"id":1}}`, `{"type":"machine-reset-done"}`,
 	} {

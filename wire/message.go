@@ -32,6 +32,9 @@ const (
 	TypeExecCancel   = "exec-cancel"
 	TypeNetDial      = "net-dial"
 	TypeNetDialed    = "net-dialed"
+	// TypeNetListen and TypeNetListening belong to FeatureNetListen.
+	TypeNetListen    = "net-listen"
+	TypeNetListening = "net-listening"
 	// TypeMachineReset and TypeMachineResetDone belong to
 	// FeatureMachineReset.
 	TypeMachineReset     = "machine-reset"
@@ -90,6 +93,14 @@ const (
 	// FeatureOOMKilled: exec-exit may carry "oomKilled": true beside
 	// "signal" when the kernel's OOM killer killed the session.
 	FeatureOOMKilled = "oom-killed"
+	// FeatureNetListen: the client may send net-listen {id, project, port};
+	// the worker answers net-listening {id, fds:1} carrying a TCP socket
+	// listening on 127.0.0.1:port inside the machine's network namespace,
+	// or error {id, code, message} ("dial-failed" when the project has no
+	// running machine or the port is taken). The worker keeps no copy of
+	// the descriptor and relays no byte: what is accepted on it is the
+	// client's.
+	FeatureNetListen = "net-listen"
 	// FeatureMachineReset: the client may send machine-reset (see
 	// [MachineReset]), which discards a project's machine state.
 	FeatureMachineReset = "machine-reset"
@@ -237,6 +248,21 @@ type NetDialed struct {
 	ID string `json:"id"`
 }
 
+// NetListen asks the worker for a socket listening on 127.0.0.1:port in
+// the network namespace of the project's running machine
+// (FeatureNetListen).
+type NetListen struct {
+	ID      string  `json:"id"`
+	Project Project `json:"project"`
+	Port    int     `json:"port"`
+}
+
+// NetListening answers a NetListen and carries exactly one descriptor: the
+// listening socket (FeatureNetListen).
+type NetListening struct {
+	ID string `json:"id"`
+}
+
 // MachineReset asks the worker to discard what the project's machine
 // keeps between starts: the upper layer of its root filesystem (what guest
 // root installed or changed outside the workspace and the home)
@@ -267,6 +293,8 @@ func (ExecExit) Type() string     { return TypeExecExit }
 func (ExecCancel) Type() string   { return TypeExecCancel }
 func (NetDial) Type() string      { return TypeNetDial }
 func (NetDialed) Type() string    { return TypeNetDialed }
+func (NetListen) Type() string    { return TypeNetListen }
+func (NetListening) Type() string { return TypeNetListening }
 
 func (MachineReset) Type() string     { return TypeMachineReset }
 func (MachineResetDone) Type() string { return TypeMachineResetDone }
@@ -310,6 +338,10 @@ func newMessage(t string) Message {
 		return &NetDial{}
 	case TypeNetDialed:
 		return &NetDialed{}
+	case TypeNetListen:
+		return &NetListen{}
+	case TypeNetListening:
+		return &NetListening{}
 	case TypeMachineReset:
 		return &MachineReset{}
 	case TypeMachineResetDone:
@@ -323,14 +355,14 @@ func typeFDs(t string) int {
 	switch t {
 	case TypeExecAttach:
 		return 3
-	case TypeNetDialed:
+	case TypeNetDialed, TypeNetListening:
 		return 1
 	}
 	return 0
 }
 
 // FDCount reports how many descriptors a message of m's type carries: 3 for
-// exec-attach, 1 for net-dialed, 0 otherwise (and for nil).
+// exec-attach, 1 for net-dialed and net-listening, 0 otherwise (and for nil).
 func FDCount(m Message) int {
 	if isNil(m) {
 		return 0
@@ -418,6 +450,10 @@ func validate(m Message) error {
 	case *NetDial:
 		id = m.ID
 	case *NetDialed:
+		id = m.ID
+	case *NetListen:
+		id = m.ID
+	case *NetListening:
 		id = m.ID
 	case *MachineReset:
 		id = m.ID

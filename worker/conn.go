@@ -17,6 +17,8 @@ package worker
 //	  |                           |<------------ notStarted {msg} -----| (exec failed)
 //	  |-- net-dial -------------->| setns+socket+connect
 //	  |<------ net-dialed [1 fd]  |
+//	  |-- net-listen ------------>| setns+socket, bind+listen
+//	  |<---- net-listening [1 fd] |
 //	  |-- (close) --------------->| exec-cancel for every open session
 
 import (
@@ -37,7 +39,7 @@ import (
 )
 
 // features are the protocol-2 extensions the worker announces.
-var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -198,6 +200,8 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		}
 	case *wire.NetDial:
 		c.netDial(m)
+	case *wire.NetListen:
+		c.netListen(m)
 	case *wire.MachineReset:
 		// Off the connection's goroutine: it waits for a machine to stop
 		// and a tree to be deleted.

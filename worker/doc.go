@@ -76,6 +76,12 @@
 // instances, namespaces: the kernel's per-user counts) is charged to the
 // machine, never to host root.
 //
+// A net-listen (announced feature "net-listen") returns a TCP socket
+// listening on 127.0.0.1:port inside a running machine's network namespace,
+// made as net-dial's socket is; the worker keeps no copy and starts no
+// machine for it. Once the machine stops nothing can connect to it; closing
+// it is the client's business.
+//
 // A machine starts on its project's first exec-start or net-dial, serves
 // every later one, and stops once it has had no session for
 // Config.IdleGrace; Shutdown stops them all. Stopping kills its init, which

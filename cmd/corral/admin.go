@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -58,6 +60,7 @@ func stateFlag(cmd *cobra.Command, p *string) {
 
 func newAccountCmd() *cobra.Command {
 	var state string
+	var asJSON bool
 	cmd := &cobra.Command{Use: "account", Short: "Manage accounts"}
 	stateFlag(cmd, &state)
 	cmd.AddCommand(&cobra.Command{
@@ -84,16 +87,78 @@ func newAccountCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
+				if asJSON {
+					out := make([]accountJSON, 0, len(as))
+					for _, a := range as {
+						out = append(out, accountJSON{a.ID, a.Name, a.Created})
+					}
+					return printJSON(cmd, out)
+				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tNAME")
+				fmt.Fprintln(tw, "ID\tNAME\tCREATED")
 				for _, a := range as {
-					fmt.Fprintf(tw, "%d\t%s\n", a.ID, a.Name)
+					fmt.Fprintf(tw, "%d\t%s\t%s\n", a.ID, a.Name, when(a.Created))
 				}
 				return tw.Flush()
 			})
 		},
+	}, &cobra.Command{
+		Use:   "delete ACCOUNT",
+		Short: "Delete an account with its tokens and memberships (its sessions close)",
+		Long: `Delete ACCOUNT (name or id) with its tokens and memberships. Its live
+sessions on a running daemon close within seconds. The only owner of a project
+cannot be deleted: add another owner, or delete the project, first.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+				a, err := accountArg(ctx, st, args[0])
+				if err != nil {
+					return err
+				}
+				return st.DeleteAccount(ctx, a.ID)
+			})
+		},
 	})
+	for _, c := range cmd.Commands() {
+		if c.Name() == "list" {
+			jsonFlag(c, &asJSON)
+		}
+	}
 	return cmd
+}
+
+// accountJSON is an account in --json output.
+type accountJSON struct {
+	ID      int64     `json:"id"`
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+}
+
+func jsonFlag(cmd *cobra.Command, p *bool) {
+	cmd.Flags().BoolVar(p, "json", false, "print JSON")
+}
+
+// printJSON prints v as indented JSON.
+func printJSON(cmd *cobra.Command, v any) error {
+	enc := json.NewEncoder(cmd.OutOrStdout())
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// when formats a time for tables: "-" for the zero time.
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// optTime is a time that is null in JSON when zero.
+func optTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
 }
 
 // grantCmd is `account grant` (on) or `account revoke` (off): the
@@ -128,28 +193,37 @@ state directory and directories containing it stay refused.`,
 
 func newTokenCmd() *cobra.Command {
 	var state, name string
+	var asJSON, createJSON bool
 	cmd := &cobra.Command{Use: "token", Short: "Manage bearer tokens"}
 	stateFlag(cmd, &state)
 	create := &cobra.Command{
-		Use:   "create ACCOUNT [--name N]",
+		Use:   "create ACCOUNT [--name N] [--json]",
 		Short: "Mint a bearer token for ACCOUNT and print it (shown only once)",
-		Args:  cobra.ExactArgs(1),
+		Long: `Mint a bearer token for ACCOUNT and print it on standard output (it is
+shown only once), and its id — what token revoke takes — on standard error.
+With --json, print {"id":N,"accountId":N,"name":S,"token":S} instead.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
 				a, err := accountArg(ctx, st, args[0])
 				if err != nil {
 					return err
 				}
-				tok, _, err := st.CreateToken(ctx, a.ID, name)
+				tok, t, err := st.CreateToken(ctx, a.ID, name)
 				if err != nil {
 					return err
 				}
+				if createJSON {
+					return printJSON(cmd, daemon.TokenJSON{ID: t.ID, Account: a.ID, Name: t.Name, Token: tok})
+				}
 				fmt.Fprintln(cmd.OutOrStdout(), tok)
+				fmt.Fprintf(cmd.ErrOrStderr(), "token id %d (revoke with: corral token revoke %d)\n", t.ID, t.ID)
 				return nil
 			})
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "a `NAME` for the token")
+	jsonFlag(create, &createJSON)
 	revoke := &cobra.Command{
 		Use:   "revoke TOKEN-ID",
 		Short: "Revoke a token",
@@ -164,8 +238,60 @@ func newTokenCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(create, revoke)
+	list := &cobra.Command{
+		Use:   "list [ACCOUNT] [--json]",
+		Short: "List tokens (of ACCOUNT, or of every account): id, account, name, created, last used, revoked",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+				var account int64
+				if len(args) == 1 {
+					a, err := accountArg(ctx, st, args[0])
+					if err != nil {
+						return err
+					}
+					account = a.ID
+				}
+				ts, err := st.ListTokens(ctx, account)
+				if err != nil {
+					return err
+				}
+				names := map[int64]string{}
+				if as, err := st.ListAccounts(ctx); err == nil {
+					for _, a := range as {
+						names[a.ID] = a.Name
+					}
+				}
+				if asJSON {
+					out := make([]tokenJSON, 0, len(ts))
+					for _, t := range ts {
+						out = append(out, tokenJSON{t.ID, t.Account, names[t.Account], t.Name, t.Created, optTime(t.LastUsed), optTime(t.Revoked)})
+					}
+					return printJSON(cmd, out)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tACCOUNT\tNAME\tCREATED\tLAST USED\tREVOKED")
+				for _, t := range ts {
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, names[t.Account], t.Name, when(t.Created), when(t.LastUsed), when(t.Revoked))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	jsonFlag(list, &asJSON)
+	cmd.AddCommand(create, revoke, list)
 	return cmd
+}
+
+// tokenJSON is a token in --json output (never the token itself).
+type tokenJSON struct {
+	ID          int64      `json:"id"`
+	Account     int64      `json:"accountId"`
+	AccountName string     `json:"account"`
+	Name        string     `json:"name"`
+	Created     time.Time  `json:"created"`
+	LastUsed    *time.Time `json:"lastUsed"`
+	Revoked     *time.Time `json:"revoked"`
 }
 
 // accountArg finds an account by name, or by id if the name is unknown
@@ -327,8 +453,9 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 	addMember.Flags().BoolVar(&trusted, "trusted", false, "run host commands unconfined")
 	addMember.Flags().BoolVar(&asOwner, "owner", false, "make the account an owner")
 
+	var asJSON bool
 	list := &cobra.Command{
-		Use:   "list",
+		Use:   "list [--json]",
 		Short: "List projects",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -336,6 +463,13 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				ps, err := st.ListProjects(ctx)
 				if err != nil {
 					return err
+				}
+				if asJSON {
+					out := make([]projectJSON, 0, len(ps))
+					for _, p := range ps {
+						out = append(out, projectJSON{p.ID, p.Name, string(p.Kind), p.Root, p.Created})
+					}
+					return printJSON(cmd, out)
 				}
 				accounts, err := st.ListAccounts(ctx)
 				if err != nil {
@@ -392,8 +526,77 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 			})
 		},
 	}
-	cmd.AddCommand(create, addMember, list, del, networkCmd, newSetMachineCmd(&state), newResetCmd(&state))
+	jsonFlag(list, &asJSON)
+	members := &cobra.Command{
+		Use:   "members PROJECT [--json]",
+		Short: "List PROJECT's members: account, role, trusted",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+				p, err := projectArg(ctx, st, args[0])
+				if err != nil {
+					return err
+				}
+				ms, err := st.ListMembers(ctx, p.ID)
+				if err != nil {
+					return err
+				}
+				out := make([]daemon.MemberJSON, 0, len(ms))
+				for _, m := range ms {
+					mj := daemon.MemberJSON{Account: m.Account, Role: string(m.Role), Trusted: m.Trusted, Created: m.Created}
+					if a, err := st.GetAccount(ctx, m.Account); err == nil {
+						mj.Name = a.Name
+					}
+					out = append(out, mj)
+				}
+				if asJSON {
+					return printJSON(cmd, out)
+				}
+				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+				fmt.Fprintln(tw, "ACCOUNT\tID\tROLE\tTRUSTED\tSINCE")
+				for _, m := range out {
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\n", m.Name, m.Account, m.Role, m.Trusted, when(m.Created))
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	jsonFlag(members, &asJSON)
+	removeMember := &cobra.Command{
+		Use:   "remove-member PROJECT ACCOUNT",
+		Short: "Remove ACCOUNT from PROJECT (its sessions in the project close)",
+		Args:  cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+				p, err := projectArg(ctx, st, args[0])
+				if err != nil {
+					return err
+				}
+				a, err := accountArg(ctx, st, args[1])
+				if err != nil {
+					return err
+				}
+				if err := st.RemoveMember(ctx, p.ID, a.ID); err != nil {
+					if errors.Is(err, store.ErrNotFound) {
+						return fmt.Errorf("account %q is not a member of project %q", a.Name, p.Name)
+					}
+					return err
+				}
+				return nil
+			})
+		},
+	}
+	cmd.AddCommand(create, addMember, list, del, networkCmd, newSetMachineCmd(&state), newResetCmd(&state), newProjectEgressCmd(&state), members, removeMember)
 	return cmd
+}
+
+// projectJSON is a project in --json output.
+type projectJSON struct {
+	ID      int64     `json:"id"`
+	Name    string    `json:"name"`
+	Kind    string    `json:"kind"`
+	Root    string    `json:"root"`
+	Created time.Time `json:"created"`
 }
 
 func absOrEmpty(p string) string {

@@ -105,6 +105,7 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl := cmd.Flags()
 	fl.StringVar(&state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
 	fl.StringVar(&cfg.Listen, "listen", "", "also serve on this TCP `ADDR` (host:port)")
+	fl.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve GET /metrics alone, unauthenticated, on this TCP `ADDR` (on --listen it needs an administrator's token)")
 	fl.StringVar(&cfg.WorkerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one")
 	fl.StringSliceVar(&cfg.Admins, "admin", nil, "account `NAME` allowed to create accounts and tokens over HTTP (repeatable)")
 	fl.BoolVar(&cfg.AllowHostPaths, "allow-host-paths", false, "accept host paths over HTTP (host projects, --from copies, file:// git URLs, trusted members) from accounts granted them (corral account grant host-paths NAME)")
@@ -115,6 +116,15 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.BoolVar(&cfg.Export.AllowInsecure, "export-allow-insecure", false, "let export push to http, file:// and local-path remotes")
 	fl.StringArrayVar(&lspServers, "lsp-server", nil, "language server `NAME=COMMAND LINE` run inside machines (repeatable; default gopls)")
 	fl.StringSliceVar(&cfg.DisabledPlugins, "disable-plugin", nil, "built-in plugin `NAME` not to load: sandbox, sites, editor, lsp (repeatable)")
+	fl.StringArrayVar(&cfg.EgressAllowCIDRs, "egress-allow-cidr", nil, "let proxy-mode machines reach the floor range `CIDR` (loopback, private, link-local, CGNAT, metadata and the host's addresses are refused by default; repeatable; e.g. 127.0.0.0/8 for tests)")
+	fl.Var(&limitFlag{p: &cfg.Budget.CapturedBytes, size: true}, "max-captured", "captured output `SIZE` all running commands may hold together: the sum of their output limits (default 1GiB; unlimited)")
+	fl.Var(&limitFlag{p: &cfg.AccountBudget.CapturedBytes, size: true}, "account-max-captured", "captured output `SIZE` one account's running commands may hold (default 512MiB; unlimited)")
+	fl.Var(intLimit(&cfg.Budget.Commands), "max-commands", "concurrent commands of all accounts (`N`, default 256; unlimited)")
+	fl.Var(intLimit(&cfg.AccountBudget.Commands), "account-max-commands", "concurrent commands of one account (`N`, default 64; unlimited)")
+	fl.Var(intLimit(&cfg.Budget.Sessions), "max-sessions", "concurrent sessions (WebSocket, LSP) of all accounts (`N`, default 1024; unlimited)")
+	fl.Var(intLimit(&cfg.AccountBudget.Sessions), "account-max-sessions", "concurrent sessions of one account (`N`, default 128; unlimited)")
+	fl.Var(&limitFlag{p: &cfg.MemoryLimit, size: true}, "memory-limit", "Go soft memory `SIZE` limit (default: --max-captured + 256MiB unless GOMEMLIMIT is set; unlimited leaves it alone)")
+	fl.DurationVar(&cfg.MaxSessionLifetime, "max-session-lifetime", daemon.DefaultMaxSessionLifetime, "close sessions (WebSocket, LSP, proxied sites) this long after they opened (`DURATION`)")
 	fl.Var(&memory, "memory", "default memory limit per machine, for the supervised worker (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "default task limit per machine, for the supervised worker (default 512)")
 	fl.Float64Var(&cpus, "cpus", 0, "default CPU limit per machine in CPUs, for the supervised worker (default 1)")
@@ -144,3 +154,69 @@ func parseLSPServers(vals []string) (map[string][]string, error) {
 	}
 	return out, nil
 }
+
+// limitFlag is a pflag.Value for a budget: a positive count (or size, with
+// size set) or "unlimited" (stored as -1, which daemon.Config reads as no
+// limit).
+type limitFlag struct {
+	p    *int64
+	size bool
+}
+
+func (f *limitFlag) String() string {
+	if f.p == nil || *f.p == 0 {
+		return ""
+	}
+	if *f.p < 0 {
+		return "unlimited"
+	}
+	return strconv.FormatInt(*f.p, 10)
+}
+
+func (f *limitFlag) Set(s string) error {
+	if s == "unlimited" {
+		*f.p = -1
+		return nil
+	}
+	var n int64
+	var err error
+	if f.size {
+		n, err = parseSize(s)
+	} else if n, err = strconv.ParseInt(s, 10, 64); err == nil && n <= 0 {
+		err = fmt.Errorf("%q is not a positive number", s)
+	}
+	if err != nil {
+		return err
+	}
+	*f.p = n
+	return nil
+}
+
+func (f *limitFlag) Type() string {
+	if f.size {
+		return "size"
+	}
+	return "count"
+}
+
+// intLimit is a limitFlag for an int budget.
+type intLimitFlag struct {
+	p *int
+	v int64
+}
+
+func intLimit(p *int) *intLimitFlag { return &intLimitFlag{p: p} }
+
+func (f *intLimitFlag) String() string {
+	return (&limitFlag{p: &f.v}).String()
+}
+
+func (f *intLimitFlag) Set(s string) error {
+	if err := (&limitFlag{p: &f.v}).Set(s); err != nil {
+		return err
+	}
+	*f.p = int(f.v)
+	return nil
+}
+
+func (f *intLimitFlag) Type() string { return "count" }

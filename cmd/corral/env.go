@@ -72,6 +72,7 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 		Migrate:             true,
 		PrivilegedTransport: transport,
 		Logger:              cliLogger(),
+		Egress:              core.EgressOptions{AllowCIDRs: f.egressAllowCIDR},
 	})
 	if err != nil {
 		return nil, err
@@ -112,6 +113,13 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 		}
 	} else if err != nil {
 		return nil, err
+	}
+	if len(f.egressAllow) > 0 {
+		restore, err := oneOffEgress(ctx, st, proj.ID, f.egressAllow)
+		if err != nil {
+			return nil, err
+		}
+		env.closers = append(env.closers, restore)
 	}
 	env.project = sandbox.ProjectRef{Kind: sandbox.ProjectKind(kind), ProjectID: proj.ID}
 	env.cwd = f.cwd

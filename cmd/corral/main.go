@@ -48,7 +48,27 @@ func newRoot() *cobra.Command {
 	}
 	root.AddCommand(newRunCmd(), newVersionCmd(), newImageCmd())
 	addCommands(root)
+	requireSubcommands(root)
 	return root
+}
+
+// requireSubcommands makes every command that only groups subcommands
+// refuse anything else: `corral token bogus` fails with exit status 2
+// (cobra would print the help and exit 0); the bare group prints its help.
+func requireSubcommands(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		requireSubcommands(c)
+	}
+	if !cmd.HasSubCommands() || cmd.Runnable() || !cmd.HasParent() {
+		return
+	}
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return fmt.Errorf("unknown command %q for %q (see %s --help)", args[0], c.CommandPath(), c.CommandPath())
+		}
+		return nil
+	}
+	cmd.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
 }
 
 func newVersionCmd() *cobra.Command {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,18 +18,6 @@ const (
 	exitFailure = 125
 )
 
-// errorBody is the pinned JSON error form.
-type errorBody struct {
-	Error errorDetail `json:"error"`
-}
-
-type errorDetail struct {
-	Kind    sandbox.ErrorKind `json:"kind"`
-	Message string            `json:"message"`
-	Stdout  string            `json:"stdout"`
-	Stderr  string            `json:"stderr"`
-}
-
 // reportTo writes the outcome of a run per the pinned contract and returns
 // corral's exit status: the command's output to outStdout and outStderr
 // (io.Discard when it was written as it arrived), corral's own to stdout and
@@ -43,7 +30,9 @@ func reportTo(stdout, stderr, outStdout, outStderr io.Writer, asJSON bool, res *
 			status = exitTimeout
 		}
 		if asJSON {
-			writeJSON(stdout, errorBody{Error: errorDetail{Kind: ce.Kind, Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr}})
+			// The pinned body, streamed: no copy of the output.
+			_ = ce.WriteJSON(stdout, false)
+			_, _ = io.WriteString(stdout, "\n")
 			return status
 		}
 		_, _ = io.WriteString(outStdout, ce.Stdout)
@@ -52,7 +41,8 @@ func reportTo(stdout, stderr, outStdout, outStderr io.Writer, asJSON bool, res *
 		return status
 	}
 	if asJSON {
-		writeJSON(stdout, res)
+		_ = res.WriteJSON(stdout, true)
+		_, _ = io.WriteString(stdout, "\n")
 	} else {
 		_, _ = io.WriteString(outStdout, res.Stdout)
 		_, _ = io.WriteString(outStderr, res.Stderr)
@@ -80,10 +70,4 @@ func asCommandError(err error) *sandbox.CommandError {
 		return ce
 	}
 	return &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: err.Error(), Cause: err}
-}
-
-func writeJSON(w io.Writer, v any) {
-	enc := json.NewEncoder(w)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
 }

@@ -39,6 +39,9 @@ type runFlags struct {
 	daemon    string
 	token     string
 	projectID int64
+
+	egressAllow     []string
+	egressAllowCIDR []string
 }
 
 func newRunCmd() *cobra.Command {
@@ -99,6 +102,8 @@ read.`,
 	fl.StringVar(&f.daemon, "daemon", "", "run through the corral daemon at `ADDR` (a Unix socket path or host:port)")
 	fl.StringVar(&f.token, "token", "", "bearer token for --daemon (default $CORRAL_TOKEN)")
 	fl.Int64Var(&f.projectID, "project-id", 0, "the daemon's project `ID` (with --daemon)")
+	fl.StringSliceVar(&f.egressAllow, "egress-allow", nil, "give this run's machine proxies that connect where `RULES` allow (comma-separated domains, *.wildcards, CIDRs, :ports; --project; the project's stored policy is restored afterwards)")
+	fl.StringArrayVar(&f.egressAllowCIDR, "egress-allow-cidr", nil, "open the floor range `CIDR` for this run's proxies (repeatable; e.g. 127.0.0.0/8)")
 	return cmd
 }
 
@@ -214,6 +219,9 @@ func (f *runFlags) options() (*sandbox.RunOptions, error) {
 		}
 	case (f.host == "") == (f.project == ""):
 		return nil, errors.New("give exactly one of --host DIR and --project DIR")
+	}
+	if (len(f.egressAllow) > 0 || len(f.egressAllowCIDR) > 0) && f.project == "" {
+		return nil, errors.New("--egress-allow and --egress-allow-cidr take --project DIR")
 	}
 	if f.image != "" && f.project == "" {
 		return nil, errors.New("--image goes with --project DIR")

@@ -184,6 +184,17 @@ func Registration(opts Options) plugin.Registration {
 	}
 }
 
+// Domain is the "editor" domain's contract: what the daemon resolves and
+// calls. *Editor implements it.
+type Domain interface {
+	Status(ctx context.Context, actor sandbox.Actor, project int64) (*Status, error)
+	Log(ctx context.Context, actor sandbox.Actor, project int64, opts LogOptions) (*Log, error)
+	Diff(ctx context.Context, actor sandbox.Actor, project int64, opts DiffOptions) (*Diff, error)
+	Show(ctx context.Context, actor sandbox.Actor, project int64, ref, path string, max int64) (*File, error)
+}
+
+var _ Domain = (*Editor)(nil)
+
 // Editor is the editor control: Git reads of a project through the sandbox.
 // It is safe for concurrent use. Every method resolves the sandbox control
 // anew, looks the project's kind up, and runs one to three bounded git
@@ -195,6 +206,9 @@ type Editor struct {
 	timeout  time.Duration
 	log      *slog.Logger
 }
+
+// Logger returns the editor's logger.
+func (e *Editor) Logger() *slog.Logger { return e.log }
 
 // sandboxControl resolves the sandbox control at call time.
 func (e *Editor) sandboxControl() (*sandbox.Control, error) {

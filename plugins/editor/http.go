@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strconv"
+	"strings"
 
 	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -46,8 +48,15 @@ const (
 // 403 denied (not a member), 404 notFound (no such project) or
 // unknownRevision, 503 unavailable (no sandbox provider), 504 timeout, 500
 // internal (details are logged to the editor's logger, not sent).
-func Handler(e *Editor, auth func(*http.Request) (sandbox.Actor, error)) http.Handler {
-	h := &handler{e: e, auth: auth, log: e.log}
+//
+// Handler logs to slog.Default() unless e has a Logger() *slog.Logger
+// method (as *Editor has).
+func Handler(e Domain, auth func(*http.Request) (sandbox.Actor, error)) http.Handler {
+	log := slog.Default()
+	if l, ok := e.(interface{ Logger() *slog.Logger }); ok && l.Logger() != nil {
+		log = l.Logger()
+	}
+	h := &handler{e: e, auth: auth, log: log}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/projects/{id}/git/status", h.serve(h.status))
 	mux.HandleFunc("GET /v1/projects/{id}/git/log", h.serve(h.logPage))
@@ -57,16 +66,9 @@ func Handler(e *Editor, auth func(*http.Request) (sandbox.Actor, error)) http.Ha
 }
 
 type handler struct {
-	e    *Editor
+	e    Domain
 	auth func(*http.Request) (sandbox.Actor, error)
 	log  *slog.Logger
-}
-
-type call struct {
-	ctx     context.Context
-	actor   sandbox.Actor
-	project int64
-	q       queryReader
 }
 
 func (h *handler) serve(fn func(c *call) (any, error)) http.HandlerFunc {
@@ -80,15 +82,14 @@ func (h *handler) serve(fn func(c *call) (any, error)) http.HandlerFunc {
 			}
 			return
 		}
-		id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-		if err != nil || id <= 0 {
-			writeError(w, http.StatusBadRequest, KindBadRequest, "project id is not a positive integer")
-			return
-		}
-		c := &call{ctx: r.Context(), actor: actor, project: id, q: queryReader{r: r}}
-		v, err := fn(c)
+		v, err := serve(h.e, r, actor, fn)
 		if err != nil {
-			h.fail(w, r, err)
+			var e *Error
+			errors.As(err, &e)
+			if e.Status >= 500 {
+				h.log.Warn("editor: git read failed", "path", r.URL.Path, "status", e.Status, "err", e.Cause)
+			}
+			writeError(w, e.Status, e.Kind, e.Message)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -97,6 +98,68 @@ func (h *handler) serve(fn func(c *call) (any, error)) http.HandlerFunc {
 			h.log.Debug("editor: write response", "err", err)
 		}
 	}
+}
+
+// Serve runs the Git read that r names — GET /v1/projects/{id}/git/status,
+// log, diff or show, with the query parameters Handler documents — as
+// actor, whom the caller authenticated, and returns the value Handler
+// would encode as JSON. Every failure is an *Error: classified once (its
+// Class method, see internal/errdefs), with a redacted message that is
+// safe to send and the underlying error kept apart, for logs only (it is
+// not in the error's chain).
+func Serve(e Domain, r *http.Request, actor sandbox.Actor) (any, error) {
+	h := &handler{e: e}
+	var fn func(c *call) (any, error)
+	switch path.Base(r.URL.Path) {
+	case "status":
+		fn = h.status
+	case "log":
+		fn = h.logPage
+	case "diff":
+		fn = h.diff
+	case "show":
+		fn = h.show
+	default:
+		return nil, newError(fmt.Errorf("%w: no git read %q", ErrBadInput, path.Base(r.URL.Path)))
+	}
+	return serve(e, r, actor, fn)
+}
+
+func serve(e Domain, r *http.Request, actor sandbox.Actor, fn func(c *call) (any, error)) (any, error) {
+	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil || id <= 0 {
+		if id, err = projectIDFromPath(r.URL.Path); err != nil {
+			return nil, &Error{Status: http.StatusBadRequest, Kind: KindBadRequest, Message: "project id is not a positive integer", Cause: err}
+		}
+	}
+	c := &call{ctx: r.Context(), actor: actor, project: id, q: queryReader{r: r}}
+	v, err := fn(c)
+	if err != nil {
+		return nil, newError(err)
+	}
+	return v, nil
+}
+
+// projectIDFromPath reads the id of /v1/projects/{id}/git/… (for callers
+// whose mux did not set the path value).
+func projectIDFromPath(p string) (int64, error) {
+	rest, ok := strings.CutPrefix(p, "/v1/projects/")
+	if !ok {
+		return 0, fmt.Errorf("path %q is not under /v1/projects/", p)
+	}
+	s, _, _ := strings.Cut(rest, "/")
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 {
+		return 0, fmt.Errorf("project id %q is not a positive integer", s)
+	}
+	return id, nil
+}
+
+type call struct {
+	ctx     context.Context
+	actor   sandbox.Actor
+	project int64
+	q       queryReader
 }
 
 func (h *handler) status(c *call) (any, error) {
@@ -138,8 +201,57 @@ func (h *handler) show(c *call) (any, error) {
 	return h.e.Show(c.ctx, c.actor, c.project, ref, path, max)
 }
 
-// fail answers err translated once, here, into a status and a kind.
-func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+// Error is a failed Git read as Serve reports it. Message is redacted and
+// safe to send; Cause is the underlying error, for logs, and deliberately
+// not in the error's chain (it may hold git's unredacted output). Status
+// is the HTTP status Handler answers with.
+type Error struct {
+	Status  int
+	Kind    string // one of the Kind constants
+	Message string
+	Cause   error
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Class returns the error's class (internal/errdefs): invalid, forbidden,
+// unauthorized, notFound (unknownRevision included), unavailable, timeout;
+// an internal failure has none.
+func (e *Error) Class() string {
+	switch e.Kind {
+	case KindBadRequest:
+		return "invalid"
+	case KindDenied:
+		return "forbidden"
+	case KindUnauthenticated:
+		return "unauthorized"
+	case KindNotFound, KindUnknownRevision:
+		return "notFound"
+	case KindUnavailable:
+		return "unavailable"
+	case KindTimeout:
+		return "timeout"
+	}
+	return ""
+}
+
+// Is reports whether e is the failure target names: ErrUnknownRevision,
+// ErrBadInput or ErrUnauthenticated.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case ErrUnknownRevision:
+		return e.Kind == KindUnknownRevision
+	case ErrBadInput:
+		return e.Kind == KindBadRequest
+	case ErrUnauthenticated:
+		return e.Kind == KindUnauthenticated
+	}
+	return false
+}
+
+// newError translates err once, here, into a status, a kind and a
+// redacted message.
+func newError(err error) *Error {
 	var status int
 	var kind, msg string
 	switch {
@@ -160,10 +272,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	default:
 		status, kind, msg = http.StatusInternalServerError, KindInternal, "git read failed"
 	}
-	if status >= 500 {
-		h.log.Warn("editor: git read failed", "path", r.URL.Path, "status", status, "err", err)
-	}
-	writeError(w, status, kind, redact.String(msg))
+	return &Error{Status: status, Kind: kind, Message: redact.String(msg), Cause: err}
 }
 
 func writeError(w http.ResponseWriter, status int, kind, msg string) {

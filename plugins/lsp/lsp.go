@@ -36,6 +36,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/sandbox"
 )
@@ -73,10 +74,10 @@ func DefaultServers() map[string][]string {
 // Errors of Open. They are wrapped; test with errors.Is.
 var (
 	// ErrUnknownServer: no server of that name is configured.
-	ErrUnknownServer = errors.New("lsp: unknown language server")
+	ErrUnknownServer = errdefs.New(errdefs.NotFound, "lsp: unknown language server")
 	// ErrUnsupportedProject: the project is not a managed one (or the
 	// provider did not prepare a managed execution for it).
-	ErrUnsupportedProject = errors.New("lsp: language servers run only in managed projects")
+	ErrUnsupportedProject = errdefs.New(errdefs.Invalid, "lsp: language servers run only in managed projects")
 )
 
 // Options configure the plugin. The zero value means the documented
@@ -136,6 +137,21 @@ func Registration(opts Options) plugin.Registration {
 		},
 	}
 }
+
+// Domain is the "lsp" domain's contract: what the daemon resolves and
+// calls. *Control implements it.
+type Domain interface {
+	// Servers lists the configured server names, sorted.
+	Servers() []string
+	// HasServer reports whether name is configured.
+	HasServer(name string) bool
+	// MaxMessage is the largest message a session carries, in bytes.
+	MaxMessage() int
+	// Open starts server in project for actor (see Control.Open).
+	Open(ctx context.Context, actor sandbox.Actor, project sandbox.ProjectRef, server string) (*Session, error)
+}
+
+var _ Domain = (*Control)(nil)
 
 // Control is the "lsp" domain's control: it opens language-server
 // sessions. It is safe for concurrent use.

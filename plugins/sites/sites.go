@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -32,13 +33,13 @@ const Name = "sites"
 var (
 	// ErrUnavailable is joined into the registry's error when the sites
 	// domain is absent (no owner, disabled, failed to load).
-	ErrUnavailable = errors.New("sites: unavailable")
+	ErrUnavailable = errdefs.New(errdefs.Unavailable, "sites: unavailable")
 	// ErrNotFound: no site has that name (or not in that project).
-	ErrNotFound = errors.New("sites: no such site")
+	ErrNotFound = errdefs.New(errdefs.NotFound, "sites: no such site")
 	// ErrTaken: the name is published by another project.
-	ErrTaken = errors.New("sites: name taken by another project")
+	ErrTaken = errdefs.New(errdefs.Conflict, "sites: name taken by another project")
 	// ErrInvalid: a malformed name or port, or an unknown project.
-	ErrInvalid = errors.New("sites: invalid publication")
+	ErrInvalid = errdefs.New(errdefs.Invalid, "sites: invalid publication")
 )
 
 // Site is one publication: HTTP requests for site Name reach Port on

@@ -1,0 +1,22 @@
+package provider
+
+import (
+	"context"
+
+	"github.com/corral-sandbox/corral/machine"
+)
+
+// Egress is what the provider asks of corral's egress service
+// (*egress.Manager implements it): before a managed session starts, it arms
+// a proxy-mode project's machine and returns the proxy environment
+// (HTTP_PROXY, ...) the session gets on top of its own; a mode-none
+// project's sessions get nothing added. The environment is added only for
+// proxy-mode projects, so a program there that ignores it fails closed:
+// the machine has its loopback only.
+type Egress interface {
+	// Session is called before a managed session of p starts; the
+	// returned environment is added to the session's; release is called
+	// once the session ended or failed to start. An error refuses the
+	// session (it would find no proxy).
+	Session(ctx context.Context, p machine.Project, account int64) (env map[string]string, release func(), err error)
+}

@@ -1,0 +1,101 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Egress (schema version 7): a project's network policy, kept as the JSON
+// that package egress validates and reads, and the journal of outbound
+// connections.
+
+// SetEgressPolicy stores project's policy (JSON, validated by the caller:
+// package egress). An unknown project is ErrNotFound.
+func (s *Store) SetEgressPolicy(ctx context.Context, project int64, policyJSON string) error {
+	res, err := s.w.ExecContext(ctx, `INSERT INTO egress_policies (project, policy, updated_at)
+		SELECT id, ?, ? FROM projects WHERE id = ?
+		ON CONFLICT (project) DO UPDATE SET policy = excluded.policy, updated_at = excluded.updated_at`,
+		policyJSON, ms(s.now()), project)
+	if err != nil {
+		return classify(err, fmt.Sprintf("set egress policy of project %d", project))
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("store: project %d: %w", project, ErrNotFound)
+	}
+	return nil
+}
+
+// EgressPolicy returns project's stored policy JSON, "" when none was set
+// (mode none). It does not check that the project exists.
+func (s *Store) EgressPolicy(ctx context.Context, project int64) (string, error) {
+	var v string
+	err := s.r.QueryRowContext(ctx, "SELECT policy FROM egress_policies WHERE project = ?", project).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", nil
+	}
+	if err != nil {
+		return "", classify(err, fmt.Sprintf("egress policy of project %d", project))
+	}
+	return v, nil
+}
+
+// EgressEntry is one row of the egress journal.
+type EgressEntry struct {
+	ID                int64
+	Account           int64
+	Project           int64
+	Protocol          string
+	Name              string
+	Addr              string
+	Port              int
+	Verdict           string
+	Rule              string
+	Error             string
+	BytesIn, BytesOut int64
+	StartedAt         time.Time
+	Duration          time.Duration
+}
+
+// AppendEgress journals one connection attempt and returns its id.
+func (s *Store) AppendEgress(ctx context.Context, e EgressEntry) (int64, error) {
+	res, err := s.w.ExecContext(ctx, `INSERT INTO egress_log (account, project, protocol, name, addr, port,
+		verdict, rule, error, bytes_in, bytes_out, started_at, duration_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		e.Account, e.Project, e.Protocol, e.Name, e.Addr, e.Port, e.Verdict, e.Rule, e.Error,
+		e.BytesIn, e.BytesOut, ms(e.StartedAt), e.Duration.Milliseconds())
+	if err != nil {
+		return 0, classify(err, "append egress journal")
+	}
+	return res.LastInsertId()
+}
+
+// EgressLog returns project's most recent journal rows, newest first, at
+// most limit of them (limit <= 0 means 100).
+func (s *Store) EgressLog(ctx context.Context, project int64, limit int) ([]EgressEntry, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	rows, err := s.r.QueryContext(ctx, `SELECT id, account, project, protocol, name, addr, port, verdict, rule, error,
+		bytes_in, bytes_out, started_at, duration_ms FROM egress_log WHERE project = ? ORDER BY id DESC LIMIT ?`, project, limit)
+	if err != nil {
+		return nil, classify(err, fmt.Sprintf("egress journal of project %d", project))
+	}
+	defer rows.Close()
+	var out []EgressEntry
+	for rows.Next() {
+		var e EgressEntry
+		var started, dur int64
+		if err := rows.Scan(&e.ID, &e.Account, &e.Project, &e.Protocol, &e.Name, &e.Addr, &e.Port, &e.Verdict, &e.Rule,
+			&e.Error, &e.BytesIn, &e.BytesOut, &started, &dur); err != nil {
+			return nil, classify(err, "scan egress journal")
+		}
+		e.StartedAt, e.Duration = fromMS(started), time.Duration(dur)*time.Millisecond
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, classify(err, "egress journal")
+	}
+	return out, nil
+}
