@@ -51,25 +51,30 @@ func (a *App) authenticate(r *http.Request) (store.Account, int64, error) {
 	return acct, id, nil
 }
 
-// member checks that the request's account is a member of project id: 404
-// for an unknown project and, with the same message, for a project the
-// account is not a member of (outsiders do not learn which ids exist). It
-// consults only the store, so it runs before any provider is contacted.
+// member checks that the request's account is a member of project id. An
+// unknown project and a project the account is not a member of get the same
+// answer, 403 with the same message, so that outsiders do not learn which
+// ids exist (members learn nothing new: they know their projects). On that
+// refusal the returned project is the stored one when it exists, for
+// callers that admit daemon admins too (see adminOrMember); it must not
+// reach the response. It consults only the store, so it runs before any
+// provider is contacted.
 func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, store.Member, error) {
 	acct, ok := accountFrom(r.Context())
 	if !ok {
 		return store.Account{}, store.Project{}, store.Member{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
 	}
+	refused := apiErr(http.StatusForbidden, KindForbidden, "project %d: no such project, or you are not a member of it", id)
 	p, err := a.store.GetProject(r.Context(), id)
 	if errors.Is(err, store.ErrNotFound) {
-		return acct, store.Project{}, store.Member{}, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
+		return acct, store.Project{}, store.Member{}, refused
 	}
 	if err != nil {
 		return acct, store.Project{}, store.Member{}, err
 	}
 	m, err := a.store.GetMember(r.Context(), id, acct.ID)
 	if errors.Is(err, store.ErrNotFound) {
-		return acct, store.Project{}, store.Member{}, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
+		return acct, p, store.Member{}, refused
 	}
 	if err != nil {
 		return acct, p, store.Member{}, err

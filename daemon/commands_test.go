@@ -71,8 +71,8 @@ func TestCommandStatuses(t *testing.T) {
 		}},
 		{name: "anonymous", path: path, body: cmdBody("true"), status: 401, kind: KindUnauthorized},
 		{name: "unknown token", path: path, token: "corral_nope", body: cmdBody("true"), status: 401, kind: KindUnauthorized},
-		{name: "non-member", path: path, token: stranger, body: cmdBody("true"), status: 404, kind: KindNotFound},
-		{name: "unknown project", path: commandsPath(999), token: tok, body: cmdBody("true"), status: 404, kind: KindNotFound},
+		{name: "non-member", path: path, token: stranger, body: cmdBody("true"), status: 403, kind: KindForbidden},
+		{name: "unknown project", path: commandsPath(999), token: tok, body: cmdBody("true"), status: 403, kind: KindForbidden},
 		{name: "bad project id", path: "/v1/projects/x/commands", token: tok, body: cmdBody("true"), status: 400, kind: KindInvalid},
 		{name: "unknown field", path: path, token: tok, body: `{"command":{"type":"argv","file":"true"},"bogus":1}`, status: 400, kind: KindInvalid},
 		{name: "unknown nested field", path: path, token: tok, body: `{"command":{"type":"argv","file":"true","shell":true}}`, status: 400, kind: KindInvalid},
@@ -133,7 +133,7 @@ func TestAuthBeforeProvider(t *testing.T) {
 	for _, tc := range []struct {
 		token  string
 		status int
-	}{{"", 401}, {"corral_forged", 401}, {"Basic abc", 401}, {stranger, 404}} {
+	}{{"", 401}, {"corral_forged", 401}, {"Basic abc", 401}, {stranger, 403}} {
 		status, body := e.do(ctx, "POST", commandsPath(p.ID), tc.token, cmdBody("true"))
 		if status != tc.status {
 			t.Errorf("token %q: status %d, want %d: %s", tc.token, status, tc.status, body)
@@ -141,7 +141,7 @@ func TestAuthBeforeProvider(t *testing.T) {
 	}
 	// Sessions too.
 	status, body := e.do(ctx, "GET", fmt.Sprintf("/v1/projects/%d/sessions?argv=true", p.ID), stranger, nil)
-	if status != 404 {
+	if status != 403 {
 		t.Errorf("session by a stranger: %d %s", status, body)
 	}
 	if n := fake.Calls(); n != 0 {
@@ -292,7 +292,7 @@ func TestOutsidersCannotTellProjectsApart(t *testing.T) {
 		s1, b1 := e.do(ctx, "GET", fmt.Sprintf("/v1/projects/%d%s", p.ID, route), stranger, nil)
 		s2, b2 := e.do(ctx, "GET", fmt.Sprintf("/v1/projects/%d%s", missing, route), stranger, nil)
 		b2 = bytes.ReplaceAll(b2, []byte(strconv.FormatInt(missing, 10)), []byte(strconv.FormatInt(p.ID, 10)))
-		if s1 != http.StatusNotFound || s1 != s2 || !bytes.Equal(b1, b2) {
+		if s1 != http.StatusForbidden || s1 != s2 || !bytes.Equal(b1, b2) {
 			t.Errorf("%q: existing %d %s, missing %d %s", route, s1, b1, s2, b2)
 		}
 	}

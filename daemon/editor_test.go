@@ -113,7 +113,7 @@ func TestEditorRoutesAuth(t *testing.T) {
 			id     int64
 			status int
 			kind   string
-		}{{"", p.ID, 401, KindUnauthorized}, {"bogus", p.ID, 401, KindUnauthorized}, {stranger, p.ID, 404, KindNotFound}, {tok, p.ID + 10, 404, KindNotFound}} {
+		}{{"", p.ID, 401, KindUnauthorized}, {"bogus", p.ID, 401, KindUnauthorized}, {stranger, p.ID, 403, KindForbidden}, {tok, p.ID + 10, 403, KindForbidden}} {
 			status, body := e.do(ctx, "GET", gitPath(c.id, op), c.token, nil)
 			if kind, _, _, _ := apiError(t, body); status != c.status || kind != c.kind {
 				t.Errorf("%s token %q project %d: %d %s", op, c.token, c.id, status, body)

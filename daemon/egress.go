@@ -65,6 +65,10 @@ func (a *App) egressAccess(r *http.Request) (store.Account, store.Project, bool,
 	acct, p, m, err := a.projectMember(r)
 	var ae *APIError
 	if err != nil && errors.As(err, &ae) && ae.Status == http.StatusForbidden && a.isAdmin(acct) {
+		if p.ID == 0 { // no such project: admins may know
+			id, _ := pathID(r)
+			return acct, p, false, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
+		}
 		return acct, p, true, nil
 	}
 	if err != nil {

@@ -179,7 +179,7 @@ func TestExportRefusedBeforeProvider(t *testing.T) {
 		token  string
 		id     int64
 		status int
-	}{{"", p.ID, 401}, {"bogus", p.ID, 401}, {stranger, p.ID, 404}, {tok, p.ID + 10, 404}} {
+	}{{"", p.ID, 401}, {"bogus", p.ID, 401}, {stranger, p.ID, 403}, {tok, p.ID + 10, 403}} {
 		status, b := g.do(ctx, "POST", exportPath(c.id), c.token, body)
 		if status != c.status {
 			t.Errorf("token %q project %d: %d %s", c.token, c.id, status, b)

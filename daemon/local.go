@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/sandbox"
@@ -73,7 +75,7 @@ func startLocalSession(p *sandbox.LocalPrepared) (sess *sandbox.ManagedExecution
 		}
 		cmd.ExtraFiles = []*os.File{statusW}
 	}
-	if err := cmd.Start(); err != nil {
+	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
 		closeAll()
 		return nil, nil, fmt.Errorf("%w: %w", sandbox.ErrNotStarted, err)
 	}

@@ -69,7 +69,7 @@ func TestLSPRefusals(t *testing.T) {
 		}{
 			{"", 401, KindUnauthorized},
 			{"nope", 401, KindUnauthorized},
-			{stranger, 404, KindNotFound},
+			{stranger, 403, KindForbidden},
 			// The fake setup loads no lsp plugin: absent is 503.
 			{tok, 503, KindUnavailable},
 		} {
@@ -78,7 +78,7 @@ func TestLSPRefusals(t *testing.T) {
 				t.Errorf("token %q: %d %s", tt.token, status, body)
 			}
 		}
-		if status, _ := e.upgradeStatus(ctx, lspPath(999, "gopls"), tok, true); status != 404 {
+		if status, _ := e.upgradeStatus(ctx, lspPath(999, "gopls"), tok, true); status != 403 {
 			t.Errorf("unknown project: %d", status)
 		}
 		if n := fake.Calls(); n != 0 {

@@ -164,7 +164,7 @@ func TestSitesRoundTrip(t *testing.T) {
 	if status != 200 || string(body) != "<h1>corral site</h1>\n" {
 		t.Errorf("bare prefix (redirected): %d %s", status, body)
 	}
-	if status, _ := e.do(ctx, "GET", "/sites/app/index.html", stranger, nil); status != 404 {
+	if status, _ := e.do(ctx, "GET", "/sites/app/index.html", stranger, nil); status != 403 {
 		t.Errorf("stranger: %d", status)
 	}
 	// Nothing listens on another port: 502.

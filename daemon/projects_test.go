@@ -125,7 +125,7 @@ func TestHTTPAdministration(t *testing.T) {
 	}
 	// Members: owners add them; others cannot.
 	path := fmt.Sprintf("/v1/projects/%d/members", pj.ID)
-	if status, _ := e.do(ctx, "POST", path, other, map[string]string{"account": "other"}); status != 404 {
+	if status, _ := e.do(ctx, "POST", path, other, map[string]string{"account": "other"}); status != 403 {
 		t.Errorf("non-member adds itself: %d", status)
 	}
 	if status, _ := e.do(ctx, "POST", path, carol, map[string]any{"account": "other", "trusted": true}); status != 403 {
@@ -165,7 +165,7 @@ func TestHTTPAdministration(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(WorkspacesDir(e.dir), "box")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("workspace left after delete: %v", err)
 	}
-	if status, _ := e.do(ctx, "GET", ppath, carol, nil); status != 404 {
+	if status, _ := e.do(ctx, "GET", ppath, carol, nil); status != 403 {
 		t.Errorf("get after delete: %d", status)
 	}
 }

@@ -51,12 +51,12 @@ func TestSitesWithoutTransport(t *testing.T) {
 		status                    int
 		kind                      string
 	}{
-		{"publish by a stranger", "PUT", fmt.Sprintf("/v1/projects/%d/sites/other", box.ID), stranger, map[string]int{"port": 1}, 404, KindNotFound},
+		{"publish by a stranger", "PUT", fmt.Sprintf("/v1/projects/%d/sites/other", box.ID), stranger, map[string]int{"port": 1}, 403, KindForbidden},
 		{"publish a host project", "PUT", fmt.Sprintf("/v1/projects/%d/sites/other", host.ID), tok, map[string]int{"port": 1}, 400, KindInvalid},
 		{"bad name", "PUT", fmt.Sprintf("/v1/projects/%d/sites/Bad_Name", box.ID), tok, map[string]int{"port": 1}, 400, KindInvalid},
 		{"bad port", "PUT", fmt.Sprintf("/v1/projects/%d/sites/other", box.ID), tok, map[string]int{"port": 70000}, 400, KindInvalid},
 		{"anonymous visit", "GET", "/sites/app/", "", nil, 401, KindUnauthorized},
-		{"stranger visit", "GET", "/sites/app/", stranger, nil, 404, KindNotFound},
+		{"stranger visit", "GET", "/sites/app/", stranger, nil, 403, KindForbidden},
 		{"unknown site", "GET", "/sites/nope/", tok, nil, 404, KindNotFound},
 		{"member visit", "GET", "/sites/app/x?y=1", tok, nil, 503, KindUnavailable},
 		{"member post", "POST", "/sites/app/form", tok, "a=b", 503, KindUnavailable},

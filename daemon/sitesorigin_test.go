@@ -120,7 +120,7 @@ func TestSitesOriginAuth(t *testing.T) {
 		body              any
 		status            int
 	}{
-		{"stranger", stranger, "app", box.ID, nil, 404},
+		{"stranger", stranger, "app", box.ID, nil, 403},
 		{"anonymous", "", "app", box.ID, nil, 401},
 		{"another project's site", tok, "elsewhere", box.ID, nil, 404},
 		{"unknown site", tok, "nope", box.ID, nil, 404},
@@ -318,7 +318,7 @@ func TestSitesSurviveRestart(t *testing.T) {
 		t.Errorf("another project takes the name after a restart: %d %s", status, body)
 	}
 	// Bob is no member of box: he can neither unpublish nor list it.
-	if status, body := e.do(ctx, "DELETE", fmt.Sprintf("/v1/projects/%d/sites/app", box.ID), bobTok, nil); status != 404 {
+	if status, body := e.do(ctx, "DELETE", fmt.Sprintf("/v1/projects/%d/sites/app", box.ID), bobTok, nil); status != 403 {
 		t.Errorf("unpublish by a stranger: %d %s", status, body)
 	}
 	pub, err := e.st.GetPublication(ctx, "app")

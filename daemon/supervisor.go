@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/corral-sandbox/corral/internal/pdeath"
 )
 
 // SupervisorOptions configure StartSupervisor.
@@ -98,7 +100,7 @@ func (s *Supervisor) loop() {
 		cmd.Stderr = s.opts.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 		started := time.Now()
-		err := cmd.Start()
+		err := pdeath.Start(cmd) // Pdeathsig: this process, not this thread
 		if err == nil {
 			s.mu.Lock()
 			s.cmd = cmd

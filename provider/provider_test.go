@@ -520,8 +520,15 @@ func TestLeaseLifecycle(t *testing.T) {
 		for leaseID.Load() == nil && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
-		time.Sleep(150 * time.Millisecond) // covers a few 50 ms heartbeats
-		during, _ = f.st.ListLeases(ctx, store.LeaseFilter{Project: f.project.ProjectID, State: store.LeaseLive})
+		// Wait for a heartbeat (every 50 ms) to be recorded, however loaded
+		// the host is; the assertions below say what was seen.
+		for {
+			during, _ = f.st.ListLeases(ctx, store.LeaseFilter{Project: f.project.ProjectID, State: store.LeaseLive})
+			if len(during) == 1 && during[0].HeartbeatAt.After(during[0].Created) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 		os.WriteFile(gate, nil, 0o644)
 	}()
 	a := f.actor

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -120,7 +122,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	}
 	cmd := exec.CommandContext(ctx, self, args...)
 	cmd.Env = opts.Env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM} // started by pdeath.Start
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = WaitDelay
 	if conn != nil {
@@ -147,7 +149,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 		p.tail = &tailBuffer{max: stderrTail}
 		cmd.Stderr = p.tail
 	}
-	if err := cmd.Start(); err != nil {
+	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
 		return nil, fmt.Errorf("runner: start: %w", err)
 	}
 	// A runner that exits before reading the job (a bad flag) makes this

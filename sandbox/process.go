@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/confine"
 	"golang.org/x/sys/unix"
 )
@@ -98,7 +100,9 @@ func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error
 		closers = append(closers, inR, inW)
 		cmd.Stdin = inR
 	}
-	start := cmd.Start
+	// Its Pdeathsig must mean "corral died", not "the forking thread
+	// exited" (see package pdeath).
+	start := func() error { return pdeath.Start(cmd) }
 	var tree *confine.Tree
 	if c := l.Confine; c != nil && c.User != nil {
 		// The command reopens its streams by name (/dev/stdout is

@@ -93,7 +93,7 @@ func TestHostileAPIInput(t *testing.T) {
 		resp, err := s.client.HTTPClient().Do(req)
 		must(t, err)
 		resp.Body.Close()
-		if resp.StatusCode != 404 && resp.StatusCode != 400 {
+		if resp.StatusCode != 403 && resp.StatusCode != 400 {
 			t.Errorf("%s: status %d", path, resp.StatusCode)
 		}
 	}

@@ -107,3 +107,44 @@ func BenchmarkBareExec(b *testing.B) {
 	}
 	reportPercentiles(b, lat)
 }
+
+// BenchmarkColdExecDisk is BenchmarkColdExec with a 256 MiB disk per
+// project: "new" makes each project's disk (mkfs) at its first start,
+// "existing" restarts projects whose disks exist (e2fsck -p and mount),
+// round-robin over 16 so that each one's previous machine has stopped;
+// "none" is the same round-robin without disks.
+func BenchmarkColdExecDisk(b *testing.B) {
+	for _, mode := range []string{"none", "new", "existing"} {
+		b.Run(mode, func(b *testing.B) {
+			h := newHarness(b, func(c *Config) {
+				c.IdleGrace = time.Nanosecond
+				if mode != "none" {
+					c.Limits.Disk = 256 << 20
+				}
+			})
+			c := h.dial(b)
+			const n = 16
+			if mode != "new" {
+				for i := range n {
+					if r := h.run(b, c, h.project(b, int64(i+1)), "true"); r.code() != 0 {
+						b.Fatal(r)
+					}
+				}
+			}
+			var lat []time.Duration
+			for i := 0; b.Loop(); i++ {
+				id := int64(i%n + 1)
+				if mode == "new" {
+					id = int64(i + 1)
+				}
+				p := h.project(b, id)
+				t0 := time.Now()
+				if r := h.run(b, c, p, "true"); r.code() != 0 {
+					b.Fatal(r)
+				}
+				lat = append(lat, time.Since(t0))
+			}
+			reportPercentiles(b, lat)
+		})
+	}
+}

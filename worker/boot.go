@@ -28,7 +28,8 @@ const machineStartTimeout = 30 * time.Second
 // under StateDir: the overlay's upper and work directories ("upper",
 // "work"), owned by the machine's guest root. Beside it, projectDir+".image"
 // (root's) records the id of the image the upper layer was made over.
-// StateDir/uppers is 0700 root: no host user reaches them.
+// StateDir/uppers is 0700 root: no host user reaches them. A project with
+// a disk has them on it instead (see machine.layerDir).
 func (w *Worker) projectDir(id int64) string {
 	return filepath.Join(w.cfg.StateDir, "uppers", strconv.FormatInt(id, 10))
 }
@@ -70,9 +71,16 @@ func (m *machine) boot() (err error) {
 	if err := unix.Stat(m.workspace, &wsStat); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
-	home := filepath.Join(w.cfg.HomesRoot, strconv.FormatInt(m.id, 10))
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		return fmt.Errorf("home: %w", err)
+	home, err := m.openDisk()
+	if err != nil {
+		return err
+	}
+	cleanups = append(cleanups, m.closeDisk)
+	if home == "" {
+		home = filepath.Join(w.cfg.HomesRoot, strconv.FormatInt(m.id, 10))
+		if err := os.MkdirAll(home, 0o700); err != nil {
+			return fmt.Errorf("home: %w", err)
+		}
 	}
 	projDir, err := m.prepareUpper(img)
 	if err != nil {
@@ -212,7 +220,7 @@ func defaultUser(u string) string {
 // guest root (the project's id range changed) is shifted onto the
 // machine's range, keeping every file's guest owner.
 func (m *machine) prepareUpper(img *image.Image) (string, error) {
-	dir := m.w.projectDir(m.id)
+	dir := m.layerDir()
 	marker := dir + ".image"
 	if b, err := os.ReadFile(marker); err == nil && string(b) != img.ID {
 		m.w.log.Info("project image changed, discarding its upper layer", "project", m.id, "was", string(b), "now", img.ID)

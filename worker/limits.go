@@ -15,6 +15,8 @@ type machineLimits struct {
 	cgroup.Limits
 	// Tmp is the size of /tmp and of /dev/shm (each), in bytes.
 	Tmp int64
+	// Disk is the size of the machine's disk image, in bytes.
+	Disk int64
 }
 
 // resolve returns the limits of a machine whose request asks for req (nil:
@@ -38,6 +40,7 @@ func (w *Worker) resolve(req *wire.Limits) machineLimits {
 	l.Pids = pick(req.Pids, l.Pids)
 	l.CPUMillis = pick(req.CPU, l.CPUMillis)
 	l.Tmp = pick(req.Tmp, l.Tmp)
+	l.Disk = pick(req.Disk, l.Disk)
 	return l
 }
 
@@ -52,8 +55,8 @@ func nproc(pids int64) int {
 }
 
 // setLimits applies changed limits to a running machine's cgroup: memory,
-// pids and CPU change at once; the sizes of /tmp and /dev/shm, and the
-// sessions' RLIMIT_NPROC, at the machine's next start.
+// pids and CPU change at once; the sizes of /tmp, /dev/shm and the disk,
+// and the sessions' RLIMIT_NPROC, at the machine's next start.
 func (m *machine) setLimits(l machineLimits) {
 	m.limMu.Lock()
 	defer m.limMu.Unlock()

@@ -44,6 +44,9 @@ type machine struct {
 
 	limMu sync.Mutex    // serialises limit changes
 	lim   machineLimits // as applied
+	disk  *diskRef      // the project's disk, if it has one
+	// diskMnt is where disk is mounted.
+	diskMnt string
 
 	mu        sync.Mutex
 	refs      int // sessions plus in-flight net-dials
@@ -180,6 +183,7 @@ func (m *machine) wait() {
 		_ = m.sessCG.Destroy()
 	}
 	m.netns.Close()
+	m.closeDisk()
 	m.w.log.Info("machine stopped", "project", m.id, "init", m.initPID)
 	m.w.buried(m)
 	close(m.dead)

@@ -72,6 +72,9 @@ func (w *Worker) Reset(ctx context.Context, id int64) error {
 	if err := os.Remove(dir + ".image"); err != nil && !os.IsNotExist(err) {
 		return fmt.Errorf("worker: reset project %d: %w", id, err)
 	}
+	if err := w.resetDisk(id); err != nil {
+		return fmt.Errorf("worker: reset project %d: %w", id, err)
+	}
 	w.log.Info("project reset", "project", id)
 	return nil
 }

@@ -31,6 +31,7 @@ func newDaemonCmd() *cobra.Command {
 		allowCIDRs []string
 		memory     sizeFlag
 		tmp        sizeFlag
+		disk       sizeFlag
 		pids       int64
 		cpus       float64
 	)
@@ -97,6 +98,9 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 			if tmp.set {
 				cfg.WorkerArgs = append(cfg.WorkerArgs, "--tmp", tmp.String())
 			}
+			if disk.set {
+				cfg.WorkerArgs = append(cfg.WorkerArgs, "--disk", disk.String())
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)
@@ -129,6 +133,7 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.Int64Var(&pids, "pids", 0, "default task limit per machine, for the supervised worker (default 512)")
 	fl.Float64Var(&cpus, "cpus", 0, "default CPU limit per machine in CPUs, for the supervised worker (default 1)")
 	fl.Var(&tmp, "tmp", "default size of a machine's /tmp and /dev/shm, for the supervised worker (default 256MiB)")
+	fl.Var(&disk, "disk", "default size of a machine's disk (its home), for the supervised worker (default none)")
 	fl.StringVar(&cfg.Sites.Domain, "sites-domain", "", "serve site NAME at the origin NAME.`D` (by Host header; /sites/NAME/ paths stay on the Unix socket only)")
 	fl.StringVar(&cfg.Sites.Scheme, "sites-scheme", "https", "scheme of signed site URLs: https (TLS in front of the daemon; Secure cookies) or http")
 	fl.IntVar(&cfg.Sites.Port, "sites-port", 0, "`PORT` written in signed site URLs (default none: the scheme's)")

@@ -192,7 +192,7 @@ func TestRunViaDaemonContract(t *testing.T) {
 		{name: "timeout", args: []string{"--timeout", "300ms", "--", "sh", "-c", "echo partial; exec sleep 10"}, status: 124, stdout: "partial\n", stderrHas: "corral: timeout: ", kind: "timeout"},
 		{name: "start", args: []string{"--", "/no/such/program"}, status: 125, stderrHas: "corral: start: ", kind: "start"},
 		{name: "overflow", args: []string{"--stdout-limit", "4B", "--", "sh", "-c", "echo 123456789"}, status: 125, stdout: "1234", stderrHas: "corral: overflow: ", kind: "overflow"},
-		{name: "forbidden", token: eve, args: []string{"--", "true"}, status: 125, stderrHas: "corral: prepare: daemon refused (404 notFound): project 1 does not exist", kind: "prepare"},
+		{name: "forbidden", token: eve, args: []string{"--", "true"}, status: 125, stderrHas: "corral: prepare: daemon refused (403 forbidden): project 1: no such project, or you are not a member of it", kind: "prepare"},
 		{name: "unauthorized", token: "corral_forged", args: []string{"--", "true"}, status: 125, stderrHas: "(401 unauthorized)", kind: "prepare"},
 	}
 	for _, tc := range cases {

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/wire"
 )
@@ -52,7 +54,7 @@ func startManagedTransport(ctx context.Context, f *runFlags, state string) (mach
 	logs := &tailBuffer{max: 4096}
 	cmd.Stderr = logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := cmd.Start(); err != nil {
+	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
 		os.RemoveAll(dir)
 		return nil, nil, fmt.Errorf("start worker: %w", err)
 	}

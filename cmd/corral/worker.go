@@ -23,7 +23,7 @@ func newWorkerCmd() *cobra.Command {
 		images                      string
 		ownWorkspaces               bool
 		idle                        time.Duration
-		memory, tmp                 sizeFlag
+		memory, tmp, disk           sizeFlag
 		pids                        int64
 		cpus                        float64
 		maxSessions                 int
@@ -60,7 +60,7 @@ and from the uid given by --allow-uid (the daemon's); others get a
 				CgroupParent:  cgroupParent,
 				IdleGrace:     idle,
 				MaxSessions:   maxSessions,
-				Limits:        worker.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n},
+				Limits:        worker.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n},
 				Logger:        log,
 				Name:          "corral-worker/" + version,
 				AllowUID:      allowUID,
@@ -98,6 +98,7 @@ and from the uid given by --allow-uid (the daemon's); others get a
 	fl.Uint32Var(&allowUID, "allow-uid", 0, "also serve connections from this `UID` (the daemon's; root is always served)")
 	fl.Float64Var(&cpus, "cpus", 0, "CPU limit per machine, in CPUs (default 1; negative: none)")
 	fl.Var(&tmp, "tmp", "size of a machine's /tmp and of its /dev/shm, each; charged to its memory (default 256MiB)")
+	fl.Var(&disk, "disk", "size of a machine's disk (its home: an ext4 image of its own under the state directory, at least 8MiB), unless its project sets one (default none: the home is a host directory)")
 	fl.IntVar(&maxSessions, "max-sessions", 0, "sessions per machine (default 64)")
 	return cmd
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
@@ -81,7 +83,7 @@ func (p *Process) Start(t testing.TB) {
 		childEnv+"_STATE="+p.state, childEnv+"_CGROUP="+p.cgroup)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
 		t.Fatal(err)
 	}
 	p.cmd, p.exited = cmd, make(chan struct{})

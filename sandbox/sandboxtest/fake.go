@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/corral-sandbox/corral/internal/pdeath"
+
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -210,7 +212,7 @@ func (m *managedFake) start(context.Context) (*sandbox.ManagedExecutionSession, 
 	}
 	cmd := &exec.Cmd{Path: m.path, Args: m.argv, Env: m.env, Dir: m.dir, Stdin: inR, Stdout: outW, Stderr: errW,
 		SysProcAttr: &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}}
-	err = cmd.Start()
+	err = pdeath.Start(cmd)
 	inR.Close()
 	outW.Close()
 	errW.Close()
