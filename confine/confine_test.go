@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	if p := os.Getenv(probeEnv); p != "" {
 		os.Exit(probe(p))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // probe performs "OP:PATH" and prints "ok", "ok:DATA" or "errno:NAME".

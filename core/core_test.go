@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 	confine.MaybeRun()
 	worker.MaybeRunInit()
 	testworker.MaybeRunChild()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // env is a built core with one account that is a member of a host project

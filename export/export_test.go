@@ -30,7 +30,7 @@ import (
 func TestMain(m *testing.M) {
 	confine.MaybeRun()
 	worker.MaybeRunInit()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // env is a core over a real in-process worker, with alice owning the

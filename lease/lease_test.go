@@ -15,7 +15,9 @@ import (
 	"github.com/corral-sandbox/corral/store"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
+}
 
 type clock struct {
 	mu   sync.Mutex

@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv(childWorkerEnv); sock != "" {
 		runChildWorker(sock) // never returns
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 type realWorker struct {

@@ -25,7 +25,7 @@ func TestMain(m *testing.M) {
 	// The test binary is the confinement helper of the provider under test
 	// (Options.SelfExe defaults to os.Executable()).
 	confine.MaybeRun()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // fixture is a store with one host project, one member and the provider.

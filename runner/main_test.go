@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 	case "parent":
 		os.Exit(parentMain())
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // runnerMain is `corral runner --state DIR [--lease-ttl D] [--worker-fd N]`

@@ -17,7 +17,9 @@ import (
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
+}
 
 var actor = sandbox.Actor{AccountUserID: 7}
 

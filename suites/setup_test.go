@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	worker.MaybeRunInit()
 	testworker.MaybeRunChild()
 	maybeRunDaemonChild()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // stack is a real daemon over a real Unix socket, on a core with a real

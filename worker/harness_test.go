@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 	if sock := os.Getenv("CORRAL_TEST_WORKER_SOCKET"); sock != "" {
 		os.Exit(runTestWorker(sock))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // runTestWorker serves a worker in this process (a re-executed test

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	// The test binary is the confinement helper of the host provider
 	// (core's SelfExe defaults to os.Executable()).
 	confine.MaybeRun()
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // env is a real core with the sandbox and editor plugins, one host project

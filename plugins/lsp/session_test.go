@@ -27,7 +27,7 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 2 && os.Args[1] == "lsp-fake-server" {
 		os.Exit(fakeServer(os.Args[2]))
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
 }
 
 // fakeServer is a language server for the tests, run by re-executing the
