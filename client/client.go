@@ -11,18 +11,21 @@
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 	"strings"
+	"time"
 
 	"github.com/corral-sandbox/corral/sandbox"
 )
@@ -69,10 +72,22 @@ func New(addr, token string) (*Client, error) {
 // HTTPClient returns the http.Client the client uses (for WebSocket dials).
 func (c *Client) HTTPClient() *http.Client { return c.http }
 
-// URL returns the absolute URL of an API path such as "/v1/projects".
+// URL returns the absolute URL of an API path such as "/v1/projects" or
+// "/v1/projects/3/sessions?tty=1". path is taken as already escaped: a
+// query after '?' is kept as the query, and escapes such as %2F (from
+// url.PathEscape) stay escapes, never escaped twice.
 func (c *Client) URL(path string) string {
 	u := *c.base
-	u.Path = strings.TrimSuffix(u.Path, "/") + path
+	p, query, hasQuery := strings.Cut(path, "?")
+	u.RawQuery, u.ForceQuery = query, hasQuery && query == ""
+	u.Fragment, u.RawFragment = "", ""
+	escaped := strings.TrimSuffix(u.EscapedPath(), "/") + p
+	if unescaped, err := url.PathUnescape(escaped); err == nil {
+		u.Path, u.RawPath = unescaped, escaped
+	} else {
+		// Not a valid escape: taken literally (and escaped on output).
+		u.Path, u.RawPath = strings.TrimSuffix(u.Path, "/")+p, ""
+	}
 	return u.String()
 }
 
@@ -104,6 +119,21 @@ func (e *Error) Error() string {
 
 // CommandRequest is the body of a command request; see the daemon's
 // CommandRequest for each field's zero value.
+//
+// Env, Stdin and Encoding are optional (omitted when zero). Stdin is sent
+// base64, as the API wants it; it is sent whole in the request, so it is
+// bounded by the daemon's limit (16 MiB by default). With Encoding
+// "base64" the output travels as base64, and the client decodes it: the
+// result's and an *Error's Stdout and Stderr, and the chunks OnStdout and
+// OnStderr see, are then the exact bytes the command wrote.
+//
+// OnStdout and OnStderr, if either is non-nil, stream the answer
+// (Accept: application/x-ndjson): each is called with the chunks of its
+// stream as they arrive, in order, from the goroutine that called
+// RunCommand (never concurrently); p is valid only during the call. The
+// result and the errors are those of an unstreamed request; an error that
+// ended a streamed answer (the command started, then timed out, say) is a
+// *Error whose Status is 200, the status the answer had.
 type CommandRequest struct {
 	Command     sandbox.Command     `json:"command"`
 	Cwd         string              `json:"cwd,omitempty"`
@@ -111,7 +141,19 @@ type CommandRequest struct {
 	LeaseKind   sandbox.LeaseKind   `json:"leaseKind,omitempty"`
 	TimeoutMs   int64               `json:"timeoutMs,omitempty"`
 	OutputLimit sandbox.OutputLimit `json:"outputLimit"`
+	Env         map[string]string   `json:"env,omitempty"`
+	Stdin       []byte              `json:"stdin,omitempty"`
+	Encoding    string              `json:"encoding,omitempty"`
+
+	OnStdout func(p []byte) `json:"-"`
+	OnStderr func(p []byte) `json:"-"`
 }
+
+// EncodingBase64 is CommandRequest.Encoding for binary-safe output.
+const EncodingBase64 = "base64"
+
+// MediaNDJSON is the media type of a streamed command answer.
+const MediaNDJSON = "application/x-ndjson"
 
 // RunCommand runs one bounded command in project id and returns its
 // result: every completed command, whatever its exit code. Any other
@@ -119,11 +161,119 @@ type CommandRequest struct {
 // or a transport error of the HTTP request. Cancelling ctx closes the
 // request, which makes the daemon abort the command.
 func (c *Client) RunCommand(ctx context.Context, projectID int64, req CommandRequest) (*sandbox.CommandResult, error) {
+	path := "/v1/projects/" + strconv.FormatInt(projectID, 10) + "/commands"
 	var res sandbox.CommandResult
-	if err := c.Do(ctx, http.MethodPost, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/commands", req, &res); err != nil {
+	var err error
+	if req.OnStdout != nil || req.OnStderr != nil {
+		err = c.streamCommand(ctx, path, req, &res)
+	} else {
+		err = c.Do(ctx, http.MethodPost, path, req, &res)
+	}
+	if req.Encoding == EncodingBase64 {
+		var e *Error
+		if errors.As(err, &e) {
+			_ = decodeOutput(&e.Stdout, &e.Stderr)
+		} else if err == nil {
+			err = decodeOutput(&res.Stdout, &res.Stderr)
+		}
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &res, nil
+}
+
+// decodeOutput decodes base64 output in place.
+func decodeOutput(stdout, stderr *string) error {
+	for _, p := range []*string{stdout, stderr} {
+		b, err := base64.StdEncoding.DecodeString(*p)
+		if err != nil {
+			return fmt.Errorf("client: decode base64 output: %w", err)
+		}
+		*p = string(b)
+	}
+	return nil
+}
+
+// streamCommand sends a command request asking for a streamed answer and
+// reads it: chunks to the callbacks, the last line into res or an *Error.
+func (c *Client) streamCommand(ctx context.Context, path string, creq CommandRequest, res *sandbox.CommandResult) error {
+	b, err := json.Marshal(creq)
+	if err != nil {
+		return fmt.Errorf("client: encode request: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL(path), bytes.NewReader(b))
+	if err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	req.Header = c.Header()
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", MediaNDJSON+", application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("client: POST %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	body := io.LimitReader(resp.Body, 256<<20)
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); resp.StatusCode != http.StatusOK || mt != MediaNDJSON {
+		data, err := io.ReadAll(body)
+		if err != nil {
+			return fmt.Errorf("client: POST %s: read answer: %w", path, err)
+		}
+		if resp.StatusCode/100 != 2 {
+			return decodeError(resp.StatusCode, data)
+		}
+		if err := json.Unmarshal(data, res); err != nil {
+			return fmt.Errorf("client: POST %s: decode answer: %w", path, err)
+		}
+		return nil
+	}
+	binary := creq.Encoding == EncodingBase64
+	br := bufio.NewReaderSize(body, 64<<10)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return fmt.Errorf("client: POST %s: streamed answer ended without a result: %w", path, err)
+		}
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(line, &m); err != nil {
+			return fmt.Errorf("client: POST %s: decode streamed line: %w", path, err)
+		}
+		if _, ok := m["error"]; ok {
+			return decodeError(resp.StatusCode, line)
+		}
+		if _, ok := m["code"]; ok {
+			if err := json.Unmarshal(line, res); err != nil {
+				return fmt.Errorf("client: POST %s: decode answer: %w", path, err)
+			}
+			return nil
+		}
+		for _, s := range []struct {
+			name string
+			fn   func([]byte)
+		}{{"stdout", creq.OnStdout}, {"stderr", creq.OnStderr}} {
+			raw, ok := m[s.name]
+			if !ok {
+				continue
+			}
+			var chunk string
+			if err := json.Unmarshal(raw, &chunk); err != nil {
+				return fmt.Errorf("client: POST %s: decode streamed %s: %w", path, s.name, err)
+			}
+			p := []byte(chunk)
+			if binary {
+				if p, err = base64.StdEncoding.DecodeString(chunk); err != nil {
+					return fmt.Errorf("client: POST %s: decode streamed %s: %w", path, s.name, err)
+				}
+			}
+			if s.fn != nil {
+				s.fn(p)
+			}
+		}
+	}
 }
 
 // Do sends one JSON request (body nil sends none) and decodes a 2xx JSON

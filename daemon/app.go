@@ -38,6 +38,7 @@ import (
 // Defaults of AppOptions.
 const (
 	DefaultMaxBody          = 1 << 20
+	DefaultMaxStdin         = 16 << 20
 	DefaultMaxTimeout       = time.Hour
 	DefaultMaxOutput        = 64 << 20
 	DefaultSessionHeartbeat = 5 * time.Second
@@ -75,6 +76,11 @@ type AppOptions struct {
 	// MaxBody caps request bodies, in bytes; larger ones are refused with
 	// 413 "requestTooLarge". Zero means DefaultMaxBody (1 MiB).
 	MaxBody int64
+	// MaxStdin caps the decoded "stdin" of a command request, in bytes;
+	// a larger one is refused with 413 "requestTooLarge" (the request's
+	// body may then be MaxBody plus the base64 of MaxStdin). Zero means
+	// DefaultMaxStdin (16 MiB).
+	MaxStdin int64
 	// MaxTimeout caps a command's timeoutMs. Zero means DefaultMaxTimeout.
 	MaxTimeout time.Duration
 	// MaxOutput caps each output limit of a command, in bytes. Zero means
@@ -150,6 +156,9 @@ type Route struct {
 func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if c == nil {
 		return nil, errors.New("daemon: BuildApp needs a core")
+	}
+	if opts.MaxStdin <= 0 {
+		opts.MaxStdin = DefaultMaxStdin
 	}
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = DefaultMaxBody
@@ -450,10 +459,15 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // decodeBody decodes r's JSON body into v: at most MaxBody bytes (413
 // "requestTooLarge" beyond), unknown fields and trailing data refused (400).
 func (a *App) decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	return a.decodeBodyLimit(w, r, v, a.opts.MaxBody)
+}
+
+// decodeBodyLimit is decodeBody with a cap of limit bytes.
+func (a *App) decodeBodyLimit(w http.ResponseWriter, r *http.Request, v any, limit int64) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		return apiErr(http.StatusUnsupportedMediaType, KindInvalid, "content type %q is not application/json", ct)
 	}
-	body := http.MaxBytesReader(w, r.Body, a.opts.MaxBody)
+	body := http.MaxBytesReader(w, r.Body, limit)
 	dec := json.NewDecoder(body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)

@@ -1,8 +1,17 @@
 package daemon
 
 import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"io"
+	"mime"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
@@ -19,6 +28,21 @@ import (
 // user.
 // TimeoutMs zero means sandbox.DefaultTimeout (10 s); OutputLimit zero
 // means 1 MiB per stream; both are capped by AppOptions.
+//
+// The optional fields extend the pinned body; a request without them is
+// answered exactly as before:
+//
+//   - Env: variables merged over the sandbox's defaults (the caller's
+//     win); names must match [A-Za-z_][A-Za-z0-9_]*, values must not hold
+//     NUL, and all of it must fit sandbox.MaxEnvBytes (400 "prepare"
+//     otherwise, before any provider is contacted).
+//   - Stdin: the command's standard input, base64 (standard alphabet,
+//     padded); empty means an empty input. Decoded, it may hold at most
+//     AppOptions.MaxStdin bytes (16 MiB; 413 "requestTooLarge" beyond).
+//   - Encoding: "" (the default) answers stdout and stderr as UTF-8 text
+//     (invalid bytes become U+FFFD); "base64" answers them as the base64
+//     of the bytes the command wrote, in the result, in the error body's
+//     partial output and in streamed chunks.
 type CommandRequest struct {
 	Command     sandbox.Command     `json:"command"`
 	Cwd         string              `json:"cwd,omitempty"`
@@ -26,7 +50,16 @@ type CommandRequest struct {
 	LeaseKind   sandbox.LeaseKind   `json:"leaseKind,omitempty"`
 	TimeoutMs   int64               `json:"timeoutMs,omitempty"`
 	OutputLimit sandbox.OutputLimit `json:"outputLimit"`
+	Env         map[string]string   `json:"env,omitempty"`
+	Stdin       string              `json:"stdin,omitempty"`
+	Encoding    string              `json:"encoding,omitempty"`
 }
+
+// EncodingBase64 is CommandRequest.Encoding for binary-safe output.
+const EncodingBase64 = "base64"
+
+// MediaNDJSON is the media type of a streamed command answer.
+const MediaNDJSON = "application/x-ndjson"
 
 // projectRef is the sandbox's name of a store project.
 func projectRef(p store.Project) sandbox.ProjectRef {
@@ -37,14 +70,31 @@ func projectRef(p store.Project) sandbox.ProjectRef {
 // run by core's RunCommand as the token's account (with no extra roots).
 // The request's context is the command's: a client that goes away aborts
 // the command (recorded as 499).
+//
+// With "Accept: application/x-ndjson" the answer is streamed: once the
+// command is about to start, the status 200 and the media type
+// application/x-ndjson are sent, then one JSON object per line: {"stdout":S}
+// or {"stderr":S} for each chunk of output as it arrives (in order within a
+// stream), and last exactly one pinned result object or pinned error object
+// (an error after the start, such as a timeout, is that last line under the
+// status 200). Failures before the start (a bad request, 401, 403, a
+// refused preparation) are the ordinary error answers with their statuses.
 func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	acct, proj, _, err := a.projectMember(r)
 	if err != nil {
 		return err
 	}
 	var req CommandRequest
-	if err := a.decodeBody(w, r, &req); err != nil {
+	// The body may carry MaxStdin bytes of input (as base64) beyond
+	// MaxBody; everything else stays under MaxBody.
+	limit := a.opts.MaxBody + int64(base64.StdEncoding.EncodedLen(int(a.opts.MaxStdin)))
+	body := &countingBody{ReadCloser: r.Body}
+	r.Body = body
+	if err := a.decodeBodyLimit(w, r, &req, limit); err != nil {
 		return err
+	}
+	if body.n-int64(len(req.Stdin)) > a.opts.MaxBody {
+		return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "request body is larger than %d bytes", a.opts.MaxBody)
 	}
 	if req.LeaseKind == "" {
 		req.LeaseKind = sandbox.LeaseTerminal
@@ -60,29 +110,270 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if l.Stdout > a.opts.MaxOutput || l.Stderr > a.opts.MaxOutput || l.Combined > a.opts.MaxOutput {
 		return apiErr(http.StatusBadRequest, KindInvalid, "output limits must not exceed %d bytes", a.opts.MaxOutput)
 	}
+	binary := false
+	switch req.Encoding {
+	case "":
+	case EncodingBase64:
+		binary = true
+	default:
+		return apiErr(http.StatusBadRequest, KindInvalid, "encoding %q is not supported (only %q)", req.Encoding, EncodingBase64)
+	}
+	var stdin []byte
+	if req.Stdin != "" {
+		if int64(base64.StdEncoding.DecodedLen(len(req.Stdin))) > a.opts.MaxStdin+2 {
+			return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "stdin is larger than %d bytes", a.opts.MaxStdin)
+		}
+		stdin, err = base64.StdEncoding.DecodeString(req.Stdin)
+		if err != nil {
+			return apiErr(http.StatusBadRequest, KindInvalid, "stdin is not base64: %v", err)
+		}
+		if int64(len(stdin)) > a.opts.MaxStdin {
+			return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "stdin is larger than %d bytes", a.opts.MaxStdin)
+		}
+		req.Stdin = "" // the decoded copy is the one kept
+	}
 	ctl, err := a.core.Sandbox()
 	if err != nil {
 		return err
 	}
-	// The command's output stays in memory until its response is written:
-	// reserve it (429 over the budget) until then, not only while it runs.
+	// The command's output stays in memory until its response (with
+	// NDJSON, the whole stream) is written: reserve it (429 over the
+	// budget) until then, not only while it runs.
 	ticket, err := ctl.Admit(r.Context(), sandbox.Admission{Kind: sandbox.AdmitCommand, Account: acct.ID, Bytes: reservedBytes(l)})
 	if err != nil {
 		return err
 	}
 	defer ticket.Release()
-	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, User: req.User, LeaseKind: req.LeaseKind, Project: projectRef(proj)}
-	res, err := ctl.RunCommand(sandbox.WithTicket(r.Context(), ticket), in, &sandbox.Actor{AccountUserID: acct.ID}, &sandbox.RunOptions{
-		Timeout:     timeout,
-		OutputLimit: l,
-	})
+	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, User: req.User, LeaseKind: req.LeaseKind, Project: projectRef(proj), Env: req.Env}
+	opts := &sandbox.RunOptions{Timeout: timeout, OutputLimit: l, RawOutput: binary}
+	if stdin != nil {
+		opts.Stdin = bytes.NewReader(stdin)
+	}
+	if !acceptsNDJSON(r) {
+		res, err := ctl.RunCommand(sandbox.WithTicket(r.Context(), ticket), in, &sandbox.Actor{AccountUserID: acct.ID}, opts)
+		if err != nil {
+			// Written here, while the partial output is still reserved.
+			err = encodeError(err, binary)
+			a.writeFailure(w, r, err)
+			return err
+		}
+		writeJSON(w, http.StatusOK, encodeResult(res, binary))
+		return nil
+	}
+
+	ctx, cancel := context.WithCancel(sandbox.WithTicket(r.Context(), ticket))
+	defer cancel()
+	st := &ndjsonStream{w: w, rc: http.NewResponseController(w), binary: binary, broken: cancel}
+	opts.OnStart = func(sandbox.StartInfo) error {
+		if timeout == 0 {
+			timeout = sandbox.DefaultTimeout
+		}
+		st.begin(time.Now().Add(timeout + ndjsonWriteGrace))
+		return nil
+	}
+	opts.OnOutput = st.chunk
+	res, err := ctl.RunCommand(ctx, in, &sandbox.Actor{AccountUserID: acct.ID}, opts)
+	if !st.begun() {
+		// Nothing was streamed: the ordinary answer.
+		if err != nil {
+			err = encodeError(err, binary)
+			a.writeFailure(w, r, err)
+			return err
+		}
+		writeJSON(w, http.StatusOK, encodeResult(res, binary))
+		return nil
+	}
+	st.flushHeld()
 	if err != nil {
-		// Written here, while the partial output is still reserved.
-		a.writeFailure(w, r, err)
+		ae := toAPIError(encodeError(err, binary))
+		st.line(ae.streamer())
+		return ae // for the log and metrics; the status 200 was sent
+	}
+	st.line(encodeResult(res, binary))
+	return nil
+}
+
+// ndjsonWriteGrace is how much longer than the command's timeout a
+// streamed answer may take to write: a client that stops reading does not
+// hold the command, and its lease, beyond that.
+const ndjsonWriteGrace = 30 * time.Second
+
+// acceptsNDJSON reports whether r asks for a streamed answer.
+func acceptsNDJSON(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for _, part := range strings.Split(v, ",") {
+			if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil && mt == MediaNDJSON {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// encodeResult returns res as it is answered (streamed, without a copy):
+// its output base64 when binary.
+func encodeResult(res *sandbox.CommandResult, binary bool) jsonStreamer {
+	if !binary {
+		return res
+	}
+	return base64Result{res}
+}
+
+// base64Result streams a result with its output base64.
+type base64Result struct{ *sandbox.CommandResult }
+
+func (r base64Result) WriteJSON(w io.Writer, escapeHTML bool) error {
+	return r.WriteJSONBase64(w, escapeHTML)
+}
+
+// encodeError returns err as it is answered: with its partial output
+// base64 when binary (see APIError.Base64).
+func encodeError(err error, binary bool) error {
+	if !binary {
 		return err
 	}
-	writeJSON(w, http.StatusOK, res)
-	return nil
+	ae := *toAPIError(err)
+	ae.Base64 = true
+	return &ae
+}
+
+// ndjsonStream writes a streamed command answer. Its methods are safe for
+// the two output readers' concurrent calls.
+type ndjsonStream struct {
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	binary bool
+	broken func() // called once when the client cannot be written to
+
+	mu      sync.Mutex
+	started bool
+	failed  bool
+	held    [3][]byte // per sandbox.Stream: an incomplete UTF-8 sequence (text only)
+}
+
+// begin sends the status and headers; writes must end by deadline.
+func (s *ndjsonStream) begin(deadline time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.started = true
+	_ = s.rc.SetWriteDeadline(deadline)
+	h := s.w.Header()
+	h.Set("Content-Type", MediaNDJSON)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Cache-Control", "no-store")
+	s.w.WriteHeader(http.StatusOK)
+	s.flushLocked()
+}
+
+func (s *ndjsonStream) begun() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.started
+}
+
+// chunk writes one chunk of stream st (sandbox.RunOptions.OnOutput).
+func (s *ndjsonStream) chunk(st sandbox.Stream, p []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.started || s.failed {
+		return
+	}
+	if s.binary {
+		s.writeChunkLocked(st, base64.StdEncoding.EncodeToString(p))
+		return
+	}
+	// A multi-byte character split between chunks is sent whole with the
+	// next one.
+	buf := append(s.held[st], p...)
+	keep := incompleteTail(buf)
+	text := string(buf[:len(buf)-keep])
+	s.held[st] = append(s.held[st][:0:0], buf[len(buf)-keep:]...)
+	if text != "" {
+		s.writeChunkLocked(st, text)
+	}
+}
+
+// flushHeld writes what the streams held back; they have ended.
+func (s *ndjsonStream) flushHeld() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, st := range []sandbox.Stream{sandbox.Stdout, sandbox.Stderr} {
+		if len(s.held[st]) > 0 && !s.failed {
+			s.writeChunkLocked(st, string(s.held[st]))
+		}
+		s.held[st] = nil
+	}
+}
+
+func (s *ndjsonStream) writeChunkLocked(st sandbox.Stream, v string) {
+	// json.Marshal makes invalid UTF-8 U+FFFD, as the result's decoding
+	// does.
+	b, _ := json.Marshal(map[string]string{st.String(): v})
+	s.writeLocked(b)
+}
+
+// line writes the last line: v's pinned JSON, streamed without a copy of
+// the output (as writeJSON writes it).
+func (s *ndjsonStream) line(v jsonStreamer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.failed {
+		return
+	}
+	if v.WriteJSON(s.w, true) != nil {
+		s.failLocked()
+		return
+	}
+	s.writeLocked(nil)
+}
+
+func (s *ndjsonStream) writeLocked(b []byte) {
+	if _, err := s.w.Write(append(b, '\n')); err != nil {
+		s.failLocked()
+		return
+	}
+	s.flushLocked()
+}
+
+func (s *ndjsonStream) flushLocked() {
+	if err := s.rc.Flush(); err != nil {
+		s.failLocked()
+	}
+}
+
+// failLocked gives up on a client that cannot be written to, and aborts
+// the command.
+func (s *ndjsonStream) failLocked() {
+	if !s.failed {
+		s.failed = true
+		s.broken()
+	}
+}
+
+// incompleteTail returns how many bytes at b's end begin a UTF-8 sequence
+// that more bytes could complete.
+func incompleteTail(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax+1; i-- {
+		if utf8.RuneStart(b[i]) {
+			if !utf8.FullRune(b[i:]) {
+				return len(b) - i
+			}
+			return 0
+		}
+	}
+	return 0
+}
+
+// countingBody counts the bytes read from a request body.
+type countingBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	return n, err
 }
 
 // reservedBytes is what a command with limit l reserves: its limits with

@@ -1,9 +1,11 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -53,6 +55,9 @@ type APIError struct {
 	Message string
 	Stdout  string
 	Stderr  string
+	// Base64 answers Stdout and Stderr as the base64 of their bytes (a
+	// command request's "encoding":"base64").
+	Base64 bool
 	// Cause is the translated error, for logs; it is never sent.
 	Cause error
 }
@@ -65,7 +70,28 @@ func (e *APIError) Unwrap() error { return e.Cause }
 
 // MarshalJSON writes the pinned error body.
 func (e *APIError) MarshalJSON() ([]byte, error) {
+	if e.Base64 {
+		var buf bytes.Buffer
+		err := e.body().WriteJSONBase64(&buf, false)
+		return buf.Bytes(), err
+	}
 	return e.body().MarshalJSON()
+}
+
+// streamer is e's pinned body as written (its output base64 when
+// e.Base64), streamed.
+func (e *APIError) streamer() jsonStreamer {
+	if e.Base64 {
+		return base64Body{e.body()}
+	}
+	return e.body()
+}
+
+// base64Body streams an error body with its output base64.
+type base64Body struct{ sandbox.ErrorBody }
+
+func (b base64Body) WriteJSON(w io.Writer, escapeHTML bool) error {
+	return b.WriteJSONBase64(w, escapeHTML)
 }
 
 func (e *APIError) body() sandbox.ErrorBody {
@@ -210,5 +236,5 @@ func writeError(w http.ResponseWriter, e *APIError) {
 	case http.StatusTooManyRequests:
 		w.Header().Set("Retry-After", strconv.Itoa(int(RetryAfter/time.Second)))
 	}
-	writeJSON(w, e.Status, e.body())
+	writeJSON(w, e.Status, e.streamer())
 }

@@ -65,7 +65,10 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 //     read beneath the system directories.
 //
 // The environment is minimal and never the daemon's: PATH, HOME (the
-// project root), LANG, TERM, then Options.Env.
+// project root), LANG, TERM, then Options.Env, then the request's Env (which
+// wins). A confined command refuses requested names beginning with LD_: a
+// Launch run through the confinement helper's own process would hand them
+// to the dynamic loader of the helper before it confines itself.
 //
 // Paths are checked at preparation and used at start. The kernel enforces
 // confinement at each access, on the roots as they resolved when the
@@ -102,11 +105,18 @@ func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor 
 		return nil, err
 	}
 
-	env := buildEnv(root, p.env)
 	mode := sandbox.LocalConfined
 	if member.Trusted {
 		mode = sandbox.LocalDirect
 	}
+	if mode == sandbox.LocalConfined {
+		for k := range in.Env {
+			if strings.HasPrefix(k, "LD_") {
+				return nil, fmt.Errorf("provider: environment variable %s is refused for a confined host command (the dynamic loader's)", k)
+			}
+		}
+	}
+	env := buildEnv(root, append(append([]string(nil), p.env...), envList(in.Env)...))
 	var launch sandbox.Launch
 	switch mode {
 	case sandbox.LocalConfined:
@@ -155,11 +165,12 @@ func (p *Provider) prepareHost(ctx context.Context, in sandbox.ExecInput, actor 
 		"lease", l.ID(), "mode", mode, "cwd", cwd)
 	return &sandbox.LocalPrepared{
 		PreparedCommon: sandbox.PreparedCommon{
-			Project:    in.Project,
-			Cwd:        cwd,
-			DisplayCwd: displayPath(cwd, root),
-			Lease:      l,
-			Sanitize:   sanitizer(hostRoots),
+			Project:      in.Project,
+			Cwd:          cwd,
+			DisplayCwd:   displayPath(cwd, root),
+			Lease:        l,
+			Sanitize:     sanitizer(hostRoots),
+			SanitizeHold: sanitizeHold(hostRoots),
 		},
 		Mode:   mode,
 		Launch: launch,
@@ -331,6 +342,35 @@ func sanitizer(hostRoots []string) func(string) string {
 		}
 		return s
 	}
+}
+
+// sanitizeHold returns the SanitizeHold of sanitizer(hostRoots): the
+// longest suffix of s that is a prefix of a root, the whole root included
+// (whether it is replaced depends on the byte after it).
+func sanitizeHold(hostRoots []string) func(string) int {
+	roots := append([]string(nil), hostRoots...)
+	return func(s string) int {
+		hold := 0
+		for _, r := range roots {
+			for k := min(len(r), len(s)); k > hold; k-- {
+				if strings.HasSuffix(s, r[:k]) {
+					hold = k
+					break
+				}
+			}
+		}
+		return hold
+	}
+}
+
+// envList returns env as NAME=VALUE entries, sorted by name.
+func envList(env map[string]string) []string {
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // replacePath replaces every occurrence of root in s that is followed by a

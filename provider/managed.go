@@ -28,7 +28,9 @@ const GuestHome = "/home/corral"
 // The working directory is a guest path: empty means /workspace; a relative
 // path is taken below /workspace; it must stay inside /workspace or the
 // machine's home after cleaning. Output is sanitized by replacing the host
-// workspace path with /workspace.
+// workspace path with /workspace. The environment is the machine's (PATH,
+// HOME, LANG, TERM, USER), then Options.Env, then the request's Env, which
+// wins.
 func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project) (sandbox.Prepared, error) {
 	if p.gateway == nil || !p.gateway.HasTransport() {
 		return nil, fmt.Errorf("provider: project %d: %w", proj.ID, machine.ErrNoPrivilegedTransport)
@@ -54,6 +56,10 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		delete(env, "HOME")
 		delete(env, "USER")
 	}
+	// The request's variables win over the machine's and the operator's.
+	for k, v := range in.Env {
+		env[k] = v
+	}
 	req := machine.ExecRequest{
 		Project: machineProject(proj),
 		Account: actor.AccountUserID,
@@ -69,8 +75,8 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	// The request must fit in one protocol frame; refuse it here, before a
 	// lease exists, rather than fail at start.
 	if err := req.CheckSize(); err != nil {
-		return nil, fmt.Errorf("provider: project %d: command line too large for a machine (%d bytes of argv): %w",
-			proj.ID, requestBytes(in.Command.Argv(), "", nil), err)
+		return nil, fmt.Errorf("provider: project %d: command line too large for a machine (%d bytes of argv and environment): %w",
+			proj.ID, requestBytes(in.Command.Argv(), "", in.Env), err)
 	}
 	l, err := p.mintLease(ctx, in, actor)
 	if err != nil {
@@ -87,11 +93,12 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	l.Watch(func() { _ = m.cancel(context.Background()) })
 	return &sandbox.ManagedPrepared{
 		PreparedCommon: sandbox.PreparedCommon{
-			Project:    in.Project,
-			Cwd:        cwd,
-			DisplayCwd: cwd,
-			Lease:      l,
-			Sanitize:   sanitizer([]string{proj.Root}),
+			Project:      in.Project,
+			Cwd:          cwd,
+			DisplayCwd:   cwd,
+			Lease:        l,
+			Sanitize:     sanitizer([]string{proj.Root}),
+			SanitizeHold: sanitizeHold([]string{proj.Root}),
 		},
 		Start:  m.start,
 		Cancel: m.cancel,

@@ -36,6 +36,7 @@ import (
 // its 1 MiB result and nothing else.
 type capture struct {
 	limit OutputLimit
+	live  *live // nil: no live output
 
 	stdout stream
 	stderr stream
@@ -49,8 +50,9 @@ type capture struct {
 
 // stream is one captured stream.
 type stream struct {
-	n   atomic.Int64 // bytes accepted so far
-	out string       // the accepted bytes; set when the reader returns
+	n    atomic.Int64 // bytes accepted so far
+	out  string       // the accepted bytes; set when the reader returns
+	held []byte       // live output held back (see live)
 }
 
 const (
@@ -83,15 +85,15 @@ var (
 	scratchesOut atomic.Int64
 )
 
-func newCapture(limit OutputLimit) *capture {
-	return &capture{limit: limit, overflow: make(chan struct{}), done: make(chan struct{})}
+func newCapture(limit OutputLimit, lv *live) *capture {
+	return &capture{limit: limit, live: lv, overflow: make(chan struct{}), done: make(chan struct{})}
 }
 
 // start reads both streams until EOF, error or overflow.
 func (c *capture) start(stdout, stderr io.Reader) {
 	c.running.Store(2)
-	go c.read(stdout, &c.stdout, c.limit.Stdout)
-	go c.read(stderr, &c.stderr, c.limit.Stderr)
+	go c.read(stdout, Stdout, &c.stdout, c.limit.Stdout)
+	go c.read(stderr, Stderr, &c.stderr, c.limit.Stderr)
 }
 
 // readerDone closes done when the last reader returns.
@@ -128,12 +130,12 @@ func (c *capture) accept(s *stream, limit int64, n int) int {
 
 // read collects src into s until EOF, an error or an overflow of limit (the
 // stream's own) or of the combined limit. It sets s.out before it returns.
-func (c *capture) read(src io.Reader, s *stream, limit int64) {
+func (c *capture) read(src io.Reader, name Stream, s *stream, limit int64) {
 	defer c.readerDone()
 	if src == nil {
 		return
 	}
-	r := &reader{c: c, s: s, keep: limit}
+	r := &reader{c: c, name: name, s: s, keep: limit}
 	if c.limit.Combined > 0 {
 		r.keep = c.limit.Combined
 	}
@@ -165,6 +167,9 @@ func (c *capture) read(src io.Reader, s *stream, limit int64) {
 		n, err := src.Read(p)
 		if n > 0 {
 			a := c.accept(s, limit, n)
+			if a > 0 && c.live != nil {
+				c.live.deliver(name, s, p[:a])
+			}
 			switch {
 			case !probe && r.buf == nil:
 				r.small += a
@@ -190,6 +195,7 @@ func (c *capture) read(src io.Reader, s *stream, limit int64) {
 // reader is the state of one stream's reader.
 type reader struct {
 	c    *capture
+	name Stream
 	s    *stream
 	keep int64 // the most bytes the stream can keep: its limit, or the combined one
 
@@ -212,6 +218,9 @@ func (r *reader) add(p []byte) {
 
 // finish sets the stream's text and gives the scratch buffer back.
 func (r *reader) finish() {
+	if r.c.live != nil {
+		r.c.live.flush(r.name, r.s)
+	}
 	switch {
 	case r.buf != nil:
 		r.s.out = ownedString(r.buf)
@@ -319,3 +328,41 @@ func (c *capture) sizes() (stdout, stderr int64) {
 // text returns the stream's captured bytes. It must only be called once the
 // stream's reader returned.
 func (s *stream) text() string { return s.out }
+
+// live delivers output as it is read (RunOptions.OnOutput), sanitized,
+// holding back what may begin a rewrite (PreparedCommon.SanitizeHold).
+// Each stream's held bytes are touched by its reader only.
+type live struct {
+	fn       func(Stream, []byte)
+	sanitize func(string) string // nil: deliver as read
+	hold     func(string) int    // nil with sanitize: hold everything
+}
+
+// deliver passes p, just read from stream name, on.
+func (l *live) deliver(name Stream, s *stream, p []byte) {
+	if l.sanitize == nil {
+		l.fn(name, p)
+		return
+	}
+	s.held = append(s.held, p...)
+	text := string(s.held)
+	h := len(text)
+	if l.hold != nil {
+		h = min(max(l.hold(text), 0), len(text))
+	}
+	cut := len(text) - h
+	if cut == 0 {
+		return
+	}
+	l.fn(name, []byte(l.sanitize(text[:cut])))
+	s.held = append(s.held[:0], s.held[cut:]...)
+}
+
+// flush delivers what stream name held back; the stream has ended.
+func (l *live) flush(name Stream, s *stream) {
+	if len(s.held) == 0 {
+		return
+	}
+	l.fn(name, []byte(l.sanitize(string(s.held))))
+	s.held = nil
+}

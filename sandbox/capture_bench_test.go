@@ -40,7 +40,7 @@ func feedSocket(tb testing.TB, size int64) (near *os.File, wait func()) {
 // collection path (capture, join, decode) and returns the stdout text.
 func captureOnce(tb testing.TB, size, limit int64) string {
 	near, wait := feedSocket(tb, size)
-	c := newCapture(OutputLimit{Stdout: limit, Stderr: limit})
+	c := newCapture(OutputLimit{Stdout: limit, Stderr: limit}, nil)
 	c.start(near, nil)
 	select {
 	case <-c.done:

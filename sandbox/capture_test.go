@@ -29,7 +29,7 @@ func pattern(n int) []byte {
 // collect runs a capture over the given readers to the end and returns it.
 func collect(t *testing.T, limit OutputLimit, stdout, stderr io.Reader) *capture {
 	t.Helper()
-	c := newCapture(limit)
+	c := newCapture(limit, nil)
 	c.start(stdout, stderr)
 	select {
 	case <-c.done:
@@ -186,7 +186,7 @@ func TestCaptureIdleStreamsHoldNoBuffer(t *testing.T) {
 	if _, err := errF.Write([]byte("early")); err != nil {
 		t.Fatal(err)
 	}
-	c := newCapture(OutputLimit{Stdout: 1 << 20, Stderr: 1 << 20})
+	c := newCapture(OutputLimit{Stdout: 1 << 20, Stderr: 1 << 20}, nil)
 	c.start(outN, errN)
 	deadline := time.Now().Add(5 * time.Second)
 	for c.stderr.n.Load() != 5 {
@@ -223,7 +223,7 @@ func TestCaptureIdleStreamsHoldNoBuffer(t *testing.T) {
 func TestCaptureClosedWhileIdle(t *testing.T) {
 	outN, outF := socketpair(t)
 	defer outF.Close()
-	c := newCapture(OutputLimit{Stdout: 1 << 20, Stderr: 1 << 20})
+	c := newCapture(OutputLimit{Stdout: 1 << 20, Stderr: 1 << 20}, nil)
 	c.start(outN, nil)
 	time.Sleep(10 * time.Millisecond)
 	outN.Close()

@@ -40,10 +40,14 @@ func decode(s string) string {
 }
 
 // render decodes s and applies the provider's sanitizer.
-func render(s string, sanitize func(string) string) string {
-	s = decode(s)
-	if sanitize != nil {
-		s = sanitize(s)
+func render(s string, sanitizer func(string) string) string {
+	return sanitize(decode(s), sanitizer)
+}
+
+// sanitize applies the provider's sanitizer, if any.
+func sanitize(s string, sanitizer func(string) string) string {
+	if sanitizer != nil {
+		s = sanitizer(s)
 	}
 	return s
 }

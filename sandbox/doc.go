@@ -8,7 +8,11 @@
 // cancels the whole process tree on timeout, abort, overflow or transport
 // failure, releases the lease, and reports the outcome as a [CommandResult] or
 // a typed [*CommandError] carrying sanitized partial output. It never invents
-// an exit code.
+// an exit code. A command may be given environment variables
+// (ExecInput.Env, merged over the sandbox's defaults), an input streamed
+// from a reader (RunOptions.Stdin), and a callback that sees its output as
+// it arrives, sanitized (RunOptions.OnOutput); RunOptions.RawOutput keeps
+// output as bytes.
 //
 // Providers implement [Provider.PrepareExecution] only: they check tenancy and
 // confinement, mint a [Lease], and describe what to run as a [Prepared]: a

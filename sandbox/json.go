@@ -3,6 +3,7 @@ package sandbox
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -89,15 +90,31 @@ func (b *ErrorBody) UnmarshalJSON(data []byte) error {
 // holds no copy of the output: a 64 MiB stdout of NUL bytes becomes 384 MiB
 // of JSON on w, written in small pieces.
 func (b ErrorBody) WriteJSON(w io.Writer, escapeHTML bool) error {
+	return b.writeJSON(w, escapeHTML, false)
+}
+
+// WriteJSONBase64 is WriteJSON with stdout and stderr written as the
+// base64 (standard alphabet, padded) of their bytes: what WriteJSON writes
+// for a copy of b whose Stdout and Stderr were so encoded, without that
+// copy.
+func (b ErrorBody) WriteJSONBase64(w io.Writer, escapeHTML bool) error {
+	return b.writeJSON(w, escapeHTML, true)
+}
+
+func (b ErrorBody) writeJSON(w io.Writer, escapeHTML, b64 bool) error {
 	jw := newJSONWriter(w, escapeHTML)
+	out := jw.str
+	if b64 {
+		out = jw.base64
+	}
 	jw.raw(`{"error":{"kind":`)
 	jw.str(b.Kind)
 	jw.raw(`,"message":`)
 	jw.str(b.Message)
 	jw.raw(`,"stdout":`)
-	jw.str(b.Stdout)
+	out(b.Stdout)
 	jw.raw(`,"stderr":`)
-	jw.str(b.Stderr)
+	out(b.Stderr)
 	jw.raw(`}}`)
 	return jw.flush()
 }
@@ -108,11 +125,27 @@ func (b ErrorBody) WriteJSON(w io.Writer, escapeHTML bool) error {
 // always escapes HTML, so WriteJSON(w, true) is what every encoder writes
 // for r.
 func (r CommandResult) WriteJSON(w io.Writer, escapeHTML bool) error {
+	return r.writeJSON(w, escapeHTML, false)
+}
+
+// WriteJSONBase64 is WriteJSON with stdout and stderr written as the
+// base64 (standard alphabet, padded) of their bytes: what WriteJSON writes
+// for a copy of r whose Stdout and Stderr were so encoded, without that
+// copy.
+func (r CommandResult) WriteJSONBase64(w io.Writer, escapeHTML bool) error {
+	return r.writeJSON(w, escapeHTML, true)
+}
+
+func (r CommandResult) writeJSON(w io.Writer, escapeHTML, b64 bool) error {
 	jw := newJSONWriter(w, escapeHTML)
+	out := jw.str
+	if b64 {
+		out = jw.base64
+	}
 	jw.raw(`{"stdout":`)
-	jw.str(r.Stdout)
+	out(r.Stdout)
 	jw.raw(`,"stderr":`)
-	jw.str(r.Stderr)
+	out(r.Stderr)
 	jw.raw(`,"code":`)
 	if r.Code != nil {
 		jw.raw(strconv.Itoa(*r.Code))
@@ -155,6 +188,24 @@ func (j *jsonWriter) flush() error {
 		j.err = j.w.Flush()
 	}
 	return j.err
+}
+
+// base64 writes the base64 of s's bytes as a JSON string (its alphabet
+// needs no escapes), a piece at a time.
+func (j *jsonWriter) base64(s string) {
+	if j.err != nil {
+		return
+	}
+	j.w.WriteByte('"')
+	enc := base64.NewEncoder(base64.StdEncoding, j.w)
+	const piece = 3 << 10
+	for len(s) > 0 {
+		n := min(len(s), piece)
+		_, _ = enc.Write([]byte(s[:n]))
+		s = s[n:]
+	}
+	_ = enc.Close()
+	_, j.err = j.w.Write([]byte{'"'})
 }
 
 const hexDigits = "0123456789abcdef"

@@ -2,8 +2,10 @@ package sandbox
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -54,12 +56,34 @@ func checkJSONCompatible(t testing.TB, s string) {
 			t.Fatalf("result (html %v) of %q:\n got %s\nwant %s", html, s, got.Bytes(), w)
 		}
 	}
+	// The base64 forms are the plain forms of base64 copies.
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	body64 := body
+	body64.Stdout, body64.Stderr = b64(body.Stdout), b64(body.Stderr)
+	res64 := res
+	res64.Stdout, res64.Stderr = b64(res.Stdout), b64(res.Stderr)
+	for _, html := range []bool{true, false} {
+		var got, want bytes.Buffer
+		_ = body.WriteJSONBase64(&got, html)
+		_ = body64.WriteJSON(&want, html)
+		if !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Fatalf("base64 error body (html %v) of %q:\n got %s\nwant %s", html, s, got.Bytes(), want.Bytes())
+		}
+		got.Reset()
+		want.Reset()
+		_ = res.WriteJSONBase64(&got, html)
+		_ = res64.WriteJSON(&want, html)
+		if !bytes.Equal(got.Bytes(), want.Bytes()) {
+			t.Fatalf("base64 result (html %v) of %q:\n got %s\nwant %s", html, s, got.Bytes(), want.Bytes())
+		}
+	}
 }
 
 func TestJSONMatchesEncodingJSON(t *testing.T) {
 	for _, s := range []string{
 		"", "plain", "\x00\x01\x1f\x7f", "\b\f\n\r\t\"\\/", "<a href='x'>&amp;</a>",
 		"\u2028\u2029", "é漢字🙂", "\xff\xfe bad \xc3", "mixed \x00 <\u2028> \xe2\x80",
+		strings.Repeat("\xffab<", 3000) + "c",
 	} {
 		checkJSONCompatible(t, s)
 	}

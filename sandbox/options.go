@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"time"
 )
 
@@ -80,6 +81,74 @@ type RunOptions struct {
 	// *OnStartPanic holding the panic value. If OnStart is nil, execution
 	// is unchanged.
 	OnStart func(StartInfo) error
+
+	// Stdin, if non-nil, is the command's standard input. If Stdin is nil,
+	// the command reads an empty input (EOF at once), after the prepared
+	// input of a provider that gave one (LocalPrepared.Stdin,
+	// ManagedPrepared.Stdin), which always comes first.
+	//
+	// Like exec.Cmd.Stdin when it is not an *os.File, the reader is copied
+	// on a goroutine of its own, in pieces of at most 32 KiB, as the
+	// command consumes it: it is streamed, never buffered whole. The
+	// command's input is closed (it reads EOF) when Stdin reaches io.EOF.
+	// The copy ends at EOF, when the command closes its input or ends
+	// (what it did not read is dropped, as in a shell pipeline), or when
+	// the command is cancelled. RunCommand does not wait for a Read that
+	// is still blocked when the command has ended: that Read's data is
+	// dropped, and the goroutine returns as soon as Read does. A Read
+	// error other than io.EOF ends the command: it is cancelled and
+	// RunCommand rejects with KindTransport (its input was lost) wrapping
+	// that error.
+	Stdin io.Reader
+
+	// OnOutput, if non-nil, receives the command's output as it arrives,
+	// in addition to (never instead of) the captured result. It is called
+	// from the goroutine that reads stream s, once per chunk read, so
+	// calls for one stream are in order and never concurrent, while calls
+	// for stdout and stderr may run concurrently. p is valid only during
+	// the call. OnOutput is never called after RunCommand returned.
+	//
+	// The bytes are raw (not decoded as UTF-8: a chunk may end inside a
+	// multi-byte sequence) but sanitized like the result: chunks pass
+	// through the provider's Sanitize, and bytes at a chunk's end that may
+	// begin text Sanitize would rewrite once more output follows (a prefix
+	// of a host path, see PreparedCommon.SanitizeHold) are held back and
+	// delivered with the next chunk, or when the stream ends. Live chunks
+	// therefore never show what the result hides; they may differ from
+	// the result where a replacement depends on bytes that had not yet
+	// arrived. A provider with a Sanitize but no SanitizeHold gets its
+	// output delivered once, when the stream ends.
+	//
+	// Limits apply: bytes beyond OutputLimit are never delivered (the
+	// command fails with KindOverflow as usual). OnOutput should return
+	// promptly: while it runs, its stream is not read, and a command that
+	// fills the stream's buffer waits (its timeout still runs).
+	OnOutput func(s Stream, p []byte)
+
+	// RawOutput, if true, makes the result's and a CommandError's Stdout
+	// and Stderr the bytes the command wrote (sanitized, but not decoded:
+	// they need not be valid UTF-8). If false, output is decoded as UTF-8
+	// (each invalid byte becomes U+FFFD).
+	RawOutput bool
+}
+
+// Stream names one of a command's output streams.
+type Stream int
+
+// The output streams.
+const (
+	Stdout Stream = 1
+	Stderr Stream = 2
+)
+
+func (s Stream) String() string {
+	switch s {
+	case Stdout:
+		return "stdout"
+	case Stderr:
+		return "stderr"
+	}
+	return fmt.Sprintf("Stream(%d)", int(s))
 }
 
 // CommandResult is a command that ran to completion: it exited with a code

@@ -70,6 +70,14 @@ type PreparedCommon struct {
 	// RunCommand (results and partial output alike): host paths become
 	// display paths, known secrets are redacted.
 	Sanitize func(string) string
+	// SanitizeHold, if non-nil, supports live output (RunOptions.OnOutput)
+	// with a Sanitize: it returns how many trailing bytes of s might begin
+	// text that Sanitize would rewrite once more bytes follow (a proper
+	// prefix of a host path, or a whole one whose next byte decides), at
+	// most len(s). Live output holds those bytes back until more arrive or
+	// the stream ends. Nil with a non-nil Sanitize holds a stream's whole
+	// live output until the stream ends.
+	SanitizeHold func(s string) int
 }
 
 // LocalMode says how a host command is launched.
@@ -145,8 +153,9 @@ type LocalPrepared struct {
 	PreparedCommon
 	Mode   LocalMode
 	Launch Launch
-	// Stdin is written to the command's standard input, which is then
-	// closed. Nil means the command reads an empty input.
+	// Stdin is written to the command's standard input before
+	// RunOptions.Stdin, if any; then the input is closed. Nil means an
+	// empty input.
 	Stdin []byte
 	// Cancel, if non-nil, releases whatever the provider holds for this
 	// execution beyond the process group (which core kills itself). It is
@@ -165,8 +174,9 @@ type ManagedPrepared struct {
 	// Cancel kills the session's whole process tree. It is idempotent and
 	// may be called before Start.
 	Cancel func(ctx context.Context) error
-	// Stdin is written to the session's standard input, which is then
-	// closed. Nil means an empty input.
+	// Stdin is written to the session's standard input before
+	// RunOptions.Stdin, if any; then the input is closed. Nil means an
+	// empty input.
 	Stdin []byte
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"sync"
 	"syscall"
 	"time"
 
@@ -20,6 +21,9 @@ import (
 // process is a started command, local or managed, as RunCommand drives it.
 type process interface {
 	outputs() (stdout, stderr io.Reader)
+	// input is the command's standard input when RunCommand feeds it (see
+	// feedInput), nil when the command reads an empty input.
+	input() io.WriteCloser
 	// done is closed when the main process has ended (or the session settled).
 	done() <-chan struct{}
 	// exit reports how it ended; valid after done is closed.
@@ -38,6 +42,7 @@ type process interface {
 type localProcess struct {
 	cmd      *exec.Cmd
 	tree     *confine.Tree
+	stdin    *os.File // nil: the command's input is /dev/null
 	stdout   *os.File
 	stderr   *os.File
 	doneCh   chan struct{}
@@ -47,8 +52,10 @@ type localProcess struct {
 }
 
 // startLocal starts p.Launch in a new process group with a minimal, explicit
-// environment. The child is killed if this process dies (Pdeathsig).
-func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
+// environment. The child is killed if this process dies (Pdeathsig). With
+// withInput (a prepared or a caller's input) the command's input is a pipe
+// whose write end the process keeps; otherwise it is /dev/null.
+func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error) {
 	l := p.Launch
 	var closers []*os.File
 	defer func() {
@@ -84,7 +91,7 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 		cmd.Env = []string{}
 	}
 	var inW *os.File
-	if len(p.Stdin) > 0 {
+	if withInput {
 		var inR *os.File
 		inR, inW, err = os.Pipe()
 		if err != nil {
@@ -156,13 +163,7 @@ func startLocal(p *LocalPrepared) (proc *localProcess, err error) {
 			return nil, fmt.Errorf("%w: %s", ErrNotStarted, bytes.TrimSpace(msg))
 		}
 	}
-	proc = &localProcess{cmd: cmd, tree: tree, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
-	if inW != nil {
-		go func(data []byte) {
-			_, _ = inW.Write(data)
-			inW.Close()
-		}(p.Stdin)
-	}
+	proc = &localProcess{cmd: cmd, tree: tree, stdin: inW, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
 	go proc.wait()
 	return proc, nil
 }
@@ -190,8 +191,15 @@ func (p *localProcess) wait() {
 }
 
 func (p *localProcess) outputs() (io.Reader, io.Reader) { return p.stdout, p.stderr }
-func (p *localProcess) done() <-chan struct{}           { return p.doneCh }
-func (p *localProcess) exit() (Exit, error)             { return p.exitVal, p.exitErr }
+
+func (p *localProcess) input() io.WriteCloser {
+	if p.stdin == nil {
+		return nil
+	}
+	return p.stdin
+}
+func (p *localProcess) done() <-chan struct{} { return p.doneCh }
+func (p *localProcess) exit() (Exit, error)   { return p.exitVal, p.exitErr }
 
 // killGroup kills the command's process group and, if it has one, its pid
 // namespace: everything it started, whatever group or session they moved
@@ -252,10 +260,11 @@ func (p *localProcess) closeOutputs() {
 // managedProcess adapts a ManagedExecutionSession.
 type managedProcess struct {
 	s        *ManagedExecutionSession
+	stdin    io.WriteCloser // the session's input, when RunCommand feeds it
 	provider func(context.Context) error
 }
 
-func startManaged(ctx context.Context, p *ManagedPrepared) (*managedProcess, error) {
+func startManaged(ctx context.Context, p *ManagedPrepared, withInput bool) (*managedProcess, error) {
 	s, err := p.Start(ctx)
 	if err != nil {
 		return nil, err
@@ -263,20 +272,19 @@ func startManaged(ctx context.Context, p *ManagedPrepared) (*managedProcess, err
 	if s == nil || s.done == nil || s.Stdout == nil || s.Stderr == nil {
 		return nil, fmt.Errorf("provider returned an incomplete session")
 	}
+	mp := &managedProcess{s: s, provider: p.Cancel}
 	switch {
 	case s.Stdin == nil:
-	case len(p.Stdin) == 0:
+	case !withInput:
 		s.Stdin.Close() // EOF at once: no writer needed
 	default:
-		go func(data []byte) {
-			_, _ = s.Stdin.Write(data)
-			s.Stdin.Close()
-		}(p.Stdin)
+		mp.stdin = s.Stdin
 	}
-	return &managedProcess{s: s, provider: p.Cancel}, nil
+	return mp, nil
 }
 
 func (p *managedProcess) outputs() (io.Reader, io.Reader) { return p.s.Stdout, p.s.Stderr }
+func (p *managedProcess) input() io.WriteCloser           { return p.stdin }
 func (p *managedProcess) done() <-chan struct{}           { return p.s.done }
 func (p *managedProcess) exit() (Exit, error)             { return p.s.exit, p.s.err }
 func (p *managedProcess) ended()                          {}
@@ -287,3 +295,54 @@ func (p *managedProcess) closeOutputs() {
 	p.s.Stdout.Close()
 	p.s.Stderr.Close()
 }
+
+// inputChunk bounds one copy of RunOptions.Stdin into the command's input.
+const inputChunk = 32 << 10
+
+// feeder copies a command's input: the prepared bytes, then the caller's
+// reader, then EOF.
+type feeder struct {
+	w      io.WriteCloser
+	once   sync.Once
+	failed chan error // receives a read error of the caller's reader
+}
+
+// feedInput starts copying prepared and then src (either may be empty)
+// into w on a goroutine of its own, and closes w when both are done.
+func feedInput(w io.WriteCloser, prepared []byte, src io.Reader) *feeder {
+	f := &feeder{w: w, failed: make(chan error, 1)}
+	go f.copy(prepared, src)
+	return f
+}
+
+func (f *feeder) copy(prepared []byte, src io.Reader) {
+	defer f.stop()
+	if len(prepared) > 0 {
+		if _, err := f.w.Write(prepared); err != nil {
+			return // the command closed its input or ended
+		}
+	}
+	if src == nil {
+		return
+	}
+	buf := make([]byte, inputChunk)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if _, werr := f.w.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			f.failed <- err
+			return
+		}
+	}
+}
+
+// stop closes the command's input, which ends a Write in progress; it is
+// idempotent.
+func (f *feeder) stop() { f.once.Do(func() { _ = f.w.Close() }) }

@@ -42,8 +42,11 @@ import (
 // output. Prepare errors before a lease exists clean nothing up.
 //
 // Output is decoded as UTF-8 (each invalid byte becomes U+FFFD; NUL bytes and
-// newlines are kept) and passed through the provider's Sanitize, for results
-// and partial output alike.
+// newlines are kept; RunOptions.RawOutput keeps the bytes) and passed through
+// the provider's Sanitize, for results and partial output alike. The
+// command's input is RunOptions.Stdin (streamed), its environment the
+// sandbox's defaults with ExecInput.Env over them, and RunOptions.OnOutput
+// sees the output as it arrives.
 //
 // Cleanup failures remain failures: if releasing the lease fails after the
 // command completed, RunCommand returns a KindCleanup error carrying the
@@ -98,6 +101,7 @@ type run struct {
 	prep    Prepared
 	common  *PreparedCommon
 	cap     *capture
+	feed    *feeder // nil: the command reads an empty input
 	started time.Time
 	ended   time.Time
 
@@ -179,8 +183,17 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		}
 		return nil, r.failUnstarted(ctx, newError(KindStart, err, "start %s: %v", r.in.Command.File, err))
 	}
-	r.cap = newCapture(r.opts.OutputLimit)
+	var lv *live
+	if r.opts.OnOutput != nil {
+		lv = &live{fn: r.opts.OnOutput, sanitize: r.common.Sanitize, hold: r.common.SanitizeHold}
+	}
+	r.cap = newCapture(r.opts.OutputLimit, lv)
 	r.cap.start(proc.outputs())
+	var inputFailed <-chan error
+	if w := proc.input(); w != nil {
+		r.feed = feedInput(w, r.preparedInput(), r.opts.Stdin)
+		inputFailed = r.feed.failed
+	}
 
 	var failure *CommandError
 	select {
@@ -193,6 +206,12 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		failure = r.overflowError()
 	case err := <-r.heartbeatErr:
 		failure = newError(KindTransport, err, "lease heartbeat failed: %v", err)
+	case err := <-inputFailed:
+		failure = newError(KindTransport, err, "reading the command's input: %v", err)
+	}
+	if r.feed != nil {
+		// The copy stops with the command (or its failure).
+		r.feed.stop()
 	}
 
 	if failure == nil {
@@ -262,13 +281,25 @@ func (r *run) overflowError() *CommandError {
 }
 
 func (r *run) start(ctx context.Context) (process, error) {
+	withInput := r.opts.Stdin != nil || len(r.preparedInput()) > 0
 	switch p := r.prep.(type) {
 	case *LocalPrepared:
-		return startLocal(p)
+		return startLocal(p, withInput)
 	case *ManagedPrepared:
-		return startManaged(ctx, p)
+		return startManaged(ctx, p, withInput)
 	}
 	return nil, fmt.Errorf("unknown prepared type %T", r.prep)
+}
+
+// preparedInput is the provider's prepared input, if any.
+func (r *run) preparedInput() []byte {
+	switch p := r.prep.(type) {
+	case *LocalPrepared:
+		return p.Stdin
+	case *ManagedPrepared:
+		return p.Stdin
+	}
+	return nil
 }
 
 // failUnstarted cancels a preparation whose command never ran and releases
@@ -322,6 +353,9 @@ func (r *run) drainFor(proc process, d time.Duration) (cut bool) {
 
 func (r *run) output() (stdout, stderr string) {
 	// drain has returned: the readers are done and the buffers are ours.
+	if r.opts.RawOutput {
+		return sanitize(r.cap.stdout.text(), r.common.Sanitize), sanitize(r.cap.stderr.text(), r.common.Sanitize)
+	}
 	return render(r.cap.stdout.text(), r.common.Sanitize), render(r.cap.stderr.text(), r.common.Sanitize)
 }
 

@@ -35,7 +35,15 @@ func TestConformanceFake(t *testing.T) {
 	for _, kind := range []sandbox.ProjectKind{sandbox.ProjectHost, sandbox.ProjectManaged} {
 		t.Run(string(kind), func(t *testing.T) {
 			dir := t.TempDir()
-			p := &sandboxtest.Provider{Kind: kind, Dir: dir, Sanitize: func(s string) string { return strings.ReplaceAll(s, dir, "/display") }}
+			p := &sandboxtest.Provider{Kind: kind, Dir: dir, Sanitize: func(s string) string { return strings.ReplaceAll(s, dir, "/display") },
+				SanitizeHold: func(s string) int {
+					for k := min(len(dir), len(s)); k > 0; k-- {
+						if strings.HasSuffix(s, dir[:k]) {
+							return k
+						}
+					}
+					return 0
+				}}
 			ctl := sandbox.NewControl(p, sandbox.ControlOptions{DrainTimeout: 300 * time.Millisecond})
 			sandboxtest.Run(t, sandboxtest.Target{
 				Control: ctl, Actor: actor, Project: sandbox.ProjectRef{Kind: kind, ProjectID: 1},

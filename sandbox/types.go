@@ -79,12 +79,67 @@ func (c Command) Argv() []string {
 // command's start (KindStart, nothing ran); a host project refuses a
 // non-empty User at preparation (KindPrepare): host commands run as the
 // caller.
+//
+// Env holds environment variables for the command, merged over the
+// sandbox's defaults: for a managed project the machine's (PATH, HOME,
+// LANG, TERM, USER, then the operator's), for a host project the minimal
+// host environment (PATH, HOME, LANG, TERM, then the operator's). A
+// variable given here wins over a default of the same name, PATH and HOME
+// included: naming PATH changes where a bare program name is looked up.
+// Nil or empty means the defaults alone. Names must be POSIX portable
+// names ([A-Za-z_][A-Za-z0-9_]*), values must not contain NUL, and the
+// names and values together must not exceed MaxEnvBytes; Validate refuses
+// anything else. A provider may refuse names it cannot pass safely (a
+// confined host command refuses the dynamic loader's LD_* variables).
 type ExecInput struct {
-	Command   Command    `json:"command"`
-	Cwd       string     `json:"cwd"`
-	User      string     `json:"user,omitempty"`
-	LeaseKind LeaseKind  `json:"leaseKind"`
-	Project   ProjectRef `json:"project"`
+	Command   Command           `json:"command"`
+	Cwd       string            `json:"cwd"`
+	User      string            `json:"user,omitempty"`
+	LeaseKind LeaseKind         `json:"leaseKind"`
+	Project   ProjectRef        `json:"project"`
+	Env       map[string]string `json:"env,omitempty"`
+}
+
+// MaxEnvBytes bounds ExecInput.Env: the sum over its variables of
+// len(name)+len(value)+2. A managed command's whole request (argv, cwd and
+// environment) must also fit one protocol frame (64 KiB).
+const MaxEnvBytes = 32 << 10
+
+// ValidEnvName reports whether name is a POSIX portable environment
+// variable name: a letter or underscore, then letters, digits or
+// underscores.
+func ValidEnvName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c == '_', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validateEnv checks env's names, values and size.
+func validateEnv(env map[string]string) error {
+	n := 0
+	for k, v := range env {
+		if !ValidEnvName(k) {
+			return fmt.Errorf("environment variable name %q is not valid (letters, digits and _, not starting with a digit)", k)
+		}
+		if strings.IndexByte(v, 0) >= 0 {
+			return fmt.Errorf("environment variable %s contains a NUL byte", k)
+		}
+		n += len(k) + len(v) + 2
+	}
+	if n > MaxEnvBytes {
+		return fmt.Errorf("environment is %d bytes, more than %d", n, MaxEnvBytes)
+	}
+	return nil
 }
 
 // Validate checks the input's shape. It does not check tenancy or paths;
@@ -106,6 +161,9 @@ func (in ExecInput) Validate() error {
 	}
 	if strings.ContainsAny(in.User, "\x00\n") {
 		return fmt.Errorf("user contains a NUL byte or a newline")
+	}
+	if err := validateEnv(in.Env); err != nil {
+		return err
 	}
 	if !in.LeaseKind.Valid() {
 		return fmt.Errorf("lease kind %q is not allowed", in.LeaseKind)

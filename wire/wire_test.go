@@ -16,7 +16,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction("github.com/corral-sandbox/corral/internal/pdeath.spawner"))
+}
 
 // pair returns two connected protocol connections over a real
 // SOCK_SEQPACKET socketpair.

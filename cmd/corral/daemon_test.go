@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,7 +18,13 @@ import (
 
 // cli runs corral in-process with the daemon's subcommands registered.
 func cli(args ...string) (stdout, stderr string, status int) {
+	return cliIn(strings.NewReader(""), args...)
+}
+
+// cliIn is cli with stdin.
+func cliIn(stdin io.Reader, args ...string) (stdout, stderr string, status int) {
 	root := newRoot()
+	root.SetIn(stdin)
 	if c, _, err := root.Find([]string{"account"}); err != nil || c == root {
 		root.AddCommand(daemonCommands()...)
 	}
@@ -230,6 +237,14 @@ func TestRunViaDaemonContract(t *testing.T) {
 	t.Setenv("CORRAL_TOKEN", tok)
 	if out, errs, status := cli("run", "--daemon", sock, "--project-id", id, "--", "echo", "env"); status != 0 || out != "env\n" {
 		t.Errorf("$CORRAL_TOKEN: %d %q %q", status, out, errs)
+	}
+	// Environment, input and binary output through the daemon.
+	if out, errs, status := cliIn(strings.NewReader("in\xff\n"), "run", "--daemon", sock, "--project-id", id, "-i", "-e", "V=x y", "--",
+		"sh", "-c", `printf '%s|' "$V"; cat; printf '\376'`); status != 0 || out != "x y|in\xff\n\xfe" {
+		t.Errorf("-e -i via daemon: %d %q %q", status, out, errs)
+	}
+	if _, errs, status := cli("run", "--daemon", sock, "--project-id", id, "-e", "9=x", "--", "true"); status != 125 || !strings.Contains(errs, "corral: prepare: ") {
+		t.Errorf("bad name via daemon: %d %q", status, errs)
 	}
 	// An unreachable daemon: nothing started.
 	_, errs, status := cli("run", "--daemon", filepath.Join(state, "nope.sock"), "--project-id", id, "--", "true")

@@ -18,9 +18,11 @@ const (
 	exitFailure = 125
 )
 
-// report writes the outcome of a run per the pinned contract and returns
-// corral's exit status.
-func report(stdout, stderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
+// reportTo writes the outcome of a run per the pinned contract and returns
+// corral's exit status: the command's output to outStdout and outStderr
+// (io.Discard when it was written as it arrived), corral's own to stdout and
+// stderr.
+func reportTo(stdout, stderr, outStdout, outStderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
 	if err != nil {
 		ce := asCommandError(err)
 		status := exitFailure
@@ -33,8 +35,8 @@ func report(stdout, stderr io.Writer, asJSON bool, res *sandbox.CommandResult, e
 			_, _ = io.WriteString(stdout, "\n")
 			return status
 		}
-		_, _ = io.WriteString(stdout, ce.Stdout)
-		_, _ = io.WriteString(stderr, ce.Stderr)
+		_, _ = io.WriteString(outStdout, ce.Stdout)
+		_, _ = io.WriteString(outStderr, ce.Stderr)
 		fmt.Fprintf(stderr, "corral: %s: %s\n", ce.Kind, ce.Message)
 		return status
 	}
@@ -42,8 +44,8 @@ func report(stdout, stderr io.Writer, asJSON bool, res *sandbox.CommandResult, e
 		_ = res.WriteJSON(stdout, true)
 		_, _ = io.WriteString(stdout, "\n")
 	} else {
-		_, _ = io.WriteString(stdout, res.Stdout)
-		_, _ = io.WriteString(stderr, res.Stderr)
+		_, _ = io.WriteString(outStdout, res.Stdout)
+		_, _ = io.WriteString(outStderr, res.Stderr)
 	}
 	return exitStatus(res)
 }

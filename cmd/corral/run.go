@@ -3,8 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,6 +28,9 @@ type runFlags struct {
 	combinedLimit sizeFlag
 	leaseKind     string
 	json          bool
+	env           []string
+	envFile       []string
+	interactive   bool
 
 	state        string
 	workerSocket string
@@ -55,7 +61,18 @@ With --json, exactly one JSON object is written to stdout:
 {"stdout":S,"stderr":S,"code":N|null,"signal":S|null} (plus "oomKilled":true
 after "signal":"SIGKILL" when the kernel's OOM killer killed a managed command)
 or {"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
-statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
+statuses. SIGINT or SIGTERM aborts the command (kind "abort").
+
+Without --json, output is written as it arrives (in order within each stream,
+the bytes the command wrote); with --json it comes in the one object.
+
+-e NAME=VALUE (repeatable) and --env-file FILE (NAME=VALUE lines; blank lines
+and lines starting with # are skipped) set environment variables over the
+sandbox's defaults; -e NAME passes corral's own $NAME, if set. -e wins over
+--env-file, a later value over an earlier one. With -i corral's own stdin
+becomes the command's (streamed; through --daemon it is sent whole, at most
+16 MiB); without it the command's input is empty and corral's stdin is not
+read.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			status := runMain(cmd, &f, args)
@@ -76,6 +93,9 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 	fl.Var(&f.combinedLimit, "combined-limit", "capture limit for stdout and stderr together (excludes the per-stream limits)")
 	fl.StringVar(&f.leaseKind, "lease-kind", string(sandbox.LeaseTerminal), "lease `KIND`: editor, files, terminal, github, lsp, runner")
 	fl.BoolVar(&f.json, "json", false, "write one JSON object to stdout")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "set environment variable `NAME=VALUE` (or pass corral's own NAME); repeatable")
+	fl.StringArrayVar(&f.envFile, "env-file", nil, "read environment variables from `FILE` (NAME=VALUE lines, # comments); repeatable")
+	fl.BoolVarP(&f.interactive, "interactive", "i", false, "make corral's stdin the command's stdin")
 	fl.StringVar(&f.state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
 	fl.StringVar(&f.workerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one (--project)")
 	fl.StringVar(&f.image, "image", "", "the machine's image `NAME` (--project; recorded for the project; default base)")
@@ -90,31 +110,104 @@ statuses. SIGINT or SIGTERM aborts the command (kind "abort").`,
 // runMain runs the command and reports it; it returns corral's exit status.
 func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 	stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+	// The command's output is reported at the end; without --json it is
+	// written as it arrives instead, and not again.
+	report := func(res *sandbox.CommandResult, err error) int {
+		return reportTo(stdout, stderr, stdout, stderr, f.json, res, err)
+	}
 	opts, err := f.options()
 	if err != nil {
-		return report(stdout, stderr, f.json, nil, err)
+		return report(nil, err)
+	}
+	env, err := f.environment()
+	if err != nil {
+		return report(nil, err)
+	}
+	if f.interactive {
+		opts.Stdin = cmd.InOrStdin()
+	}
+	if !f.json {
+		live := &liveWriter{stdout: stdout, stderr: stderr}
+		opts.OnOutput = live.write
+		opts.RawOutput = true
+		report = func(res *sandbox.CommandResult, err error) int {
+			return reportTo(stdout, stderr, io.Discard, io.Discard, false, res, err)
+		}
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if f.daemon != "" {
-		res, err := runViaDaemon(ctx, f, argv, opts)
-		return report(stdout, stderr, f.json, res, err)
+		return report(runViaDaemon(ctx, f, argv, env, opts))
 	}
 
-	env, err := openRunEnv(ctx, f)
+	renv, err := openRunEnv(ctx, f)
 	if err != nil {
-		return report(stdout, stderr, f.json, nil, err)
+		return report(nil, err)
 	}
-	defer env.close()
+	defer renv.close()
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
-		Cwd:       env.cwd,
+		Cwd:       renv.cwd,
 		User:      f.user,
 		LeaseKind: sandbox.LeaseKind(f.leaseKind),
-		Project:   env.project,
+		Project:   renv.project,
+		Env:       env,
 	}
-	res, err := env.control.RunCommand(ctx, in, &env.actor, opts)
-	return report(stdout, stderr, f.json, res, err)
+	return report(renv.control.RunCommand(ctx, in, &renv.actor, opts))
+}
+
+// liveWriter writes output as it arrives (RunOptions.OnOutput); the two
+// streams' writes are serialized, in case both go to one writer.
+type liveWriter struct {
+	mu             sync.Mutex
+	stdout, stderr io.Writer
+}
+
+func (w *liveWriter) write(s sandbox.Stream, p []byte) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if s == sandbox.Stderr {
+		_, _ = w.stderr.Write(p)
+	} else {
+		_, _ = w.stdout.Write(p)
+	}
+}
+
+// environment reads --env-file and -e into the command's variables (nil
+// when there are none). Names are checked by RunCommand.
+func (f *runFlags) environment() (map[string]string, error) {
+	var env map[string]string
+	set := func(k, v string) {
+		if env == nil {
+			env = map[string]string{}
+		}
+		env[k] = v
+	}
+	for _, file := range f.envFile {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return nil, fmt.Errorf("--env-file: %w", err)
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			line = strings.TrimSuffix(line, "\r")
+			if strings.TrimSpace(line) == "" || strings.HasPrefix(strings.TrimSpace(line), "#") {
+				continue
+			}
+			k, v, ok := strings.Cut(line, "=")
+			if !ok {
+				return nil, fmt.Errorf("--env-file %s:%d: not NAME=VALUE: %q", file, i+1, line)
+			}
+			set(k, v)
+		}
+	}
+	for _, kv := range f.env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			set(k, v)
+		} else if v, ok := os.LookupEnv(kv); ok {
+			set(kv, v)
+		}
+	}
+	return env, nil
 }
 
 // options validates the flags into RunOptions.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 
@@ -19,7 +20,11 @@ import (
 // output; the daemon's own refusals (401, 403, 404, 503, …) and an
 // unreachable daemon are "prepare" failures (nothing was started); a
 // signal aborts the request, which aborts the command ("abort").
-func runViaDaemon(ctx context.Context, f *runFlags, argv []string, opts *sandbox.RunOptions) (*sandbox.CommandResult, error) {
+//
+// The command's input (-i) is read whole, at most the daemon's default
+// MaxStdin, and sent in the request; live output (opts.OnOutput) comes
+// from the streamed answer, as raw bytes (encoding base64).
+func runViaDaemon(ctx context.Context, f *runFlags, argv []string, env map[string]string, opts *sandbox.RunOptions) (*sandbox.CommandResult, error) {
 	token := f.token
 	if token == "" {
 		token = os.Getenv("CORRAL_TOKEN")
@@ -33,10 +38,26 @@ func runViaDaemon(ctx context.Context, f *runFlags, argv []string, opts *sandbox
 		Cwd:       f.cwd,
 		User:      f.user,
 		LeaseKind: sandbox.LeaseKind(f.leaseKind),
+		Env:       env,
 	}
 	if opts != nil {
 		req.TimeoutMs = opts.Timeout.Milliseconds()
 		req.OutputLimit = opts.OutputLimit
+		if opts.Stdin != nil {
+			data, err := io.ReadAll(io.LimitReader(opts.Stdin, daemonStdinMax+1))
+			if err != nil {
+				return nil, &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: "reading stdin: " + err.Error(), Cause: err}
+			}
+			if len(data) > daemonStdinMax {
+				return nil, &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: fmt.Sprintf("stdin is larger than %d bytes (the daemon's limit)", daemonStdinMax)}
+			}
+			req.Stdin = data
+		}
+		if on := opts.OnOutput; on != nil {
+			req.Encoding = client.EncodingBase64
+			req.OnStdout = func(p []byte) { on(sandbox.Stdout, p) }
+			req.OnStderr = func(p []byte) { on(sandbox.Stderr, p) }
+		}
 	}
 	res, err := c.RunCommand(ctx, f.projectID, req)
 	if err == nil {
@@ -44,6 +65,10 @@ func runViaDaemon(ctx context.Context, f *runFlags, argv []string, opts *sandbox
 	}
 	return nil, daemonCommandError(ctx, err)
 }
+
+// daemonStdinMax is the most input -i sends through a daemon: its default
+// limit (daemon.DefaultMaxStdin).
+const daemonStdinMax = 16 << 20
 
 // daemonCommandError translates a client error into the CLI's error type.
 func daemonCommandError(ctx context.Context, err error) *sandbox.CommandError {

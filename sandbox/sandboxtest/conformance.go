@@ -2,12 +2,17 @@ package sandboxtest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/corral-sandbox/corral/sandbox"
@@ -304,6 +309,148 @@ func Run(t *testing.T, tg Target) {
 		}
 	})
 
+	t.Run("EnvReachesCommandOverDefaults", func(t *testing.T) {
+		in := tg.input("sh", "-c", `printf '%s|%s' "$CORRAL_CONF_VAR" "$LANG"`)
+		in.Env = map[string]string{"CORRAL_CONF_VAR": "a b=c\n'\"", "LANG": "C"}
+		a := tg.Actor
+		res, err := tg.Control.RunCommand(ctx, in, &a, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "a b=c\n'\"|C"; res.Stdout != want {
+			t.Fatalf("stdout = %q, want %q", res.Stdout, want)
+		}
+	})
+
+	t.Run("BadEnvRefusedBeforePreparation", func(t *testing.T) {
+		for _, env := range []map[string]string{
+			{"1X": "v"}, {"A=B": "v"}, {"": "v"}, {"A-B": "v"}, {"A\x00": "v"}, {"A": "v\x00"},
+			{"BIG": strings.Repeat("x", sandbox.MaxEnvBytes)},
+		} {
+			in := tg.input("true")
+			in.Env = env
+			a := tg.Actor
+			_, err := tg.Control.RunCommand(ctx, in, &a, nil)
+			wantKind(t, err, sandbox.KindPrepare)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("StdinStreamsLarge", func(t *testing.T) {
+		const size = 10 << 20
+		h := sha256.New()
+		src := io.TeeReader(io.LimitReader(newPattern(), size), h)
+		res, err := tg.run(ctx, &sandbox.RunOptions{Timeout: 30 * time.Second, Stdin: src}, "sha256sum")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := hex.EncodeToString(h.Sum(nil))
+		if got, _, _ := strings.Cut(res.Stdout, " "); got != want {
+			t.Fatalf("sha256 inside = %q, want %s", res.Stdout, want)
+		}
+	})
+
+	t.Run("StdinAndLiveOutputInteract", func(t *testing.T) {
+		// The command answers a line of input before it gets the next:
+		// stdin is streamed, and output reaches OnOutput while the
+		// command runs (a buffered input or output would deadlock here
+		// until the timeout).
+		inR, inW := io.Pipe()
+		var mu sync.Mutex
+		var live strings.Builder
+		sent := false
+		opts := &sandbox.RunOptions{Timeout: 10 * time.Second, Stdin: inR, OnOutput: func(s sandbox.Stream, p []byte) {
+			if s != sandbox.Stdout {
+				return
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			live.Write(p)
+			if !sent && strings.Contains(live.String(), "got 1\n") {
+				sent = true
+				go func() {
+					_, _ = io.WriteString(inW, "2\n")
+					inW.Close()
+				}()
+			}
+		}}
+		go func() { _, _ = io.WriteString(inW, "1\n") }()
+		res, err := tg.run(ctx, opts, "sh", "-c", `read x; echo "got $x"; read y; echo "got $y"; cat`)
+		inW.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if res.Stdout != "got 1\ngot 2\n" || live.String() != res.Stdout {
+			t.Fatalf("stdout = %q, live %q", res.Stdout, live.String())
+		}
+	})
+
+	t.Run("StdinReadErrorIsTransport", func(t *testing.T) {
+		boom := errors.New("boom")
+		src := io.MultiReader(strings.NewReader("x\n"), iotest.ErrReader(boom))
+		_, err := tg.run(ctx, &sandbox.RunOptions{Timeout: 10 * time.Second, Stdin: src}, "sh", "-c", "cat; sleep 100")
+		wantKind(t, err, sandbox.KindTransport)
+		if !errors.Is(err, boom) {
+			t.Errorf("error %v does not wrap the read error", err)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("StdinCommandIgnoringInputDoesNotBlock", func(t *testing.T) {
+		// An endless input the command never reads ends with the command.
+		res, err := tg.run(ctx, &sandbox.RunOptions{Timeout: 10 * time.Second, Stdin: newPattern()}, "echo", "ok")
+		if err != nil || res.Stdout != "ok\n" {
+			t.Fatalf("res %+v err %v", res, err)
+		}
+	})
+
+	t.Run("LiveOutputRespectsLimits", func(t *testing.T) {
+		var live strings.Builder
+		_, err := tg.run(ctx, &sandbox.RunOptions{OutputLimit: sandbox.OutputLimit{Stdout: 4},
+			OnOutput: func(_ sandbox.Stream, p []byte) { live.Write(p) }}, "sh", "-c", "echo 123456789")
+		ce := wantKind(t, err, sandbox.KindOverflow)
+		if live.String() != "1234" || ce.Stdout != "1234" {
+			t.Fatalf("live %q, partial %q", live.String(), ce.Stdout)
+		}
+	})
+
+	t.Run("RawOutputIsBinarySafe", func(t *testing.T) {
+		res, err := tg.run(ctx, &sandbox.RunOptions{RawOutput: true}, "printf", "\\377\\376\\000x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Stdout != "\xff\xfe\x00x" {
+			t.Fatalf("stdout = %q", res.Stdout)
+		}
+	})
+
+	t.Run("LiveOutputIsSanitized", func(t *testing.T) {
+		if tg.HostPath == "" {
+			t.Skip("target declares no host path to hide")
+		}
+		// The path arrives in two writes; neither piece may leak.
+		first := tg.HostPath[:len(tg.HostPath)-2]
+		rest := tg.HostPath[len(tg.HostPath)-2:]
+		var mu sync.Mutex
+		var chunks []string
+		res, err := tg.run(ctx, &sandbox.RunOptions{OnOutput: func(s sandbox.Stream, p []byte) {
+			mu.Lock()
+			chunks = append(chunks, string(p))
+			mu.Unlock()
+		}}, "sh", "-c", `printf 'at %s' "$0"; sleep 0.3; printf '%s/x\n' "$1"`, first, rest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		joined := strings.Join(chunks, "")
+		if strings.Contains(joined, first) || joined != res.Stdout || !strings.Contains(joined, tg.DisplayPath+"/x") {
+			t.Fatalf("live chunks %q (result %q): host path not hidden as %q", chunks, res.Stdout, tg.DisplayPath)
+		}
+	})
+
 	t.Run("NoActorRefused", func(t *testing.T) {
 		_, err := tg.Control.RunCommand(ctx, tg.input("true"), nil, nil)
 		wantKind(t, err, sandbox.KindPrepare)
@@ -331,4 +478,19 @@ func Run(t *testing.T, tg Target) {
 		wantKind(t, err, sandbox.KindPrepare)
 		tg.noLiveLeases(t)
 	})
+}
+
+// pattern is an endless, cheap, non-repeating-looking byte stream.
+type pattern struct{ x uint64 }
+
+func newPattern() *pattern { return &pattern{x: 0x9e3779b97f4a7c15} }
+
+func (p *pattern) Read(b []byte) (int, error) {
+	for i := range b {
+		p.x ^= p.x << 13
+		p.x ^= p.x >> 7
+		p.x ^= p.x << 17
+		b[i] = byte(p.x)
+	}
+	return len(b), nil
 }

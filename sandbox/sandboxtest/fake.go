@@ -6,8 +6,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -91,6 +94,9 @@ type Provider struct {
 	Mutate func(sandbox.Prepared)
 	// Sanitize is installed on every prepared execution.
 	Sanitize func(string) string
+	// SanitizeHold is installed with Sanitize (see
+	// sandbox.PreparedCommon.SanitizeHold).
+	SanitizeHold func(string) int
 	// OnLease, if non-nil, sees each lease minted.
 	OnLease func(*Lease)
 
@@ -146,8 +152,12 @@ func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, a
 	if p.OnLease != nil {
 		p.OnLease(lease)
 	}
-	common := sandbox.PreparedCommon{Project: in.Project, Cwd: dir, DisplayCwd: dir, Lease: lease, Sanitize: p.Sanitize}
+	common := sandbox.PreparedCommon{Project: in.Project, Cwd: dir, DisplayCwd: dir, Lease: lease, Sanitize: p.Sanitize, SanitizeHold: p.SanitizeHold}
 	env := []string{"PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8"}
+	for _, k := range slices.Sorted(maps.Keys(in.Env)) {
+		env = slices.DeleteFunc(env, func(e string) bool { return strings.HasPrefix(e, k+"=") })
+		env = append(env, k+"="+in.Env[k])
+	}
 	var prep sandbox.Prepared
 	kind := in.Project.Kind
 	if p.Kind != "" {
