@@ -21,11 +21,11 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/pdeath"
+	"github.com/corral-sandbox/corral/internal/tailbuf"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -95,11 +95,14 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 	if f, ok := opts.Stderr.(*os.File); ok {
 		cmd.Stderr = f
 	} else {
-		tail = &tailBuffer{max: stderrTail}
+		tail = &tailBuffer{tailbuf.Buffer{Max: stderrTail}}
 		cmd.Stderr = tail
 		if opts.Stderr != nil {
 			cmd.Stderr = io.MultiWriter(tail, opts.Stderr)
 		}
+	}
+	if sameWriter(opts.Stdout, opts.Stderr) {
+		cmd.Stdout = cmd.Stderr // one pipe, as exec does for one writer: no concurrent writes
 	}
 	// A grandchild that kept the stderr pipe open must not hold up the
 	// reaping of the worker.
@@ -214,31 +217,22 @@ func (p *Process) Kill() {
 	<-p.done
 }
 
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
+// sameWriter reports whether a and b are the same non-nil writer (false
+// for writers whose type cannot be compared).
+func sameWriter(a, b io.Writer) (same bool) {
+	defer func() { _ = recover() }()
+	return a != nil && a == b
 }
 
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append([]byte(nil), t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
+// tailBuffer is the kept end of a worker's stderr.
+type tailBuffer struct{ tailbuf.Buffer }
 
 // suffix is ": " and the kept text, or "" (also for a nil t).
 func (t *tailBuffer) suffix() string {
 	if t == nil {
 		return ""
 	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := strings.TrimSpace(string(t.b))
+	s := strings.TrimSpace(t.String())
 	if s == "" {
 		return ""
 	}

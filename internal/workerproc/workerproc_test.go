@@ -23,6 +23,9 @@ import (
 // the child does.
 const childMode = "CORRAL_WORKERPROC_CHILD"
 
+// muted are the mute child's connections, kept open and never answered.
+var muted []net.Conn
+
 func TestMain(m *testing.M) {
 	worker.MaybeRunInit()
 	switch os.Getenv(childMode) {
@@ -56,7 +59,7 @@ func TestMain(m *testing.M) {
 			if err != nil {
 				os.Exit(1)
 			}
-			defer c.Close()
+			muted = append(muted, c)
 		}
 	}
 	os.Exit(3)
