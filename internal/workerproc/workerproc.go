@@ -33,6 +33,9 @@ import (
 const (
 	DefaultReadyTimeout = 10 * time.Second
 	DefaultStopTimeout  = 30 * time.Second
+	// startStopTimeout is how long a worker that was not ready in time
+	// has to end on SIGTERM before Start kills it.
+	startStopTimeout = 5 * time.Second
 	// stderrTail is how much of a worker's stderr Start keeps to explain
 	// a failed start.
 	stderrTail = 4096
@@ -78,8 +81,8 @@ type Process struct {
 // Start starts the worker and blocks until it answers a protocol-2
 // handshake on opts.Socket. If the worker exits first, the error says so
 // and ends with the tail of its stderr; if ctx ends or ReadyTimeout passes
-// first, Start kills the worker, reaps it and returns an error. On error
-// no process is left running.
+// first, Start stops the worker (SIGTERM, and SIGKILL after 5 s), reaps it
+// and returns an error. On error no process is left running.
 func Start(ctx context.Context, opts Options) (*Process, error) {
 	if opts.Socket == "" {
 		return nil, errors.New("workerproc: no socket")
@@ -140,7 +143,9 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 		case <-rctx.Done():
 		}
 		wait.Stop()
-		p.Kill()
+		sctx, scancel := context.WithTimeout(context.Background(), startStopTimeout)
+		_ = p.Stop(sctx)
+		scancel()
 		cause := rctx.Err()
 		if ctx.Err() != nil {
 			cause = ctx.Err()

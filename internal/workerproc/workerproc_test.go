@@ -184,3 +184,17 @@ func TestKilledWorkerReported(t *testing.T) {
 		t.Fatalf("Stop of a dead worker: %v", err)
 	}
 }
+
+// A cancelled ctx ends the wait: Start stops the worker and says why.
+func TestStartCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	p, err := workerproc.Start(ctx, opts(t, "mute"))
+	if err == nil {
+		p.Kill()
+		t.Fatal("Start succeeded with a cancelled context")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("error = %v, want context.Canceled", err)
+	}
+}
