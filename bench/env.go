@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/internal/workerproc"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
@@ -34,7 +34,7 @@ var children = map[string]func(args []string) error{
 
 // workerProc is the privileged worker, running as a child process.
 type workerProc struct {
-	cmd          *exec.Cmd
+	proc         *workerproc.Process
 	socket       string
 	projectsRoot string
 	// cgroupPrefix and the worker's pid name its cgroup parent, which
@@ -58,7 +58,7 @@ func newWorkerDirs(dir string) (w *workerProc, state string, err error) {
 	return w, state, nil
 }
 
-// startWorker starts `bench __worker` and waits until it listens.
+// startWorker starts `bench __worker` and waits until it answers.
 func startWorker(dir, profile string) (*workerProc, error) {
 	w, state, err := newWorkerDirs(dir)
 	if err != nil {
@@ -73,7 +73,7 @@ func startWorker(dir, profile string) (*workerProc, error) {
 		args = append(args, "-cpuprofile", filepath.Join(profile, "worker.pprof"))
 	}
 	w.cgroupPrefix = "corral-bench-"
-	if err := w.launch(exec.Command(self, args...)); err != nil {
+	if err := w.launch(self, args...); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -94,62 +94,42 @@ func startSlimWorker(dir string) (*workerProc, error) {
 		return nil, err
 	}
 	w.cgroupPrefix = "corral-bench-slim-"
-	if err := w.launch(exec.Command(bin, w.socket, w.projectsRoot, state)); err != nil {
+	if err := w.launch(bin, w.socket, w.projectsRoot, state); err != nil {
 		return nil, err
 	}
 	return w, nil
 }
 
-// launch starts cmd as w's process and waits for its "ready" line.
-func (w *workerProc) launch(cmd *exec.Cmd) error {
-	w.cmd = cmd
-	w.cmd.Stderr = os.Stderr
-	out, err := w.cmd.StdoutPipe()
+// launch starts exe as w's process and waits until it answers on its
+// socket.
+func (w *workerProc) launch(exe string, args ...string) error {
+	p, err := workerproc.Start(context.Background(), workerproc.Options{
+		Exe:          exe,
+		Args:         args,
+		Socket:       w.socket,
+		Stderr:       os.Stderr,
+		Pdeathsig:    syscall.SIGTERM,
+		ReadyTimeout: 30 * time.Second,
+	})
 	if err != nil {
-		return err
-	}
-	if err := w.cmd.Start(); err != nil {
-		w.cmd = nil
-		return err
-	}
-	ready := make(chan error, 1)
-	go func() {
-		line, err := bufio.NewReader(out).ReadString('\n')
-		if err == nil && strings.TrimSpace(line) != "ready" {
-			err = fmt.Errorf("worker said %q", line)
-		}
-		ready <- err
-	}()
-	select {
-	case err = <-ready:
-	case <-time.After(30 * time.Second):
-		err = errors.New("worker not ready within 30s")
-	}
-	if err != nil {
-		w.stop()
 		return fmt.Errorf("start worker: %w", err)
 	}
+	w.proc = p
 	return nil
 }
 
 // stop ends the worker with SIGTERM (it stops every machine) and waits.
 func (w *workerProc) stop() {
-	if w == nil || w.cmd == nil || w.cmd.Process == nil {
+	if w == nil || w.proc == nil {
 		return
 	}
-	_ = w.cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = w.cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(40 * time.Second):
-		_ = w.cmd.Process.Kill()
-		<-done
-	}
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
+	defer cancel()
+	_ = w.proc.Stop(ctx)
 	if w.cgroupPrefix != "" {
-		removeCgroupParent(w.cgroupPrefix + strconv.Itoa(w.cmd.Process.Pid))
+		removeCgroupParent(w.cgroupPrefix + strconv.Itoa(w.proc.Pid))
 	}
-	w.cmd = nil
+	w.proc = nil
 }
 
 // removeCgroupParent removes the cgroup directories named parent that a
@@ -197,8 +177,7 @@ func (w *workerProc) workspace(name string) (string, error) {
 }
 
 // workerChild serves protocol 2 as `corral worker` does, with the defaults
-// of a production worker, until SIGTERM. It writes "ready" on stdout once
-// it listens.
+// of a production worker, until SIGTERM.
 func workerChild(args []string) error {
 	fs := flag.NewFlagSet("__worker", flag.ContinueOnError)
 	sock := fs.String("socket", "", "")
@@ -235,7 +214,6 @@ func workerChild(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	fmt.Println("ready")
 	serveErr := w.Serve(ctx, ln)
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

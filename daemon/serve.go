@@ -273,7 +273,8 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			return fmt.Errorf("daemon: %w", err)
 		}
 		sup = StartSupervisor(SupervisorOptions{
-			Exe: exe,
+			Exe:    exe,
+			Socket: sock,
 			// Images beside the worker's state, where `corral image import
 			// --state STATE` puts them; the daemon's workspaces belong to
 			// their projects' own ids (--own-workspaces).

@@ -6,12 +6,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/corral-sandbox/corral/internal/pdeath"
+	"github.com/corral-sandbox/corral/internal/workerproc"
 )
 
 // SupervisorOptions configure StartSupervisor.
@@ -20,6 +19,12 @@ type SupervisorOptions struct {
 	// argv[0]).
 	Exe  string
 	Args []string
+	// Socket is the worker's socket (which Args make it listen on): a
+	// worker counts as started once it answers a protocol-2 handshake
+	// there, within ReadyTimeout (zero: 60 s; a worker that is not ready
+	// by then is killed and restarted).
+	Socket       string
+	ReadyTimeout time.Duration
 	// Stderr receives the worker's stderr; nil means os.Stderr.
 	Stderr io.Writer
 	// Logger receives the supervisor's events; nil means slog.Default().
@@ -36,7 +41,8 @@ type SupervisorOptions struct {
 
 // Supervisor keeps one worker process running: it restarts it with
 // backoff whenever it dies. The daemon's machine gateway reconnects by
-// itself. The worker gets SIGTERM if the daemon dies (Pdeathsig).
+// itself. The worker gets SIGTERM if the daemon dies (Pdeathsig). A
+// worker that exits before it answers on its socket counts as a death.
 type Supervisor struct {
 	opts SupervisorOptions
 	log  *slog.Logger
@@ -46,7 +52,7 @@ type Supervisor struct {
 	done   chan struct{}
 
 	mu     sync.Mutex
-	cmd    *exec.Cmd
+	proc   *workerproc.Process
 	starts int
 }
 
@@ -60,6 +66,9 @@ func StartSupervisor(opts SupervisorOptions) *Supervisor {
 	}
 	if opts.StableAfter <= 0 {
 		opts.StableAfter = 30 * time.Second
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = 60 * time.Second
 	}
 	if opts.Stderr == nil {
 		opts.Stderr = os.Stderr
@@ -85,41 +94,44 @@ func (s *Supervisor) Starts() int {
 func (s *Supervisor) Pid() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil || s.cmd.Process == nil {
+	if s.proc == nil {
 		return 0
 	}
-	return s.cmd.Process.Pid
+	return s.proc.Pid
 }
 
 func (s *Supervisor) loop() {
 	defer close(s.done)
 	backoff := s.opts.MinBackoff
 	for s.ctx.Err() == nil {
-		cmd := exec.Command(s.opts.Exe, s.opts.Args...)
-		cmd.Stdout = s.opts.Stderr
-		cmd.Stderr = s.opts.Stderr
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 		started := time.Now()
-		err := pdeath.Start(cmd) // Pdeathsig: this process, not this thread
+		p, err := workerproc.Start(s.ctx, workerproc.Options{
+			Exe:          s.opts.Exe,
+			Args:         s.opts.Args,
+			Socket:       s.opts.Socket,
+			Stdout:       s.opts.Stderr,
+			Stderr:       s.opts.Stderr,
+			Pdeathsig:    syscall.SIGTERM,
+			ReadyTimeout: s.opts.ReadyTimeout,
+		})
 		if err == nil {
 			s.mu.Lock()
-			s.cmd = cmd
+			if s.ctx.Err() != nil { // Stop came between the start and now
+				s.mu.Unlock()
+				_ = p.Stop(context.Background())
+				return
+			}
+			s.proc = p
 			s.starts++
 			s.mu.Unlock()
 			if s.opts.Metrics != nil {
 				s.opts.Metrics.WorkerStarted()
 			}
-			s.log.Info("worker started", "pid", cmd.Process.Pid)
-			waited := make(chan error, 1)
-			go func() { waited <- cmd.Wait() }()
-			select {
-			case err = <-waited:
-			case <-s.ctx.Done():
-				_ = cmd.Process.Signal(syscall.SIGTERM)
-				err = <-waited
-			}
+			s.log.Info("worker started", "pid", p.Pid)
+			<-p.Done() // Stop ends it
+			err = p.Wait()
 			s.mu.Lock()
-			s.cmd = nil
+			s.proc = nil
 			s.mu.Unlock()
 		}
 		if s.ctx.Err() != nil {
@@ -145,20 +157,13 @@ func (s *Supervisor) loop() {
 // blocks until the worker is gone and may be called more than once.
 func (s *Supervisor) Stop(ctx context.Context) error {
 	s.mu.Lock()
-	s.cancel()
-	cmd := s.cmd
-	if cmd != nil {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-	}
+	s.cancel() // a worker still starting is killed by workerproc.Start
+	p := s.proc
 	s.mu.Unlock()
-	select {
-	case <-s.done:
-		return nil
-	case <-ctx.Done():
-	}
-	if cmd != nil {
-		_ = cmd.Process.Kill()
+	var err error
+	if p != nil && p.Stop(ctx) != nil {
+		err = errors.New("daemon: worker did not stop in time; killed")
 	}
 	<-s.done
-	return errors.New("daemon: worker did not stop in time; killed")
+	return err
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/pdeath"
+	"github.com/corral-sandbox/corral/internal/tailbuf"
 
 	"github.com/corral-sandbox/corral/wire"
 )
@@ -61,7 +62,7 @@ type Process struct {
 	cmd      *exec.Cmd
 	stdin    io.WriteCloser
 	dec      *json.Decoder
-	tail     *tailBuffer
+	tail     *tailbuf.Buffer
 	commands int
 	reported int
 	writeErr error
@@ -146,7 +147,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	if opts.Stderr != nil {
 		cmd.Stderr = opts.Stderr
 	} else {
-		p.tail = &tailBuffer{max: stderrTail}
+		p.tail = &tailbuf.Buffer{Max: stderrTail}
 		cmd.Stderr = p.tail
 	}
 	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
@@ -278,27 +279,4 @@ func (e *ExitError) ExitCode() int {
 		return -1
 	}
 	return e.State.ExitCode()
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if over := len(t.b) - t.max; over > 0 {
-		t.b = append(t.b[:0], t.b[over:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
 }

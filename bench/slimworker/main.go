@@ -5,7 +5,7 @@
 //
 //	slimworker SOCKET PROJECTS_ROOT STATE_DIR
 //
-// It serves until SIGTERM and writes "ready" on stdout once it listens.
+// It serves until SIGTERM.
 package main
 
 import (
@@ -52,7 +52,6 @@ func serve(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	fmt.Println("ready")
 	serveErr := w.Serve(ctx, ln)
 	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -5,17 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"syscall"
-	"time"
 
-	"github.com/corral-sandbox/corral/internal/pdeath"
-
+	"github.com/corral-sandbox/corral/internal/workerproc"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // startManagedTransport returns the transport for a --project run: the
@@ -46,72 +40,22 @@ func startManagedTransport(ctx context.Context, f *runFlags, state string) (mach
 	sock := filepath.Join(dir, "worker.sock")
 	// Images beside the worker's state (STATE/images, where `corral image
 	// import --state STATE` puts them). Not --own-workspaces: the
-	// workspace is the user's own checkout.
-	cmd := exec.Command(self, "worker", "--socket", sock, "--projects-root", filepath.Dir(ws),
-		"--state", filepath.Join(state, "worker"), "--images", filepath.Join(state, "images"))
-	// The worker logs JSON; a private worker's logs are kept only to explain
-	// a failed start.
-	logs := &tailBuffer{max: 4096}
-	cmd.Stderr = logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
-	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
+	// workspace is the user's own checkout. The worker logs JSON; a private
+	// worker's logs are kept only to explain a failed start.
+	p, err := workerproc.Start(ctx, workerproc.Options{
+		Exe: self,
+		Args: []string{"worker", "--socket", sock, "--projects-root", filepath.Dir(ws),
+			"--state", filepath.Join(state, "worker"), "--images", filepath.Join(state, "images")},
+		Socket:    sock,
+		Pdeathsig: syscall.SIGTERM,
+	})
+	if err != nil {
 		os.RemoveAll(dir)
-		return nil, nil, fmt.Errorf("start worker: %w", err)
+		return nil, nil, err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
+		_ = p.Stop(context.Background()) // SIGTERM, then SIGKILL after 30 s
 		os.RemoveAll(dir)
-	}
-	// Wait until the worker answers.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := wire.Dial(ctx, sock)
-		if err == nil {
-			c.Close()
-			break
-		}
-		select {
-		case err := <-exited:
-			os.RemoveAll(dir)
-			return nil, nil, fmt.Errorf("worker exited at start: %v: %s", err, strings.TrimSpace(logs.String()))
-		default:
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			stop()
-			return nil, nil, fmt.Errorf("worker did not start listening: %w: %s", err, strings.TrimSpace(logs.String()))
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	return machine.SocketTransport{Path: sock}, stop, nil
-}
-
-// tailBuffer keeps the last max bytes written to it.
-type tailBuffer struct {
-	mu  sync.Mutex
-	max int
-	b   []byte
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append([]byte(nil), t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return string(t.b)
 }

@@ -5,14 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/corral-sandbox/corral/internal/pdeath"
-
+	"github.com/corral-sandbox/corral/internal/workerproc"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
@@ -53,8 +51,7 @@ type Process struct {
 	ProjectsRoot string
 	state        string
 	cgroup       string
-	cmd          *exec.Cmd
-	exited       chan struct{}
+	proc         *workerproc.Process
 }
 
 // StartProcess starts a worker child process. It skips the test when not
@@ -78,28 +75,19 @@ func StartProcess(t testing.TB) *Process {
 // Start (re)starts the worker on the same socket and waits until it answers.
 func (p *Process) Start(t testing.TB) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+p.Socket, childEnv+"_ROOT="+p.ProjectsRoot,
-		childEnv+"_STATE="+p.state, childEnv+"_CGROUP="+p.cgroup)
-	cmd.Stderr = os.Stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
-		t.Fatal(err)
+	proc, err := workerproc.Start(context.Background(), workerproc.Options{
+		Exe:  os.Args[0],
+		Args: []string{"-test.run=^$"},
+		Env: append(os.Environ(), childEnv+"="+p.Socket, childEnv+"_ROOT="+p.ProjectsRoot,
+			childEnv+"_STATE="+p.state, childEnv+"_CGROUP="+p.cgroup),
+		Socket:    p.Socket,
+		Stderr:    os.Stderr,
+		Pdeathsig: syscall.SIGKILL,
+	})
+	if err != nil {
+		t.Fatalf("worker child: %v", err)
 	}
-	p.cmd, p.exited = cmd, make(chan struct{})
-	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(cmd, p.exited)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := wire.Dial(context.Background(), p.Socket)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("worker child did not listen: %v", err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	p.proc = proc
 }
 
 // Workspace makes a new workspace directory under the projects root.
@@ -115,12 +103,11 @@ func (p *Process) Workspace(t testing.TB, name string) string {
 // Kill sends SIGKILL to the worker and waits for it to end. It is
 // idempotent.
 func (p *Process) Kill() {
-	if p.cmd == nil {
+	if p.proc == nil {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-	p.cmd = nil
+	p.proc.Kill()
+	p.proc = nil
 	os.Remove(p.Socket)
 }
 
