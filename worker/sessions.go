@@ -28,8 +28,8 @@ type session struct {
 	cwd  string
 	// user and cred are whom it runs as: cred as looked up, else user
 	// (alwaysKnown), else the machine's default user.
-	user  string
-	cred  *ctl.Cred
+	user string
+	cred *ctl.Cred
 	// tty, for a terminal session (wire.FeatureTTY), is its initial size.
 	tty   *ctl.Winsize
 	state int
