@@ -85,6 +85,18 @@ type ExecInput struct {
 	User      string     `json:"user,omitempty"`
 	LeaseKind LeaseKind  `json:"leaseKind"`
 	Project   ProjectRef `json:"project"`
+	// TTY, when set, runs the command on a terminal of this initial size
+	// (a managed project's: a pseudo-terminal inside its machine): the
+	// session's Stdin and Stdout are the terminal, its Stderr is empty,
+	// and ManagedExecutionSession.Resize resizes it. Only sessions take
+	// it; RunCommand ignores it.
+	TTY *TTYSize `json:"tty,omitempty"`
+}
+
+// TTYSize is a terminal's size in character cells.
+type TTYSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // Validate checks the input's shape. It does not check tenancy or paths;
