@@ -325,7 +325,7 @@ func (NetListening) Type() string { return TypeNetListening }
 
 func (MachineReset) Type() string     { return TypeMachineReset }
 func (MachineResetDone) Type() string { return TypeMachineResetDone }
-func (ExecTTY) Type() string      { return TypeExecTTY }
+func (ExecTTY) Type() string          { return TypeExecTTY }
 
 // Error implements the error interface, so that an error frame can be
 // returned as an error.
