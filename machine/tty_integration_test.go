@@ -111,9 +111,13 @@ func TestRealWorkerTTYShell(t *testing.T) {
 	}
 	defer s.Close()
 	r := bufio.NewReader(s.Stdout)
-	io.WriteString(s.Stdin, "echo started; sleep 30\n")
-	got := expect(t, s.TTY, r, "\r\nstarted\r\n", 10*time.Second)
+	// The job prints once it runs in the terminal's foreground (the
+	// shell's child sets it so before it execs): ^C is then its.
+	io.WriteString(s.Stdin, "sh -c 'echo started; exec sleep 30'\n")
+	got := expect(t, s.TTY, r, "started\r\n", 10*time.Second)
 	io.WriteString(s.Stdin, "\x03")
+	// ^C flushes the terminal's pending input: type on at the next prompt.
+	got += expect(t, s.TTY, r, "$ ", 10*time.Second)
 	io.WriteString(s.Stdin, "echo after-$?\n")
 	got += expect(t, s.TTY, r, "after-130", 10*time.Second)
 	if strings.Contains(got, "can't access tty") {
