@@ -18,6 +18,8 @@ import (
 )
 
 // Raw sessions: GET /v1/projects/{id}/sessions?argv=F&argv=A1&…&cwd=C&leaseKind=K
+// (and optionally &user=U, as a command's "user", and the terminal's
+// &tty=1&rows=R&cols=C)
 // upgrades to a WebSocket that carries one command's standard streams. A
 // managed project's command runs in its machine (ManagedPrepared.Start); a
 // host project's is started by the daemon from the prepared launch
@@ -98,6 +100,7 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       q.Get("cwd"),
+		User:      q.Get("user"),
 		LeaseKind: kind,
 		Project:   projectRef(proj),
 	}
