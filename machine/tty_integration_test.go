@@ -163,3 +163,32 @@ func BenchmarkTTYEcho(b *testing.B) {
 	_ = s.Cancel(ctx)
 	s.Wait()
 }
+
+// Guest root cannot steer where the init allocates terminals: with the
+// machine's /dev/ptmx replaced by a link to a file of its choosing, a
+// terminal session still gets a pty of the machine's devpts.
+func TestRealWorkerTTYPtmxReplaced(t *testing.T) {
+	in, _ := newIntegration(t)
+	ctx := ctxT(t)
+	r := in.req("sh", "-c", "echo not-a-pty > /tmp/fake && rm -f /dev/ptmx && ln -s /tmp/fake /dev/ptmx && readlink /dev/ptmx")
+	r.User = "root"
+	s, err := in.g.Exec(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(s.Stdout)
+	s.Close()
+	if exit, err := s.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 || string(out) != "/tmp/fake\n" {
+		t.Skipf("guest root could not replace /dev/ptmx (%q, %+v, %v): nothing to check", out, exit, err)
+	}
+	s, err = in.g.Exec(ctx, in.ttyReq(24, 80, "sh", "-c", "tty; stty size"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got, _ := io.ReadAll(s.Stdout)
+	if exit, err := s.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 ||
+		!strings.HasPrefix(string(got), "/dev/pts/") || !strings.Contains(string(got), "24 80") {
+		t.Fatalf("terminal session after /dev/ptmx was replaced: %q, %+v, %v", got, exit, err)
+	}
+}
