@@ -111,8 +111,12 @@ func execMain(cmd *cobra.Command, f *execFlags, argv []string) int {
 		}
 	}
 	if len(f.env) > 0 {
-		// Until sessions take an environment, env(1) of the machine sets it.
-		argv = append(append(append([]string{"env"}, f.env...), "--"), argv...)
+		// Until sessions take an environment, env(1) sets it (where the
+		// command runs: after its K=V operands, GNU env takes no "--").
+		if strings.Contains(argv[0], "=") {
+			return fail(fmt.Errorf("with -e, the program %q cannot contain '='", argv[0]))
+		}
+		argv = append(append([]string{"env"}, f.env...), argv...)
 	}
 	inFD := int(os.Stdin.Fd())
 	outFD := int(os.Stdout.Fd())

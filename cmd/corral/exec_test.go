@@ -90,3 +90,37 @@ func TestExecTTYUnderTmux(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestExecViaDaemon: `corral exec --daemon` over the WebSocket session API,
+// in a host project: the exit status passes through, and -t gives the
+// command a terminal (a host pty) of the default size when corral's own
+// output is not one.
+func TestExecViaDaemon(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: host commands are confined by corral's Landlock helper")
+	}
+	state, err := os.MkdirTemp("", "cx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	mustCLI(t, "account", "create", "alice", "--state", state)
+	tok := mustCLI(t, "token", "create", "alice", "--state", state)
+	id := mustCLI(t, "project", "create", "web", "--host", t.TempDir(), "--owner", "alice", "--state", state)
+	sock := startDaemon(t, state)
+
+	out, errs, status := cli("exec", "--daemon", sock, "--project-id", id, "--token", tok, "-e", "GREETING=hi", "--",
+		"sh", "-c", "echo $GREETING; echo err >&2; exit 4")
+	if status != 4 || out != "hi\n" || errs != "err\n" {
+		t.Fatalf("exec: %d %q %q", status, out, errs)
+	}
+	out, errs, status = cli("exec", "-t", "--daemon", sock, "--project-id", id, "--token", tok, "--",
+		"sh", "-c", "tty; stty size; test -t 2 && echo tty-err >&2; exit 3")
+	if status != 3 || !strings.HasPrefix(out, "/dev/pts/") || !strings.Contains(out, "24 80") || !strings.Contains(out, "tty-err") || errs != "" {
+		t.Fatalf("exec -t: %d %q %q", status, out, errs)
+	}
+	_, errs, status = cli("exec", "--daemon", sock, "--project-id", id, "--token", tok, "--", "sh", "-c", "kill -TERM $$")
+	if status != 128+15 {
+		t.Fatalf("a command killed by SIGTERM: %d %q", status, errs)
+	}
+}
