@@ -88,8 +88,9 @@ type ExecInput struct {
 	// TTY, when set, runs the command on a terminal of this initial size
 	// (a managed project's: a pseudo-terminal inside its machine): the
 	// session's Stdin and Stdout are the terminal, its Stderr is empty,
-	// and ManagedExecutionSession.Resize resizes it. Only sessions take
-	// it; RunCommand ignores it.
+	// and ManagedExecutionSession.Resize resizes it. It is for raw
+	// sessions (the daemon's WebSocket API, corral exec, which start the
+	// prepared execution themselves); RunCommand callers leave it nil.
 	TTY *TTYSize `json:"tty,omitempty"`
 }
 
