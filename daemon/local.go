@@ -15,7 +15,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/pdeath"
-
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
