@@ -6,6 +6,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -16,6 +18,8 @@ import (
 )
 
 // Raw sessions: GET /v1/projects/{id}/sessions?argv=F&argv=A1&…&cwd=C&leaseKind=K
+// (and optionally &user=U, as a command's "user", and the terminal's
+// &tty=1&rows=R&cols=C)
 // upgrades to a WebSocket that carries one command's standard streams. A
 // managed project's command runs in its machine (ManagedPrepared.Start); a
 // host project's is started by the daemon from the prepared launch
@@ -28,6 +32,7 @@ import (
 //	client → daemon
 //	  binary  0x00 ‖ bytes     bytes for the command's stdin
 //	  text    {"type":"eof"}   close the command's stdin
+//	  text    {"type":"resize","rows":R,"cols":C}   (terminal sessions)
 //	daemon → client
 //	  text    {"type":"started","leaseId":L}
 //	  binary  0x01 ‖ bytes     the command wrote bytes to stdout
@@ -47,6 +52,16 @@ import (
 // While the socket lives the daemon heartbeats the lease every
 // AppOptions.SessionHeartbeat (5 s); a failed heartbeat cancels the command
 // ("error" kind "transport").
+//
+// Terminal sessions: with ?tty=1&rows=R&cols=C (rows and cols 1…65535,
+// default 24 × 80) the command runs on a pseudo-terminal (a managed
+// project's inside its machine, a host project's on the host), its
+// controlling terminal and its descriptors 0, 1 and 2, with TERM
+// xterm-256color in a machine. Stdin messages are then the terminal's
+// input (keys: ^C is 0x03 and interrupts the foreground job; ^D ends a
+// shell's input), every output arrives as stream 0x01 and none as 0x02,
+// "eof" does nothing, and {"type":"resize"} resizes the terminal (its
+// foreground job gets SIGWINCH). "exit" reports the command's status.
 //
 // Errors before the upgrade (401, 403, 404, 400 for a missing argv or a
 // refused preparation, 503, …) are ordinary JSON error responses.
@@ -85,8 +100,12 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       q.Get("cwd"),
+		User:      q.Get("user"),
 		LeaseKind: kind,
 		Project:   projectRef(proj),
+	}
+	if in.TTY, err = ttyQuery(q); err != nil {
+		return err
 	}
 	prep, err := ctl.PrepareExecution(r.Context(), in, &sandbox.Actor{AccountUserID: acct.ID})
 	if err != nil {
@@ -99,7 +118,7 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	case *sandbox.LocalPrepared:
 		var localCancel func(context.Context) error
 		s.start = func(context.Context) (*sandbox.ManagedExecutionSession, error) {
-			sess, c, err := startLocalSession(p)
+			sess, c, err := startLocalSession(p, in.TTY)
 			localCancel = c
 			return sess, err
 		}
@@ -231,7 +250,7 @@ func (s *wsSession) run(parent context.Context) {
 	}
 
 	socketGone := make(chan error, 3)
-	go func() { socketGone <- s.readStdin(ctx, sess.Stdin) }()
+	go func() { socketGone <- s.readStdin(ctx, sess.Stdin, sess.Resize) }()
 	var pumps sync.WaitGroup
 	pumps.Add(2)
 	go func() { defer pumps.Done(); s.pump(ctx, StreamStdout, sess.Stdout, socketGone) }()
@@ -321,7 +340,7 @@ func releaseAfterCancel(s *wsSession, sess *sandbox.ManagedExecutionSession) {
 
 // readStdin forwards the client's stdin messages; it returns when the
 // socket fails or closes (or the client breaks the framing).
-func (s *wsSession) readStdin(ctx context.Context, stdin io.WriteCloser) error {
+func (s *wsSession) readStdin(ctx context.Context, stdin io.WriteCloser, resize func(rows, cols uint16) error) error {
 	for {
 		typ, data, err := s.conn.Read(ctx)
 		if err != nil {
@@ -339,11 +358,20 @@ func (s *wsSession) readStdin(ctx context.Context, stdin io.WriteCloser) error {
 		case websocket.MessageText:
 			var m struct {
 				Type string `json:"type"`
+				Rows uint16 `json:"rows"`
+				Cols uint16 `json:"cols"`
 			}
-			if err := json.Unmarshal(data, &m); err != nil || m.Type != "eof" {
-				return errors.New(`session: text messages from the client must be {"type":"eof"}`)
+			err := json.Unmarshal(data, &m)
+			switch {
+			case err == nil && m.Type == "eof":
+				_ = stdin.Close()
+			case err == nil && m.Type == "resize" && resize != nil && m.Rows > 0 && m.Cols > 0:
+				if rerr := resize(m.Rows, m.Cols); rerr != nil {
+					s.a.log.Debug("session: resize", "lease", s.lease.ID(), "err", rerr)
+				}
+			default:
+				return errors.New(`session: text messages from the client must be {"type":"eof"} or, on a terminal, {"type":"resize","rows":R,"cols":C}`)
 			}
-			_ = stdin.Close()
 		}
 	}
 }
@@ -365,4 +393,31 @@ func (s *wsSession) pump(ctx context.Context, id byte, r io.Reader, gone chan<- 
 			return
 		}
 	}
+}
+
+// ttyQuery reads a session's terminal parameters: nil without ?tty=1.
+func ttyQuery(q url.Values) (*sandbox.TTYSize, error) {
+	switch q.Get("tty") {
+	case "", "0", "false":
+		return nil, nil
+	case "1", "true":
+	default:
+		return nil, apiErr(http.StatusBadRequest, KindInvalid, "tty must be 1 or 0")
+	}
+	size := &sandbox.TTYSize{Rows: 24, Cols: 80}
+	for _, f := range []struct {
+		name string
+		v    *uint16
+	}{{"rows", &size.Rows}, {"cols", &size.Cols}} {
+		v := q.Get(f.name)
+		if v == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(v, 10, 16)
+		if err != nil || n == 0 {
+			return nil, apiErr(http.StatusBadRequest, KindInvalid, "%s must be an integer from 1 to 65535", f.name)
+		}
+		*f.v = uint16(n)
+	}
+	return size, nil
 }

@@ -222,6 +222,13 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 		if w := c.takeDial(m.ID); w != nil {
 			w <- dialResult{}
 		}
+	case *wire.ExecTTY:
+		if s := c.session(m.ID, false); s != nil {
+			s.setTTY(files[0])
+		} else {
+			log.Debug("exec-tty for unknown session", "id", m.ID)
+			closeFiles(files)
+		}
 	case *wire.NetDialed:
 		w := c.takeDial(m.ID)
 		if w == nil {

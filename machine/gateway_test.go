@@ -749,3 +749,27 @@ func TestUserNeedsFeature(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestTTYNeedsFeature: a terminal is refused, before anything is sent, by a
+// gateway whose worker did not announce the "tty" feature.
+func TestTTYNeedsFeature(t *testing.T) {
+	client, server := seqpacketPair(t)
+	f := &fakeWorker{t: t, conns: map[*wire.Conn]bool{}}
+	f.serveConn(wire.NewConn(server))
+	defer f.stop()
+	g := New(NewConnTransport(client), Options{Logger: testLogger(t)})
+	defer g.Close()
+	r := req("true")
+	r.TTY = &TTY{Rows: 24, Cols: 80}
+	if s, err := g.Exec(ctxT(t), r); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("Exec with a tty on a worker without %q: %v, %v", wire.FeatureTTY, s, err)
+	}
+	r.TTY = nil
+	s, err := g.Exec(ctxT(t), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -38,6 +38,18 @@ type ExecRequest struct {
 	// does not support users refuses a non-empty User (ErrUnsupported); an
 	// unknown user is a *RejectedError with code "bad-user".
 	User string
+	// TTY, when set, runs the command on a pseudo-terminal allocated in
+	// the machine (its own devpts) of this initial size: the terminal is
+	// the command's controlling terminal and its descriptors 0, 1 and 2,
+	// and the Session's TTY is its master. A worker that does not support
+	// terminals refuses it (ErrUnsupported).
+	TTY *TTY
+}
+
+// TTY is a terminal's size in character cells; a zero field leaves the
+// kernel's default (0).
+type TTY struct {
+	Rows, Cols uint16
 }
 
 // Exit is a session's observed outcome: exactly one of Code (the exit
@@ -68,6 +80,14 @@ type Session struct {
 	// session ends until closed. The caller closes them, or calls Close.
 	Stdout io.ReadCloser
 	Stderr io.ReadCloser
+	// TTY is a terminal session's pseudo-terminal master (ExecRequest.TTY),
+	// nil otherwise. Then Stdin writes to it (its Close does nothing: a
+	// terminal's end of input is a character, ^D, that the caller writes),
+	// Stdout reads from it (reaching EOF once no process in the machine
+	// holds the terminal: the master's EIO) and Stderr is at EOF at once
+	// (a terminal has one output). It is in the runtime's poller
+	// (deadlines work); Close closes it.
+	TTY *os.File
 
 	c      *conn
 	events chan wire.Message // exec-started or a refusal, from the reader
@@ -75,7 +95,10 @@ type Session struct {
 	mu       sync.Mutex
 	stdin    *os.File    // near end of stdin; guarded by mu
 	out      [2]*os.File // near ends of stdout, stderr; guarded by mu
+	tty      *os.File    // a terminal session's master; guarded by mu
 	finished bool        // guarded by mu
+	closed   bool        // streams released; guarded by mu
+	wantTTY  bool        // a terminal was asked for; set before exec-start
 
 	// startedByWorker is set by the reader on exec-started.
 	startedByWorker bool
@@ -153,7 +176,15 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if req.User != "" && !c.hello.Has(wire.FeatureUser) {
 		return nil, fmt.Errorf("%w: a session user (feature %q)", ErrUnsupported, wire.FeatureUser)
 	}
+	var tty *wire.TTY
+	if req.TTY != nil {
+		if !c.hello.Has(wire.FeatureTTY) {
+			return nil, fmt.Errorf("%w: a terminal (feature %q)", ErrUnsupported, wire.FeatureTTY)
+		}
+		tty = &wire.TTY{Rows: req.TTY.Rows, Cols: req.TTY.Cols}
+	}
 	s := newSession(id, c)
+	s.wantTTY = tty != nil
 	if err := c.addSession(s); err != nil {
 		return nil, err
 	}
@@ -165,7 +196,7 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	// start, which takes their cost (a few dozen system calls) off the
 	// command's path.
 	start := &wire.ExecStart{ID: id, Project: project, Account: req.Account, Lease: req.Lease,
-		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env, User: req.User}
+		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env, User: req.User, TTY: tty}
 	if err := s.send(start); err != nil {
 		return nil, err
 	}
@@ -231,11 +262,62 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	}
 }
 
-// setStdio exposes the near ends as the session's streams.
+// setStdio exposes the near ends as the session's streams, or, for a
+// terminal session, its master.
 func (s *Session) setStdio(stdin *os.File, out [2]*os.File) {
+	s.mu.Lock()
+	tty := s.tty
+	s.mu.Unlock()
+	if tty != nil {
+		s.TTY = tty
+		s.Stdin = ttyWriter{tty}
+		s.Stdout = ttyReader{tty}
+		s.Stderr = out[1] // its far end was closed unused: EOF
+		stdin.Close()
+		out[0].Close()
+		return
+	}
 	s.Stdin = stdinWriter{stdin}
 	s.Stdout = out[0]
 	s.Stderr = out[1]
+}
+
+// setTTY records the master a terminal session's exec-tty carried; one
+// arriving twice, or after Close, is closed.
+func (s *Session) setTTY(f *os.File) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tty != nil || s.closed || !s.wantTTY {
+		f.Close()
+		return
+	}
+	s.tty = f
+}
+
+// Resize sets a terminal session's size (TIOCSWINSZ on the master): the
+// command's foreground process group receives SIGWINCH. It fails for a
+// session without a terminal and after Close.
+func (s *Session) Resize(rows, cols uint16) error {
+	s.mu.Lock()
+	tty := s.tty
+	s.mu.Unlock()
+	if tty == nil {
+		return fmt.Errorf("machine: resize %s: not a terminal session", s.ID)
+	}
+	rc, err := tty.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("machine: resize %s: %w", s.ID, err)
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	}); err != nil {
+		return fmt.Errorf("machine: resize %s: %w", s.ID, err)
+	}
+	if ierr != nil {
+		return fmt.Errorf("machine: resize %s: %w", s.ID, ierr)
+	}
+	return nil
 }
 
 // send sends a frame about s. An encoding error is returned as is and the
@@ -274,10 +356,14 @@ func (s *Session) setStreams(stdin *os.File, out [2]*os.File) {
 	}
 }
 
-// closeStreams releases every near end.
+// closeStreams releases every near end and the terminal's master.
 func (s *Session) closeStreams() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.closed = true
+	if s.tty != nil {
+		s.tty.Close()
+	}
 	if s.stdin != nil {
 		s.stdin.Close()
 	}
@@ -288,8 +374,9 @@ func (s *Session) closeStreams() {
 	}
 }
 
-// Close releases the session's three streams. It does not stop the
-// command (see Cancel). It is idempotent and returns nil.
+// Close releases the session's three streams (and its terminal's master).
+// It does not stop the command (see Cancel). It is idempotent and returns
+// nil.
 func (s *Session) Close() error {
 	s.closeOnce.Do(s.closeStreams)
 	return nil
@@ -361,3 +448,24 @@ func (w stdinWriter) Close() error {
 // testHookAfterAttach, if set by a test, runs between sending exec-attach
 // and looking at the worker's answers.
 var testHookAfterAttach func()
+
+// ttyWriter writes a terminal session's input to its master. Closing it
+// does nothing: the master stays the session's output until Close.
+type ttyWriter struct{ f *os.File }
+
+func (w ttyWriter) Write(p []byte) (int, error) { return w.f.Write(p) }
+func (w ttyWriter) Close() error                { return nil }
+
+// ttyReader reads a terminal session's output from its master, where the
+// kernel reports EIO once no process holds the slave: that is its EOF.
+type ttyReader struct{ f *os.File }
+
+func (r ttyReader) Read(p []byte) (int, error) {
+	n, err := r.f.Read(p)
+	if err != nil && errors.Is(err, unix.EIO) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+func (r ttyReader) Close() error { return r.f.Close() }

@@ -72,6 +72,10 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		Env:   env,
 		User:  in.User,
 	}
+	if in.TTY != nil {
+		req.TTY = &machine.TTY{Rows: in.TTY.Rows, Cols: in.TTY.Cols}
+		env["TERM"] = "xterm-256color"
+	}
 	// The request must fit in one protocol frame; refuse it here, before a
 	// lease exists, rather than fail at start.
 	if err := req.CheckSize(); err != nil {
@@ -194,6 +198,9 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 		_ = s.Cancel(context.Background())
 	}
 	sess, settle := sandbox.NewManagedSession(s.Stdin, s.Stdout, s.Stderr)
+	if s.TTY != nil {
+		sess.Resize = s.Resize
+	}
 	go func() {
 		exit, err := s.Wait()
 		release()

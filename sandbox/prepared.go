@@ -198,6 +198,9 @@ type ManagedExecutionSession struct {
 	// when every process holding them has ended.
 	Stdout io.ReadCloser
 	Stderr io.ReadCloser
+	// Resize, set for a terminal session (ExecInput.TTY), changes the
+	// terminal's size; nil otherwise.
+	Resize func(rows, cols uint16) error
 
 	done chan struct{}
 	once sync.Once

@@ -98,6 +98,19 @@ type ExecInput struct {
 	LeaseKind LeaseKind         `json:"leaseKind"`
 	Project   ProjectRef        `json:"project"`
 	Env       map[string]string `json:"env,omitempty"`
+	// TTY, when set, runs the command on a terminal of this initial size
+	// (a managed project's: a pseudo-terminal inside its machine): the
+	// session's Stdin and Stdout are the terminal, its Stderr is empty,
+	// and ManagedExecutionSession.Resize resizes it. It is for raw
+	// sessions (the daemon's WebSocket API, corral exec, which start the
+	// prepared execution themselves); RunCommand callers leave it nil.
+	TTY *TTYSize `json:"tty,omitempty"`
+}
+
+// TTYSize is a terminal's size in character cells.
+type TTYSize struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
 }
 
 // MaxEnvBytes bounds ExecInput.Env: the sum over its variables of

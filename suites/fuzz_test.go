@@ -33,6 +33,8 @@ func FuzzWorkerLiveSocket(f *testing.F) {
 		`{"type":"exec-exit","id":"a","code":0}`,
 		`{"type":"nope"}`,
 		`{"type":"exec-start","fds":2}`,
+		`{"type":"exec-start","id":"t","project":{"id":1,"workspace":"/nonexistent"},"argv":["sh"],"cwd":"/workspace","tty":{"rows":24,"cols":80}}`,
+		`{"type":"exec-tty","fds":1,"id":"t"}`,
 		`[]`, `{`, "\x00\xff", ``,
 		`{"type":"exec-start","id":"b","project":{"id":1,"workspace":"../../etc"},"argv":["sh","-c","\u0000"],"cwd":"rel","env":{"A=B":"x"}}`,
 		`{"type":"machine-reset","id":"r","project":{"id":1,"workspace":"/x"}}`,

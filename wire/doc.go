@@ -16,8 +16,8 @@
 //
 // File descriptors ride as SCM_RIGHTS ancillary data on the packet that
 // declares them with "fds": n, and the packet must carry exactly n of them.
-// Only exec-attach (3), net-dialed (1) and net-listening (1, an announced
-// extension) carry descriptors. Descriptors are
+// Only exec-attach (3), net-dialed (1) and, of the announced extensions,
+// net-listening (1) and exec-tty (1) carry descriptors. Descriptors are
 // received with MSG_CMSG_CLOEXEC and every descriptor received on a packet is
 // closed when anything about that packet is wrong.
 //
@@ -81,6 +81,8 @@
 //	net-listen     messages net-listen {id,project,port}
 //	               → net-listening {id,fds:1} [listener]
 //	               or error {id,code,message}
+//	tty            "tty": {rows, cols} (uint16 each)   exec-start
+//	               the frame exec-tty {id,fds:1}       worker → client
 //
 // net-listen asks for a TCP socket listening on 127.0.0.1:port inside the
 // network namespace of the project's running machine (it starts none:
@@ -89,6 +91,24 @@
 // the client's, which relays them (corral's egress proxies). The listener
 // keeps listening after the machine stops, with nothing left to connect to
 // it: the client closes it.
+//
+// A terminal session (tty) runs on a pseudo-terminal the worker allocates
+// inside the machine, from the machine's own devpts: the slave is the
+// session's controlling terminal and its descriptors 0, 1 and 2, sized
+// rows × cols before the program starts. The client still sends exec-attach
+// with three descriptors (any, e.g. /dev/null; the worker closes them
+// unused), and the worker passes the master back before exec-started:
+//
+//	│── exec-start {id,…,tty:{rows,cols}} ───────►│
+//	│◄───────────────────────── exec-accepted {id} │
+//	│── exec-attach {id,fds:3} [unused] ──────────►│
+//	│◄─────────────────── exec-tty {id,fds:1} [pty]│  the master: the client
+//	│◄────────────────────────── exec-started {id} │  reads, writes and resizes
+//	│◄──────── exec-exit {id, code|signal|notStarted}  it (TIOCSWINSZ) itself
+//
+// No frame resizes a terminal: the client holds the master. exec-exit
+// reports the session's program as for any session; the master reads EIO
+// (end of file) once no process holds the slave.
 //
 // New rejection codes of these features: "bad-user", "bad-image".
 //

@@ -23,6 +23,8 @@ func addSeeds(f *testing.F, add func(b []byte, nfds int)) {
 		`{"type":"net-listen","id":"x","project":{"id":1,"workspace":"/w"},"port":65536}`, `{"type":"net-listening","fds":1,"id":""}`,
 		`{"type":"ping","TYPE":"pong","Id":"x"}`,
 		`{"type":"machine-reset","id":"","project":{"id":1}}`, `{"type":"machine-reset-done"}`,
+		`{"type":"ping","TYPE":"pong","Id":"x"}`, `{"type":"exec-start","id":"x","argv":["sh"],"tty":{"rows":1e9}}`,
+		`{"type":"exec-tty","fds":1,"id":"x"}`,
 	} {
 		add([]byte(s), 0)
 	}

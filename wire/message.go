@@ -39,6 +39,9 @@ const (
 	// FeatureMachineReset.
 	TypeMachineReset     = "machine-reset"
 	TypeMachineResetDone = "machine-reset-done"
+	// TypeExecTTY is FeatureTTY's: the worker passes a terminal
+	// session's master.
+	TypeExecTTY = "exec-tty"
 )
 
 // Error codes carried by error frames ([Error.Code]) and rejections
@@ -104,7 +107,21 @@ const (
 	// FeatureMachineReset: the client may send machine-reset (see
 	// [MachineReset]), which discards a project's machine state.
 	FeatureMachineReset = "machine-reset"
+	// FeatureTTY: exec-start may carry "tty": {rows, cols}. The worker
+	// then runs the session on a pseudo-terminal allocated inside the
+	// machine (its own devpts), the slave its controlling terminal and
+	// descriptors 0, 1 and 2, and sends the master to the client in an
+	// exec-tty frame before exec-started. The descriptors of exec-attach
+	// are still required and are closed unused.
+	FeatureTTY = "tty"
 )
+
+// TTY is a terminal's size in character cells (FeatureTTY). A zero field
+// leaves the kernel's default (0) for it.
+type TTY struct {
+	Rows uint16 `json:"rows"`
+	Cols uint16 `json:"cols"`
+}
 
 // Project identifies a project's machine.
 type Project struct {
@@ -187,6 +204,16 @@ type ExecStart struct {
 	// User is who the session runs as (FeatureUser): a user name of the
 	// machine's image or a numeric uid. Empty means the image's default.
 	User string `json:"user,omitempty"`
+	// TTY asks for a terminal session of this initial size (FeatureTTY).
+	TTY *TTY `json:"tty,omitempty"`
+}
+
+// ExecTTY carries exactly one descriptor: the master of a terminal
+// session's pseudo-terminal (FeatureTTY), which the client reads the
+// terminal's output from, writes its input to and resizes (TIOCSWINSZ).
+// It precedes the session's exec-started.
+type ExecTTY struct {
+	ID string `json:"id"`
 }
 
 // ExecAccepted answers an ExecStart the worker will run once attached.
@@ -298,6 +325,7 @@ func (NetListening) Type() string { return TypeNetListening }
 
 func (MachineReset) Type() string     { return TypeMachineReset }
 func (MachineResetDone) Type() string { return TypeMachineResetDone }
+func (ExecTTY) Type() string          { return TypeExecTTY }
 
 // Error implements the error interface, so that an error frame can be
 // returned as an error.
@@ -346,6 +374,8 @@ func newMessage(t string) Message {
 		return &MachineReset{}
 	case TypeMachineResetDone:
 		return &MachineResetDone{}
+	case TypeExecTTY:
+		return &ExecTTY{}
 	}
 	return nil
 }
@@ -355,14 +385,15 @@ func typeFDs(t string) int {
 	switch t {
 	case TypeExecAttach:
 		return 3
-	case TypeNetDialed, TypeNetListening:
+	case TypeNetDialed, TypeNetListening, TypeExecTTY:
 		return 1
 	}
 	return 0
 }
 
 // FDCount reports how many descriptors a message of m's type carries: 3 for
-// exec-attach, 1 for net-dialed and net-listening, 0 otherwise (and for nil).
+// exec-attach, 1 for net-dialed, net-listening and exec-tty, 0 otherwise
+// (and for nil).
 func FDCount(m Message) int {
 	if isNil(m) {
 		return 0
@@ -458,6 +489,8 @@ func validate(m Message) error {
 	case *MachineReset:
 		id = m.ID
 	case *MachineResetDone:
+		id = m.ID
+	case *ExecTTY:
 		id = m.ID
 	default:
 		return protoErr(CodeUnknownType, "unknown message %T", m)

@@ -120,6 +120,8 @@ func allMessages() []Message {
 		&NetListening{ID: "l1"},
 		&MachineReset{ID: "r1", Project: Project{ID: 7, Workspace: "/srv/p/7"}},
 		&MachineResetDone{ID: "r1"},
+		&ExecStart{ID: "t1", Project: Project{ID: 1, Workspace: "/w"}, Argv: []string{"sh"}, Cwd: "/workspace", TTY: &TTY{Rows: 24, Cols: 80}},
+		&ExecTTY{ID: "t1"},
 	}
 }
 
@@ -163,6 +165,8 @@ func TestPinnedFrames(t *testing.T) {
 		{&NetDialed{ID: "x"}, `{"type":"net-dialed","fds":1,"id":"x"}`},
 		{&NetListen{ID: "x", Project: Project{ID: 7, Workspace: "/w"}, Port: 3128}, `{"type":"net-listen","id":"x","project":{"id":7,"workspace":"/w"},"port":3128}`},
 		{&NetListening{ID: "x"}, `{"type":"net-listening","fds":1,"id":"x"}`},
+		{&ExecTTY{ID: "x"}, `{"type":"exec-tty","fds":1,"id":"x"}`},
+		{&ExecStart{ID: "x", Argv: []string{"sh"}, TTY: &TTY{Rows: 24, Cols: 80}}, `{"type":"exec-start","id":"x","project":{"id":0,"workspace":""},"account":0,"lease":"","argv":["sh"],"cwd":"","tty":{"rows":24,"cols":80}}`},
 		{&ExecExit{ID: "x", Code: intp(0)}, `{"type":"exec-exit","id":"x","code":0}`},
 		{&ExecExit{ID: "x", NotStarted: true}, `{"type":"exec-exit","id":"x","notStarted":true}`},
 		{&Ping{}, `{"type":"ping"}`},
@@ -210,6 +214,10 @@ func TestDecodeErrors(t *testing.T) {
 		{"net-listening without fd", `{"type":"net-listening","fds":1,"id":"x"}`, 0, CodeFDMismatch},
 		{"net-listen with fd", `{"type":"net-listen","fds":1,"id":"x","port":1}`, 1, CodeFDMismatch},
 		{"net-listening empty id", `{"type":"net-listening","fds":1}`, 1, CodeBadField},
+		{"tty without fd", `{"type":"exec-tty","fds":1,"id":"x"}`, 0, CodeFDMismatch},
+		{"tty undeclared", `{"type":"exec-tty","id":"x"}`, 1, CodeFDMismatch},
+		{"tty rows too big", `{"type":"exec-start","id":"x","argv":["sh"],"tty":{"rows":65536,"cols":80}}`, 0, CodeBadField},
+		{"tty rows negative", `{"type":"exec-start","id":"x","argv":["sh"],"tty":{"rows":-1,"cols":80}}`, 0, CodeBadField},
 		{"argv not array", `{"type":"exec-start","id":"x","argv":"sh"}`, 0, CodeBadField},
 		{"protocol string", `{"type":"hello","protocol":"2"}`, 0, CodeBadField},
 		{"empty id", `{"type":"exec-cancel","id":""}`, 0, CodeBadField},

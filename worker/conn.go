@@ -39,7 +39,7 @@ import (
 )
 
 // features are the protocol-2 extensions the worker announces.
-var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -281,6 +281,9 @@ func (c *conn) execStart(m *wire.ExecStart) {
 	}
 	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0], "user", m.User)
 	s := mach.newSession(c, m.ID, m.Argv, env, cwd, m.User, cred)
+	if m.TTY != nil {
+		s.tty = &ctl.Winsize{Rows: m.TTY.Rows, Cols: m.TTY.Cols}
+	}
 	c.mu.Lock()
 	c.sessions[m.ID] = s
 	c.mu.Unlock()

@@ -17,7 +17,12 @@
 // reaps zombies and forks sessions (see Session containment) as the
 // session's user (see Privilege; by default the image's), with exactly the
 // three descriptors the client attached as 0, 1 and 2 (put in blocking
-// mode) and nothing else open, a checked cwd and an environment of PATH and
+// mode) — or, for a terminal session (wire.FeatureTTY), the slave of a pty
+// the init allocated from the machine's devpts (/dev/pts/ptmx, checked to
+// be a devpts, not the /dev/ptmx link guest root may replace), its
+// controlling terminal, whose master goes to the client in exec-tty and of
+// which neither the init nor the worker keeps a copy — and nothing else
+// open, a checked cwd and an environment of PATH and
 // HOME (the user's), the image's variables, then the request's.
 //
 // # Root filesystem

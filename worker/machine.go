@@ -195,11 +195,11 @@ func (m *machine) wait() {
 func (m *machine) read() {
 	for {
 		msg, files, err := m.ctl.Recv()
-		closeAll(files)
 		if err != nil {
 			break
 		}
-		m.onReport(msg)
+		m.onReport(msg, files)
+		closeAll(files)
 	}
 	_ = m.cmd.Process.Signal(syscall.SIGKILL)
 	m.mu.Lock()
@@ -230,7 +230,9 @@ func (m *machine) read() {
 	}
 }
 
-func (m *machine) onReport(msg *ctl.Msg) {
+// onReport handles one report of the init and the descriptors it carried
+// (a terminal session's master), which the caller closes afterwards.
+func (m *machine) onReport(msg *ctl.Msg, files []*os.File) {
 	m.mu.Lock()
 	if msg.Op == ctl.OpLookedUp {
 		if ch := m.lookups[msg.SID]; ch != nil {
@@ -249,6 +251,11 @@ func (m *machine) onReport(msg *ctl.Msg) {
 	case ctl.OpStarted:
 		s.state = stateRunning
 		m.mu.Unlock()
+		if len(files) == 1 && s.tty != nil {
+			// The client holds the master from now on; the worker's copy
+			// is closed by the caller.
+			s.c.send(&wire.ExecTTY{ID: s.id}, files[0])
+		}
 		s.c.send(&wire.ExecStarted{ID: s.id})
 		return
 	case ctl.OpNotStarted, ctl.OpExit:

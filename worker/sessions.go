@@ -28,8 +28,10 @@ type session struct {
 	cwd  string
 	// user and cred are whom it runs as: cred as looked up, else user
 	// (alwaysKnown), else the machine's default user.
-	user  string
-	cred  *ctl.Cred
+	user string
+	cred *ctl.Cred
+	// tty, for a terminal session (wire.FeatureTTY), is its initial size.
+	tty   *ctl.Winsize
 	state int
 	// oomBase is the machine's OOM kill count when s started; cancelled
 	// is set by exec-cancel. Both under machine.mu.
@@ -64,7 +66,11 @@ func (m *machine) attach(s *session, stdio []int) bool {
 	m.mu.Lock()
 	s.oomBase = base
 	m.mu.Unlock()
-	err := m.ctl.SendFDs(s.startMsg(), stdio...)
+	fds := stdio
+	if s.tty != nil {
+		fds = nil // the init makes the session's stdio: the pty's slave
+	}
+	err := m.ctl.SendFDs(s.startMsg(), fds...)
 	if err == nil || errors.Is(err, ctl.ErrClosed) {
 		return true // on ErrClosed the init is gone: read() ends the session
 	}
@@ -83,7 +89,7 @@ func (m *machine) attach(s *session, stdio []int) bool {
 
 // startMsg is s's start for the init.
 func (s *session) startMsg() *ctl.Msg {
-	m := &ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd, Cred: s.cred}
+	m := &ctl.Msg{Op: ctl.OpStart, SID: s.sid, Argv: s.argv, Env: s.env, Cwd: s.cwd, Cred: s.cred, TTY: s.tty}
 	if s.cred == nil {
 		m.User = s.user
 	}

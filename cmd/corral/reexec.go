@@ -27,6 +27,7 @@ func addCommands(root *cobra.Command) {
 	root.AddCommand(newWorkerCmd())
 	root.AddCommand(daemonCommands()...)
 	root.AddCommand(newRunnerCmd())
+	root.AddCommand(newExecCmd())
 }
 
 // envTransport is the transport for a run that was given --worker-socket.

@@ -32,9 +32,10 @@
 // polls its end together with its sessions' pidfds on one thread
 // (Endpoint).
 //
-// A start carries exactly three descriptors (stdin, stdout, stderr); config
-// carries the detached mounts of the machine's filesystem (see
-// Config.Mounts); nothing else carries any.
+// A start carries exactly three descriptors (stdin, stdout, stderr), none
+// with TTY; config carries the detached mounts of the machine's filesystem
+// (see Config.Mounts); a started with TTY one (the pty's master); nothing
+// else carries any.
 package ctl
 
 import (
@@ -174,13 +175,32 @@ type Msg struct {
 	// why) and, in a start, whom to run the session as (absent: the
 	// default user).
 	Cred *Cred `json:"cred,omitempty"`
+	// TTY, in a start, asks for a terminal session of this size: the
+	// init allocates a pseudo-terminal of the machine's devpts, whose
+	// slave becomes the session's controlling terminal and stdio; such a
+	// start carries no descriptors. In a started it marks the answer to
+	// such a start, which carries the master.
+	TTY *Winsize `json:"tty,omitempty"`
+}
+
+// Winsize is a terminal's size in character cells.
+type Winsize struct {
+	Rows, Cols uint16
 }
 
 // FDCount reports how many descriptors m carries.
 func FDCount(m *Msg) int {
 	switch m.Op {
 	case OpStart:
+		if m.TTY != nil {
+			return 0
+		}
 		return 3
+	case OpStarted:
+		if m.TTY != nil {
+			return 1 // the terminal's master
+		}
+		return 0
 	case OpConfig:
 		return m.Config.Mounts()
 	}
@@ -380,6 +400,7 @@ const (
 	hasConfig
 	hasUser
 	hasCred
+	hasTTY
 )
 
 // encode returns m's packet and the control message carrying files.
@@ -389,7 +410,8 @@ const (
 // Cwd, Signal and Message; each string is a uvarint length and its bytes.
 // Then Code (varint), Config (a uvarint length and its JSON), User (a
 // string) and Cred (UID, GID, a uvarint count of groups and each group as
-// uvarints, then Home), each only when present.
+// uvarints, then Home) and TTY (Rows, Cols as uvarints), each only when
+// present.
 func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 	if len(fds) != FDCount(m) {
 		return nil, nil, ErrFDMismatch
@@ -408,6 +430,9 @@ func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 	}
 	if m.Cred != nil {
 		bits |= hasCred
+	}
+	if m.TTY != nil {
+		bits |= hasTTY
 	}
 	if m.Config != nil {
 		bits |= hasConfig
@@ -454,6 +479,10 @@ func encode(m *Msg, fds []int) (b, oob []byte, err error) {
 			b = binary.AppendUvarint(b, uint64(g))
 		}
 		b = appendString(b, c.Home)
+	}
+	if t := m.TTY; t != nil {
+		b = binary.AppendUvarint(b, uint64(t.Rows))
+		b = binary.AppendUvarint(b, uint64(t.Cols))
 	}
 	if len(b) > MaxPacket {
 		return nil, nil, fmt.Errorf("ctl: packet of %d bytes exceeds %d", len(b), MaxPacket)
@@ -540,6 +569,15 @@ func (r *reader) uint32() uint32 {
 	return uint32(v)
 }
 
+func (r *reader) uint16() uint16 {
+	v := r.uvarint()
+	if v > 1<<16-1 {
+		r.err, r.b = errMalformed, nil
+		return 0
+	}
+	return uint16(v)
+}
+
 func (r *reader) cred() *Cred {
 	c := &Cred{UID: r.uint32(), GID: r.uint32()}
 	n := r.uvarint()
@@ -580,7 +618,7 @@ func unmarshal(b []byte) (*Msg, error) {
 	}
 	m := &Msg{Op: opNames[b[0]]}
 	bits := b[1]
-	if bits&^(hasCode|hasConfig|hasUser|hasCred) != 0 {
+	if bits&^(hasCode|hasConfig|hasUser|hasCred|hasTTY) != 0 {
 		return nil, errMalformed
 	}
 	r := &reader{b: b[2:]}
@@ -613,6 +651,9 @@ func unmarshal(b []byte) (*Msg, error) {
 	}
 	if bits&hasCred != 0 {
 		m.Cred = r.cred()
+	}
+	if bits&hasTTY != 0 {
+		m.TTY = &Winsize{Rows: r.uint16(), Cols: r.uint16()}
 	}
 	if r.err != nil {
 		return nil, r.err

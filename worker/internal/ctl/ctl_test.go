@@ -193,6 +193,8 @@ func FuzzUnmarshal(f *testing.F) {
 		{Op: OpLookup, SID: 4, User: "1000:1000"},
 		{Op: OpLookedUp, SID: 4, Cred: &Cred{UID: 1000, GID: 1000, Groups: []uint32{27, 100}, Home: "/home/corral"}},
 		{Op: OpStart, SID: 5, Argv: []string{"id"}, Cred: &Cred{UID: 4242, GID: 4242, Home: "/"}},
+		{Op: OpStart, SID: 6, Argv: []string{"sh"}, TTY: &Winsize{Rows: 24, Cols: 80}},
+		{Op: OpStarted, SID: 6, TTY: &Winsize{Rows: 24, Cols: 80}},
 	} {
 		b, _, err := encode(m, make([]int, FDCount(m)))
 		if err != nil {

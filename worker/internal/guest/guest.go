@@ -360,7 +360,8 @@ func closeFDs(fds []int) {
 	}
 }
 
-// start starts a session with stdio (three descriptors it closes).
+// start starts a session with stdio (three descriptors it closes), or,
+// for a start with TTY (and no descriptors), on a new pseudo-terminal.
 func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	defer closeFDs(stdio)
 	notStarted := func(msg string) {
@@ -400,14 +401,35 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	}
 	pidfd := -1
 	attr := &syscall.ProcAttr{
-		Dir:   m.Cwd,
-		Env:   env,
-		Files: []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])},
+		Dir: m.Cwd,
+		Env: env,
 		Sys: &syscall.SysProcAttr{
 			Setsid:     true,
 			Credential: &syscall.Credential{Uid: cred.UID, Gid: cred.GID, Groups: cred.Groups},
 			PidFD:      &pidfd,
 		},
+	}
+	master := -1
+	if m.TTY != nil {
+		// A terminal session: the slave is its stdio and, in the new
+		// session, its controlling terminal. The init keeps neither end
+		// once the session started: the master goes to the worker.
+		var slave int
+		master, slave, err = openPTY(m.TTY, cred.UID)
+		if err != nil {
+			notStarted(err.Error())
+			return
+		}
+		defer unix.Close(slave)
+		defer func() {
+			if master >= 0 {
+				unix.Close(master)
+			}
+		}()
+		attr.Files = []uintptr{uintptr(slave), uintptr(slave), uintptr(slave)}
+		attr.Sys.Setctty, attr.Sys.Ctty = true, 0
+	} else {
+		attr.Files = []uintptr{uintptr(stdio[0]), uintptr(stdio[1]), uintptr(stdio[2])}
 	}
 	thread := in.threadFor(cred.UID)
 	if thread != nil {
@@ -478,6 +500,13 @@ func (in *pid1) start(m *ctl.Msg, stdio []int) {
 	in.byPID[pid] = s
 	in.byPID[h.pid] = s
 	in.bySID[m.SID] = s
+	if master >= 0 {
+		mf := os.NewFile(uintptr(master), "pty-master")
+		master = -1
+		_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID, TTY: m.TTY}, mf)
+		mf.Close()
+		return
+	}
 	_ = in.c.Send(&ctl.Msg{Op: ctl.OpStarted, SID: m.SID})
 }
 

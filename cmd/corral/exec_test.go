@@ -1,0 +1,126 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// tmux runs tmux on a server of the test's own.
+func tmux(t *testing.T, sock string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("tmux", append([]string{"-S", sock}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("tmux %v: %v: %s", args, err, out)
+	}
+	return string(out)
+}
+
+// awaitPane waits until the pane shows want; it returns the pane.
+func awaitPane(t *testing.T, sock, want string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		pane := tmux(t, sock, "capture-pane", "-p", "-t", "x")
+		if strings.Contains(pane, want) {
+			return pane
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pane never showed %q:\n%s", want, pane)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestExecTTYUnderTmux drives `corral exec -it --project DIR -- sh` on a
+// real terminal (a tmux pane of 80 × 24): the shell in the machine shows a
+// prompt, runs on the machine's /dev/pts at the pane's size, follows a
+// resize of the pane, and its `exit 3` is corral's exit status.
+func TestExecTTYUnderTmux(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("no tmux (apt-get install tmux)")
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	ws := filepath.Join(dir, "proj")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sock, status := filepath.Join(dir, "tmux.sock"), filepath.Join(dir, "status")
+	script := filepath.Join(dir, "run.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nCORRAL_TEST_AS_MAIN=1 \"$1\" exec -i -t --state \"$2\" --project \"$3\" -- sh\necho $? > \"$4\"\nsleep 60\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tmux(t, sock, "new-session", "-d", "-s", "x", "-x", "80", "-y", "24", script, self, filepath.Join(dir, "state"), ws, status)
+	t.Cleanup(func() { _ = exec.Command("tmux", "-S", sock, "kill-server").Run() })
+
+	awaitPane(t, sock, "$") // the prompt (capture-pane trims its space)
+	tmux(t, sock, "send-keys", "-t", "x", "tty; stty size; echo mark-$((40+2))", "Enter")
+	pane := awaitPane(t, sock, "mark-42")
+	if !strings.Contains(pane, "/dev/pts/") || !strings.Contains(pane, "24 80") {
+		t.Fatalf("pane:\n%s", pane)
+	}
+	tmux(t, sock, "resize-window", "-t", "x", "-x", "100", "-y", "30")
+	tmux(t, sock, "send-keys", "-t", "x", "stty size; echo mark-$((40+3))", "Enter")
+	if pane := awaitPane(t, sock, "mark-43"); !strings.Contains(pane, "30 100") {
+		t.Fatalf("after the resize:\n%s", pane)
+	}
+	tmux(t, sock, "send-keys", "-t", "x", "exit 3", "Enter")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b, err := os.ReadFile(status)
+		if err == nil && strings.HasSuffix(string(b), "\n") {
+			if got := strings.TrimSpace(string(b)); got != "3" {
+				t.Fatalf("corral exec exited %s, want 3", got)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("corral exec did not exit:\n%s", tmux(t, sock, "capture-pane", "-p", "-t", "x"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestExecViaDaemon: `corral exec --daemon` over the WebSocket session API,
+// in a host project: the exit status passes through, and -t gives the
+// command a terminal (a host pty) of the default size when corral's own
+// output is not one.
+func TestExecViaDaemon(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: host commands are confined by corral's Landlock helper")
+	}
+	state, err := os.MkdirTemp("", "cx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(state)
+	mustCLI(t, "account", "create", "alice", "--state", state)
+	tok := mustCLI(t, "token", "create", "alice", "--state", state)
+	id := mustCLI(t, "project", "create", "web", "--host", t.TempDir(), "--owner", "alice", "--state", state)
+	sock := startDaemon(t, state)
+
+	out, errs, status := cli("exec", "--daemon", sock, "--project-id", id, "--token", tok, "-e", "GREETING=hi", "--",
+		"sh", "-c", "echo $GREETING; echo err >&2; exit 4")
+	if status != 4 || out != "hi\n" || errs != "err\n" {
+		t.Fatalf("exec: %d %q %q", status, out, errs)
+	}
+	out, errs, status = cli("exec", "-t", "--daemon", sock, "--project-id", id, "--token", tok, "--",
+		"sh", "-c", "tty; stty size; test -t 2 && echo tty-err >&2; exit 3")
+	if status != 3 || !strings.HasPrefix(out, "/dev/pts/") || !strings.Contains(out, "24 80") || !strings.Contains(out, "tty-err") || errs != "" {
+		t.Fatalf("exec -t: %d %q %q", status, out, errs)
+	}
+	_, errs, status = cli("exec", "--daemon", sock, "--project-id", id, "--token", tok, "--", "sh", "-c", "kill -TERM $$")
+	if status != 128+15 {
+		t.Fatalf("a command killed by SIGTERM: %d %q", status, errs)
+	}
+}
