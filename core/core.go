@@ -82,6 +82,12 @@ type Core struct {
 }
 
 // Build composes a core. On error everything it opened is closed again.
+// journalFinishGrace is how long after its lease's release a command's
+// journal entry may stay open before the reconciler closes it as
+// interrupted: RunCommand's caller records the outcome right after the
+// release, in microseconds.
+const journalFinishGrace = 3 * time.Second
+
 func Build(ctx context.Context, opts Options) (c *Core, err error) {
 	log := opts.Logger
 	if log == nil {
@@ -126,6 +132,18 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 	if lopts.OnExpired == nil {
 		lopts.OnExpired = func(l store.Lease) {
 			c.interrupt([]string{l.ID}, "interrupted: lease expired")
+		}
+	}
+	if lopts.OnSweep == nil {
+		// A process killed between a command's release and its journal
+		// finish leaves an entry no expiry closes; give the live ones
+		// between the two writes a few seconds.
+		lopts.OnSweep = func(ctx context.Context, now time.Time) {
+			if n, err := c.store.JournalInterruptReleased(ctx, now.Add(-journalFinishGrace), "interrupted: its process ended before recording the outcome"); err != nil {
+				log.Warn("journal: cannot close the entries of released leases", "err", err)
+			} else if n > 0 {
+				log.Info("journal: entries of released leases closed as interrupted", "entries", n)
+			}
 		}
 	}
 	c.leases = lease.NewManager(c.store, lopts)

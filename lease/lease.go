@@ -74,6 +74,11 @@ type Options struct {
 	// the Heartbeat or Release call that noticed the expiry) and should not
 	// block for long: the next lease's expiry waits for it.
 	OnExpired func(store.Lease)
+	// OnSweep, if set, is called at the end of every Sweep with the sweep's
+	// time (core closes the journal entries of leases released by a process
+	// that died before journaling their end). Like OnExpired it should not
+	// block for long.
+	OnSweep func(ctx context.Context, now time.Time)
 }
 
 // Manager acquires leases and reconciles them. Its methods are safe for
@@ -93,7 +98,8 @@ type Manager struct {
 
 	mu      sync.Mutex
 	held    map[string]*Lease // live leases acquired here
-	pending *beatBatch        // heartbeats waiting for the window to close
+	onSweep func(context.Context, time.Time)
+	pending *beatBatch // heartbeats waiting for the window to close
 
 	ka keepAlive // leases heartbeated by the manager's loop (KeepAlive)
 }
@@ -102,7 +108,7 @@ type Manager struct {
 func NewManager(st *store.Store, opts Options) *Manager {
 	m := &Manager{
 		st: st, ttl: opts.TTL, sweep: opts.SweepInterval, window: opts.HeartbeatWindow,
-		now: opts.Now, log: opts.Logger, holder: opts.Holder, hook: opts.OnExpired,
+		now: opts.Now, log: opts.Logger, holder: opts.Holder, hook: opts.OnExpired, onSweep: opts.OnSweep,
 		held: make(map[string]*Lease), maxBatch: defaultMaxBatch,
 	}
 	if m.ttl <= 0 {
@@ -201,6 +207,9 @@ func (m *Manager) Sweep(ctx context.Context) ([]store.Lease, error) {
 		}
 		m.log.InfoContext(ctx, "lease expired", "lease", row.ID, "project", row.Project,
 			"account", row.Account, "kind", row.Kind, "holder", row.Holder)
+	}
+	if m.onSweep != nil {
+		m.onSweep(ctx, now)
 	}
 
 	// Leases held here that are past their deadline but were not expired by

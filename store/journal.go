@@ -173,6 +173,24 @@ func (s *Store) JournalInterrupt(ctx context.Context, lease, message string) (in
 	return int(n), nil
 }
 
+// JournalInterruptReleased marks interrupted, with message, every running
+// entry whose lease was released before the given time, and returns how
+// many it marked. Such an entry's process released the lease and died
+// before recording the command's end (RunCommand releases, then its caller
+// journals the outcome): no expiry will close it. before leaves the live
+// process that is between the two writes its time.
+func (s *Store) JournalInterruptReleased(ctx context.Context, before time.Time, message string) (int, error) {
+	res, err := s.w.ExecContext(ctx, `UPDATE journal SET ended_at = ?, outcome = 'interrupted', message = ?
+		WHERE outcome IS NULL AND EXISTS (SELECT 1 FROM leases l
+			WHERE l.id = journal.lease AND l.state = 'released' AND l.released_at < ?)`,
+		ms(s.now()), message, ms(before))
+	if err != nil {
+		return 0, fmt.Errorf("store: journal interrupt released: %w", err)
+	}
+	n, _ := res.RowsAffected()
+	return int(n), nil
+}
+
 // JournalFilter selects journal entries; zero fields match everything.
 type JournalFilter struct {
 	Project int64

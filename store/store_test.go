@@ -797,3 +797,57 @@ func TestProjectNetwork(t *testing.T) {
 		t.Errorf("unknown project: %v, want ErrNotFound", err)
 	}
 }
+
+// An entry whose lease was released (its process died before journaling the
+// end) is closed once the grace has passed; running entries of live leases,
+// recently released ones and finished ones are left alone.
+func TestJournalInterruptReleased(t *testing.T) {
+	s, clk := newTestStore(t)
+	ctx := context.Background()
+	p, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/w/p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	entry := func(name string) (Lease, int64) {
+		l, err := s.CreateLease(ctx, NewLease{Project: p.ID, Account: 1, Kind: "terminal", TTL: 15 * time.Second}, clk.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: p.ID, Lease: l.ID, LeaseKind: "terminal", Argv: []string{name}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l, id
+	}
+	orphan, orphanID := entry("orphan")
+	_, liveID := entry("live")
+	done, doneID := entry("done")
+	if _, err := s.ReleaseLease(ctx, orphan.ID, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ReleaseLease(ctx, done.ID, clk.Now()); err != nil {
+		t.Fatal(err)
+	}
+	code := 0
+	if err := s.JournalFinish(ctx, doneID, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
+		t.Fatal(err)
+	}
+	// Within the grace: nothing closed.
+	if n, err := s.JournalInterruptReleased(ctx, clk.Now().Add(-3*time.Second), "gone"); err != nil || n != 0 {
+		t.Fatalf("within the grace: %d, %v", n, err)
+	}
+	clk.Advance(5 * time.Second)
+	if n, err := s.JournalInterruptReleased(ctx, clk.Now().Add(-3*time.Second), "gone"); err != nil || n != 1 {
+		t.Fatalf("after the grace: %d closed, %v; want 1", n, err)
+	}
+	rows, err := s.ListJournal(ctx, JournalFilter{Project: p.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rows {
+		want := map[int64]Outcome{orphanID: OutcomeInterrupted, liveID: "", doneID: OutcomeExit}[r.ID]
+		if r.End.Outcome != want {
+			t.Errorf("entry %v: outcome %q, want %q", r.Argv, r.End.Outcome, want)
+		}
+	}
+}
