@@ -106,13 +106,14 @@ func execMain(cmd *cobra.Command, f *execFlags, argv []string) int {
 		return fail(errors.New("give --project DIR or --daemon ADDR --project-id N"))
 	}
 	for _, kv := range f.env {
-		if k, _, ok := strings.Cut(kv, "="); !ok || k == "" {
-			return fail(fmt.Errorf("-e %q: want K=V", kv))
+		if k, _, ok := strings.Cut(kv, "="); !ok || !sandbox.ValidEnvName(k) {
+			return fail(fmt.Errorf("-e %q: want K=V with a valid name", kv))
 		}
 	}
-	if len(f.env) > 0 {
-		// Until sessions take an environment, env(1) sets it (where the
-		// command runs: after its K=V operands, GNU env takes no "--").
+	if len(f.env) > 0 && f.daemon != "" {
+		// The daemon's sessions take no environment yet: env(1) sets it
+		// where the command runs (after its K=V operands, GNU env takes no
+		// "--"). A --project session takes it as ExecInput.Env.
 		if strings.Contains(argv[0], "=") {
 			return fail(fmt.Errorf("with -e, the program %q cannot contain '='", argv[0]))
 		}
@@ -198,6 +199,19 @@ type projectExec struct {
 	once   sync.Once
 }
 
+// envMap turns checked K=V strings into an environment (nil for none).
+func envMap(kvs []string) map[string]string {
+	if len(kvs) == 0 {
+		return nil
+	}
+	m := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
+}
+
 func startProjectExec(ctx context.Context, f *execFlags, argv []string, size *sandbox.TTYSize) (*projectExec, error) {
 	env, err := openRunEnv(ctx, &runFlags{project: f.project, state: f.state, workerSocket: f.workerSocket, cwd: f.workdir, user: f.user})
 	if err != nil {
@@ -210,6 +224,7 @@ func startProjectExec(ctx context.Context, f *execFlags, argv []string, size *sa
 		LeaseKind: sandbox.LeaseTerminal,
 		Project:   env.project,
 		TTY:       size,
+		Env:       envMap(f.env),
 	}
 	prep, err := env.control.PrepareExecution(ctx, in, &env.actor)
 	if err != nil {

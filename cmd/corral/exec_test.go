@@ -124,3 +124,27 @@ func TestExecViaDaemon(t *testing.T) {
 		t.Fatalf("a command killed by SIGTERM: %d %q", status, errs)
 	}
 }
+
+// -e reaches a --project session as its environment (ExecInput.Env: values
+// may hold '=', and the program is not wrapped); a bad name is refused
+// before anything starts.
+func TestExecProjectEnv(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	// The private worker is this test binary run as corral.
+	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
+	state := t.TempDir()
+	ws := filepath.Join(t.TempDir(), "proj")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, status := cli("exec", "--state", state, "--project", ws, "-e", "FOO=a=b", "-e", "X_1=2", "--",
+		"sh", "-c", `printf '%s %s' "$FOO" "$X_1"; exit 4`)
+	if status != 4 || out != "a=b 2" {
+		t.Fatalf("exec -e: %d %q %q", status, out, errs)
+	}
+	if _, errs, status := cli("exec", "--state", state, "--project", ws, "-e", "1BAD=x", "--", "true"); status != 125 || !strings.Contains(errs, "valid name") {
+		t.Fatalf("exec -e 1BAD=x: %d %q", status, errs)
+	}
+}
