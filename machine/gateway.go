@@ -438,44 +438,18 @@ func (g *Gateway) newID(kind string) string {
 // wire.CodeDialFailed when nothing listens); a lost connection wraps
 // ErrInterrupted; ctx bounds the whole call.
 func (g *Gateway) Dial(ctx context.Context, p Project, port int) (net.Conn, error) {
-	c, err := g.connection(ctx)
+	f, err := g.netRequest(ctx, p, port, "dial", "", func(id string, wp wire.Project) wire.Message {
+		return &wire.NetDial{ID: id, Project: wp, Port: port}
+	})
 	if err != nil {
 		return nil, err
 	}
-	project, err := p.wire(c.hello)
+	defer f.Close()
+	nc, err := net.FileConn(f)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("machine: dial port %d of project %d: %w", port, p.ID, err)
 	}
-	id := g.newID("dial")
-	w := c.addDial(id)
-	if w == nil {
-		return nil, c.lossErr
-	}
-	if err := c.wc.Send(&wire.NetDial{ID: id, Project: project, Port: port}); err != nil {
-		c.removeDial(id)
-		c.fail(err)
-		return nil, fmt.Errorf("%w: %w", ErrInterrupted, err)
-	}
-	select {
-	case r := <-w:
-		if r.err != nil {
-			return nil, fmt.Errorf("machine: dial port %d of project %d: %w", port, project.ID, r.err)
-		}
-		defer r.file.Close()
-		nc, err := net.FileConn(r.file)
-		if err != nil {
-			return nil, fmt.Errorf("machine: dial port %d of project %d: %w", port, project.ID, err)
-		}
-		return nc, nil
-	case <-ctx.Done():
-		// A late answer finds no waiter; its descriptor is closed then.
-		if !c.removeDial(id) {
-			if r := <-w; r.file != nil {
-				r.file.Close()
-			}
-		}
-		return nil, ctx.Err()
-	}
+	return nc, nil
 }
 
 // Reset discards the state project p's machine keeps between starts: the

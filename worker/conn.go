@@ -303,31 +303,7 @@ func (c *conn) execAttach(m *wire.ExecAttach, stdio []int) {
 }
 
 func (c *conn) netDial(m *wire.NetDial) {
-	fail := func(code, format string, args ...any) {
-		c.send(&wire.Error{ID: m.ID, Code: code, Message: fmt.Sprintf(format, args...)})
-	}
-	if m.Port < 1 || m.Port > 65535 {
-		fail(wire.CodeDialFailed, "port %d out of range", m.Port)
-		return
-	}
-	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, false, c.w.resolve(m.Project.Limits))
-	if err != nil {
-		var r *rejection
-		if errors.As(err, &r) {
-			fail(r.code, "%s", r.msg)
-		} else {
-			fail(wire.CodeMachineFailed, "%v", err)
-		}
-		return
-	}
-	f, err := mach.dial(m.Port)
-	mach.release(false)
-	if err != nil {
-		fail(wire.CodeDialFailed, "%v", err)
-		return
-	}
-	c.send(&wire.NetDialed{ID: m.ID}, f)
-	f.Close()
+	c.netRequest(m.ID, m.Project, m.Port, (*machine).dial, &wire.NetDialed{ID: m.ID})
 }
 
 // checkArgv validates a command line.
