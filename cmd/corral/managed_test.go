@@ -133,3 +133,43 @@ func TestRunProjectGitStatus(t *testing.T) {
 		}
 	}
 }
+
+// The issue's attack: a guest writes core.fsmonitor into the checkout's
+// .git/config so that host root's next `git status` runs its code. In a
+// root-owned checkout the guest cannot write .git/config at all (it is not
+// idmapped onto root), and the host's git runs nothing of the guest's.
+func TestRunProjectFsmonitorAttack(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	if _, err := exec.LookPath("git"); err != nil {
+		t.Skip("git is not installed")
+	}
+	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
+	state := t.TempDir()
+	ws := filepath.Join(t.TempDir(), "repo")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("git", "init", "-q", ws).CombinedOutput(); err != nil {
+		t.Fatalf("git init: %v %s", err, out)
+	}
+	mark := filepath.Join(t.TempDir(), "pwned")
+	_, errs, status := corral(t, state, "--project", ws, "--", "git", "config", "core.fsmonitor", "touch "+mark)
+	if status == 0 {
+		t.Fatalf("the guest wrote the host checkout's .git/config (stderr %q)", errs)
+	}
+	if !strings.Contains(errs, "ermission denied") && !strings.Contains(errs, "could not lock") {
+		t.Errorf("no clear error for the refused write: %q", errs)
+	}
+	cfg, err := os.ReadFile(filepath.Join(ws, ".git", "config"))
+	if err != nil || strings.Contains(string(cfg), "fsmonitor") {
+		t.Fatalf(".git/config: %v %q", err, cfg)
+	}
+	if out, err := exec.Command("git", "-C", ws, "status", "--porcelain").CombinedOutput(); err != nil {
+		t.Fatalf("host git status: %v %s", err, out)
+	}
+	if _, err := os.Stat(mark); err == nil {
+		t.Fatal("host root's git status ran the guest's fsmonitor")
+	}
+}
