@@ -73,7 +73,7 @@ func TestLoadMixedOutcomes(t *testing.T) {
 	}
 
 	// The journal agrees: every command has a finished row of its kind.
-	waitFor(t, 5*time.Second, "journal rows settled", func() bool {
+	waitFor(t, 20*time.Second, "journal rows settled", func() bool {
 		rows := journal(t, s)
 		if len(rows) < n+4*projects {
 			return false
