@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
 )
 
 // captureRow is the throughput of one way to capture a command's output.
@@ -33,8 +34,10 @@ func producer(size int64) []string {
 }
 
 // bareCapture runs the producer on the host with its stdout on a
-// socketpair and copies the near end to io.Discard: the transport alone.
-func bareCapture(size int64) (time.Duration, error) {
+// socketpair and copies the near end to io.Discard (into, nil) or reads it
+// into into (a buffer of the final size): the transport alone, and the
+// transport plus the memory a returned result must touch.
+func bareCapture(size int64, into []byte) (time.Duration, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return 0, err
@@ -50,7 +53,21 @@ func bareCapture(size int64) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	n, cerr := io.CopyBuffer(io.Discard, near, make([]byte, captureBlock))
+	var n int64
+	var cerr error
+	if into == nil {
+		n, cerr = io.CopyBuffer(io.Discard, near, make([]byte, captureBlock))
+	} else {
+		var m int
+		m, cerr = io.ReadFull(near, into)
+		n = int64(m)
+		if cerr == nil {
+			var one [1]byte
+			if k, _ := near.Read(one[:]); k > 0 {
+				cerr = errors.New("more output than expected")
+			}
+		}
+	}
 	werr := cmd.Wait()
 	d := time.Since(t0)
 	if err := errors.Join(cerr, werr); err != nil {
@@ -62,12 +79,11 @@ func bareCapture(size int64) (time.Duration, error) {
 	return d, nil
 }
 
-// managedCapture runs the producer in the warm machine through RunCommand
-// with a stdout limit above size: the whole result, decoded and sanitized.
-func managedCapture(ctx context.Context, cr *corral, size int64) (time.Duration, error) {
-	a := cr.alice
+// corralCapture runs the producer in project p through RunCommand with a
+// stdout limit above size: the whole result, decoded and sanitized.
+func corralCapture(ctx context.Context, cr *corral, p store.Project, actor sandbox.Actor, size int64) (time.Duration, error) {
 	t0 := time.Now()
-	res, err := cr.ctl.RunCommand(ctx, input(cr.managed, producer(size)...), &a, &sandbox.RunOptions{
+	res, err := cr.ctl.RunCommand(ctx, input(p, producer(size)...), &actor, &sandbox.RunOptions{
 		Timeout:     5 * time.Minute,
 		OutputLimit: sandbox.OutputLimit{Stdout: size + 1<<20},
 	})
@@ -81,30 +97,39 @@ func managedCapture(ctx context.Context, cr *corral, size int64) (time.Duration,
 	return d, nil
 }
 
-// measureCapture alternates the bare copy and the managed capture.
-func measureCapture(ctx context.Context, cr *corral, size int64, samples int) []captureRow {
-	bare := captureRow{name: "bare socketpair copy (dd → io.Discard)"}
-	managed := captureRow{name: "corral managed RunCommand (dd, limit > size)"}
-	if cr == nil || cr.w == nil {
-		managed.skip = "no worker"
-	}
+// Capture row names.
+const (
+	capBare    = "bare socketpair copy (dd → io.Discard): the floor"
+	capBareBuf = "bare socketpair read into a buffer of the final size (fresh memory)"
+	capManaged = "corral managed RunCommand (dd, limit > size)"
+	capHost    = "corral host RunCommand, direct (dd, limit > size)"
+)
+
+// measureCapture alternates the bare copies and the captures, one sample
+// of each per round.
+func measureCapture(ctx context.Context, cr *corral, workerSkip string, size int64, samples int) []captureRow {
+	rows := []captureRow{{name: capBare}, {name: capBareBuf}, {name: capManaged, skip: workerSkip}, {name: capHost}}
 	mbps := func(d time.Duration) float64 { return float64(size) / d.Seconds() / 1e6 }
+	runs := []func() (time.Duration, error){
+		func() (time.Duration, error) { return bareCapture(size, nil) },
+		func() (time.Duration, error) { return bareCapture(size, make([]byte, size)) },
+		func() (time.Duration, error) { return corralCapture(ctx, cr, cr.managed, cr.alice, size) },
+		func() (time.Duration, error) { return corralCapture(ctx, cr, cr.host, cr.bob, size) },
+	}
 	for range samples {
-		if d, err := bareCapture(size); err != nil {
-			bare.failure = err
-		} else {
-			bare.mbps = append(bare.mbps, mbps(d))
-		}
-		if managed.skip == "" {
-			if d, err := managedCapture(ctx, cr, size); err != nil {
-				managed.failure = err
+		for i, run := range runs {
+			if rows[i].skip != "" {
+				continue
+			}
+			if d, err := run(); err != nil {
+				rows[i].failure = err
 			} else {
-				managed.mbps = append(managed.mbps, mbps(d))
+				rows[i].mbps = append(rows[i].mbps, mbps(d))
 			}
 			// Give the gigabyte back before the next sample.
 			runtime.GC()
 			debug.FreeOSMemory()
 		}
 	}
-	return []captureRow{bare, managed}
+	return rows
 }

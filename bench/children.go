@@ -72,6 +72,8 @@ type floodResult struct {
 	BaseRSS   int64          // bytes, after the core was built and the machine started
 	PeakRSS   int64          // VmHWM after the flood, bytes
 	FileRSS   int64          // RssFile after the flood (mapped executable and libraries), bytes
+	PeakAnon  int64          // highest RssAnon seen (sampled every millisecond during the flood), bytes
+	BaseAnon  int64          // RssAnon before the flood, bytes
 	Kinds     map[string]int // outcome of each flooding command
 	Captured  int64          // bytes of partial stdout returned, all commands
 	ElapsedMs int64
@@ -135,6 +137,30 @@ func floodChild(args []string) error {
 	if res.BaseRSS, err = vmRSS(); err != nil {
 		return err
 	}
+	if res.BaseAnon, err = statusKB("RssAnon:"); err != nil {
+		return err
+	}
+	// RssAnon is the core's own memory (heap, stacks), without the
+	// executable's pages that VmHWM counts; the kernel keeps no peak of
+	// it, so it is sampled.
+	stopSampling := make(chan struct{})
+	sampled := make(chan int64)
+	go func() {
+		peak := res.BaseAnon
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			if v, err := statusKB("RssAnon:"); err == nil {
+				peak = max(peak, v)
+			}
+			select {
+			case <-stopSampling:
+				sampled <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	t0 := time.Now()
@@ -163,6 +189,8 @@ func floodChild(args []string) error {
 	}
 	wg.Wait()
 	res.ElapsedMs = time.Since(t0).Milliseconds()
+	close(stopSampling)
+	res.PeakAnon = <-sampled
 	if res.PeakRSS, err = vmHWM(); err != nil {
 		return err
 	}

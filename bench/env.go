@@ -30,6 +30,8 @@ var children = map[string]func(args []string) error{
 	"__worker": workerChild,
 	"__flood":  floodChild,
 	"__leases": leasesChild,
+	"__agent":  agentChild,
+	"__relay":  relayChild,
 }
 
 // workerProc is the privileged worker, running as a child process.

@@ -79,7 +79,7 @@ func main() {
 	flag.IntVar(&cfg.n, "n", 0, "latency samples per row (default 1000, 100 with -short)")
 	flag.StringVar(&cfg.out, "out", "", "markdown file whose generated section is rewritten (default docs/benchmarks.md, none with -short; \"-\" for none)")
 	flag.StringVar(&cfg.profile, "profile", "", "write pprof CPU profiles of each phase (and of the worker) into this directory")
-	only := flag.String("only", "", "comma-separated phases to run (latency,cold,capture,concurrency,flood,leases); implies -out \"\"")
+	only := flag.String("only", "", "comma-separated phases to run (latency,cold,capture,concurrency,flood,leases, and the extra phases: "+extraNames()+"); implies -out \"\"")
 	flag.Parse()
 	switch {
 	case cfg.out == "-":
@@ -101,7 +101,7 @@ func main() {
 		}
 	}
 	cfg.cold, cfg.captureBytes, cfg.captureSamples = 30, 1<<30, 3
-	cfg.concDuration, cfg.leases, cfg.leaseRounds = 3*time.Second, 10000, 2
+	cfg.concDuration, cfg.leases, cfg.leaseRounds = 2*time.Second, 10000, 2
 	if cfg.short {
 		cfg.cold, cfg.captureBytes, cfg.captureSamples = 5, 256<<20, 2
 		cfg.concDuration, cfg.leaseRounds = time.Second, 1

@@ -26,8 +26,12 @@ type report struct {
 	notes   []string
 	loadavg string
 
+	// acct describes the CPU accounting (empty: host-wide /proc/stat).
+	acct string
+
 	latency  []latRow
 	cold     latRow
+	extras   []extraResult
 	capture  []captureRow
 	conc     []concRow
 	flood    []floodRow
@@ -114,12 +118,28 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	defer os.RemoveAll(dir)
 	fmt.Fprintf(os.Stderr, "bench: state in %s\n", dir)
 
+	// CPU accounting first: the worker and the floors' processes start
+	// in their groups; the groups go after everything stopped.
+	var acct *cpuAcct
+	if os.Geteuid() != 0 {
+		rep.notes = append(rep.notes, "CPU per process not measured (cgroups need root): CPU/cmd is host-wide (/proc/stat)")
+	} else if acct, err = newCPUAcct(); err != nil {
+		rep.notes = append(rep.notes, fmt.Sprintf("CPU per process not measured (%v): CPU/cmd is host-wide (/proc/stat)", err))
+		acct = nil
+	} else {
+		rep.acct = acct.describe()
+	}
+	defer acct.close()
+
 	var w *workerProc
 	workerSkip := ""
 	if os.Geteuid() != 0 {
 		workerSkip = "the privileged worker needs root"
-	} else if w, err = startWorker(dir, cfg.profile); err != nil {
+	} else if err = acct.in(groupWorker, func() (err error) { w, err = startWorker(dir, cfg.profile); return err }); err != nil {
 		workerSkip = err.Error()
+		w = nil
+	} else {
+		acct.addMachines(w.cgroupPrefix + strconv.Itoa(w.proc.Pid))
 	}
 	defer w.stop()
 	if workerSkip != "" {
@@ -159,11 +179,13 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	case !cfg.on("latency") && !cfg.on("concurrency"):
 		slimSkip = "not selected"
 	default:
-		sw, err := startSlimWorker(filepath.Join(dir, "slim"))
+		var sw *workerProc
+		err := acct.in(groupWorker, func() (err error) { sw, err = startSlimWorker(filepath.Join(dir, "slim")); return err })
 		if err != nil {
 			slimSkip = err.Error()
 			break
 		}
+		acct.addMachines(sw.cgroupPrefix + strconv.Itoa(sw.proc.Pid))
 		defer sw.stop()
 		if slim, err = buildCorral(ctx, filepath.Join(dir, "slim"), sw); err != nil {
 			slimSkip = err.Error()
@@ -172,28 +194,38 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		defer slim.core.Close()
 	}
 
+	fl := startFloors(filepath.Join(dir, "floors"), acct)
+	defer fl.stop()
+
 	confinedSkip := ""
 	if err := cr.runTrue(ctx, cr.host, cr.alice); err != nil {
 		confinedSkip = fmt.Sprintf("confined start failed (Landlock?): %v", err)
 	}
+	nsenter := func() error { return errors.New("no held namespace") }
+	if ns != nil {
+		nsenter = runExec("nsenter", "-t", strconv.Itoa(ns.pid), "-a", "true")
+	}
+	managedTrue := func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }
 	subjects := []subject{
 		{name: subjBare, run: bareTrue},
-		{name: subjBwrap, run: runExec("bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "true"), skip: toolSkip("bwrap", false)},
-		{name: subjUnshare, run: runExec("unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "--net", "true"), skip: toolSkip("unshare", false)},
-		{name: subjNsenter, skip: nsSkip},
+		{name: subjBareCapture, run: bareCaptureTrue},
+		fl.subject(subjAgentC, fl.c, fl.cSkip),
+		fl.subject(subjAgentCRelay, fl.cRelay, fl.cSkip),
+		fl.subject(subjAgentGo, fl.goAgent, fl.goSkip),
+		fl.subject(subjAgentGoRly, fl.goRelay, fl.goSkip),
+		{name: compGateway, run: func() error { return cr.gatewayTrue(ctx) }, skip: workerSkip},
+		{name: subjManaged, run: managedTrue, skip: workerSkip},
+		{name: subjDaemon, run: dmn.runTrue, skip: workerSkip},
 		{name: subjConfined, run: func() error { return cr.runTrue(ctx, cr.host, cr.alice) }, skip: confinedSkip},
 		{name: subjDirect, run: func() error { return cr.runTrue(ctx, cr.host, cr.bob) }},
-		{name: subjManaged, run: func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }, skip: workerSkip},
-		{name: subjDaemon, run: dmn.runTrue, skip: workerSkip},
-		{name: subjManagedSlim, run: func() error { return slim.runTrue(ctx, slim.managed, slim.alice) }, skip: slimSkip},
+		{name: subjBwrap, run: runExec("bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--unshare-all", "true"), skip: toolSkip("bwrap", false)},
+		{name: subjUnshare, run: runExec("unshare", "--user", "--map-root-user", "--mount", "--pid", "--fork", "--net", "true"), skip: toolSkip("unshare", false)},
+		{name: subjNsenter, run: nsenter, skip: nsSkip},
 		{name: subjBarePaced, run: bareTrue, pause: pace},
-		{name: subjManagedPaced, run: func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }, skip: workerSkip, pause: pace},
-		{name: compGateway, run: func() error { return cr.gatewayTrue(ctx) }, skip: workerSkip},
+		{name: subjManagedPaced, run: managedTrue, skip: workerSkip, pause: pace},
 		{name: compPrepare, run: func() error { return cr.prepareRelease(ctx) }, skip: workerSkip},
 		{name: compJournal, run: func() error { return cr.journalTrue(ctx) }, skip: workerSkip},
-	}
-	if ns != nil {
-		subjects[3].run = runExec("nsenter", "-t", strconv.Itoa(ns.pid), "-a", "true")
+		{name: subjManagedSlim, run: func() error { return slim.runTrue(ctx, slim.managed, slim.alice) }, skip: slimSkip},
 	}
 	step := func(s string) {
 		fmt.Fprintf(os.Stderr, "bench: %s (%v)\n", s, time.Since(rep.started).Round(time.Millisecond))
@@ -216,27 +248,39 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	if cfg.on("capture") {
 		step("capture")
 		cfg.phase("capture", func() {
-			rep.capture = measureCapture(ctx, crOrNil(cr, workerSkip), cfg.captureBytes, cfg.captureSamples)
+			rep.capture = measureCapture(ctx, cr, workerSkip, cfg.captureBytes, cfg.captureSamples)
 		})
 	}
 
 	if cfg.on("concurrency") {
 		step("concurrency")
+		cs := []concSubject{
+			{name: subjBareCc, run: bareTrue},
+			{name: subjBareCapture, run: bareCaptureTrue},
+			fl.concSubject(subjAgentCRelay, fl.cRelay, fl.cSkip),
+		}
+		if !cfg.short {
+			cs = append(cs, fl.concSubject(subjAgentGoRly, fl.goRelay, fl.goSkip),
+				concSubject{name: compGateway, run: func() error { return cr.gatewayTrue(ctx) }, skip: workerSkip})
+		}
+		cs = append(cs, concSubject{name: subjManagedCc, run: managedTrue, skip: workerSkip})
+		if slim != nil {
+			cs = append(cs, concSubject{name: subjSlimCc, run: func() error { return slim.runTrue(ctx, slim.managed, slim.alice) }})
+		}
 		cfg.phase("concurrency", func() {
-			for _, level := range []int{1, 8, 64} {
-				rep.conc = append(rep.conc, measureConcurrency(subjBareCc, level, cfg.concDuration, bareTrue))
-				if workerSkip != "" {
-					rep.conc = append(rep.conc, concRow{subject: subjManagedCc, level: level, skip: workerSkip})
-					continue
-				}
-				rep.conc = append(rep.conc, measureConcurrency(subjManagedCc, level, cfg.concDuration,
-					func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }))
-				if slim != nil {
-					rep.conc = append(rep.conc, measureConcurrency(subjSlimCc, level, cfg.concDuration,
-						func() error { return slim.runTrue(ctx, slim.managed, slim.alice) }))
-				}
+			for _, level := range concLevels {
+				rep.conc = append(rep.conc, measureConcurrency(cs, level, time.Duration(len(cs))*cfg.concDuration, acct)...)
 			}
 		})
+	}
+
+	for _, p := range extraPhases {
+		if !cfg.on(p.name) {
+			continue
+		}
+		step(p.name)
+		env := &phaseEnv{cfg: cfg, cr: cr, workerSkip: workerSkip, dmn: dmn, bare: rep.lat(subjBare)}
+		cfg.phase(p.name, func() { rep.extras = append(rep.extras, extraResult{phase: p, rows: p.run(ctx, env)}) })
 	}
 
 	// The target holds at the default limits; at 64 MiB the results
@@ -287,12 +331,8 @@ func run(ctx context.Context, cfg config) (*report, error) {
 	return rep, nil
 }
 
-func crOrNil(cr *corral, skip string) *corral {
-	if skip != "" {
-		return nil
-	}
-	return cr
-}
+// concLevels are the levels of parallelism measured.
+var concLevels = []int{1, 8, 64}
 
 // daemonProc is the daemon's HTTP app serving on a Unix socket, and a
 // client of it as alice.
