@@ -67,8 +67,8 @@ func (r *concRow) perCmd(d time.Duration) time.Duration {
 // subjects alternate slice by slice, so that drift hits all alike.
 const concSlices = 6
 
-// measureConcurrency runs every subject at level for d in all, in
-// concSlices slices that alternate between the subjects. In a slice,
+// measureConcurrency runs every subject at level for d each, in
+// concSlices slices of d/concSlices that alternate between the subjects. In a slice,
 // level goroutines call run in a loop until the slice's deadline;
 // throughput counts the calls completed over the time until the last one
 // returned.

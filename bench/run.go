@@ -269,7 +269,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		}
 		cfg.phase("concurrency", func() {
 			for _, level := range concLevels {
-				rep.conc = append(rep.conc, measureConcurrency(cs, level, time.Duration(len(cs))*cfg.concDuration, acct)...)
+				rep.conc = append(rep.conc, measureConcurrency(cs, level, cfg.concDuration, acct)...)
 			}
 		})
 	}
