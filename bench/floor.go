@@ -117,7 +117,10 @@ func startFloor(exe string, args []string, relay bool, acct *cpuAcct) (*floorCli
 		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: 0, Size: 1}, {ContainerID: 1, HostID: floorHostBase + 1, Size: 65535}},
 		// setgroups(0, NULL) before the uid switch, as a session does.
 		GidMappingsEnableSetgroups: true,
-		Pdeathsig:                  syscall.SIGKILL,
+		// No Pdeathsig: it fires when the forking thread exits, and the
+		// core's confined starts end threads. The agent and the relay
+		// exit on EOF of their socket, which the kernel closes with the
+		// bench.
 	}
 	err = acct.in(groupAgent, agent.Start)
 	agentEnd.Close()
@@ -141,7 +144,6 @@ func startFloor(exe string, args []string, relay bool, acct *cpuAcct) (*floorCli
 		r := exec.Command(self, "__relay")
 		r.ExtraFiles = []*os.File{toClient, toAgent}
 		r.Stderr = os.Stderr
-		r.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		err = acct.in(groupRelay, r.Start)
 		toClient.Close()
 		toAgent.Close() // the relay holds the agent's socket now
