@@ -11,24 +11,33 @@
 //
 // It measures, side by side and interleaved:
 //
-//   - per-command latency of `true` (p50, p99, mean): bare os/exec, bwrap,
-//     unshare, nsenter into a held namespace, corral host (confined and
-//     direct), corral managed (warm and cold) and corral through the
-//     daemon API;
-//   - capture throughput through a managed session against a bare
-//     socketpair copy;
-//   - concurrency scaling (1, 8 and 64 parallel `true`);
-//   - the core's peak RSS under an output flood (in a child process that
-//     runs only a core and the flood);
-//   - the CPU cost of heartbeating 10,000 live leases (in a child process).
+//   - per-command latency of `true` (p50, p99, mean) along the path from
+//     the floor to corral: bare os/exec; bare with corral's capture
+//     (stdio on socketpairs read to EOF); the floors, an agent already
+//     inside a machine's namespaces doing the init's steps, reached over
+//     SOCK_SEQPACKET with SCM_RIGHTS (in C, compiled at start from
+//     floors/agent.c, and in Go), directly and behind one relay process in
+//     the worker's place; corral's gateway round trip; corral managed (warm,
+//     cold, paced) and through the daemon API; corral host (confined and
+//     direct); and the peers bwrap, unshare and nsenter;
+//   - capture throughput (managed and host) against a bare socketpair copy;
+//   - concurrency (1, 8 and 64 parallel `true`, the subjects alternating
+//     in slices) with CPU per command split by cgroup accounting into the
+//     bench's process, the worker (or relay) and the machines (or agents);
+//   - the core's peak RSS and RssAnon under an output flood (in a child
+//     process that runs only a core and the flood);
+//   - the CPU cost of heartbeating 10,000 live leases (in a child process);
+//   - phases other files register (extra.go).
 //
-// Rows that need root (the worker, bwrap, unshare, nsenter) are skipped with
-// a note when they cannot run. The privileged worker runs as a child
-// process of the bench, as `corral worker` runs beside the daemon.
+// The targets are printed against their floors, each met or missed.
+// Rows that need root (the worker, the floors, the CPU accounting, bwrap,
+// unshare, nsenter) or gcc (the C floor) are skipped with a note when they
+// cannot run. The privileged worker runs as a child process of the bench,
+// as `corral worker` runs beside the daemon.
 //
 // The binary re-executes itself as machine init, confinement helper,
-// worker, flood and lease child: main calls worker.MaybeRunInit and
-// confine.MaybeRun first.
+// worker, Go floor agent, relay, flood and lease child: main calls
+// worker.MaybeRunInit and confine.MaybeRun first.
 package main
 
 import (
