@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"math"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -114,5 +116,32 @@ func TestRegisterPhase(t *testing.T) {
 	}
 	if got := extraNames(); got != "a,b" && len(saved) == 0 {
 		t.Fatalf("extraNames = %q", got)
+	}
+}
+
+// measureConcurrency runs every subject, counts a failing subject's calls
+// as failures (not as completed commands), and leaves skipped ones alone.
+func TestMeasureConcurrencyCounts(t *testing.T) {
+	var okCalls, badCalls atomic.Int64
+	subjects := []concSubject{
+		{name: "ok", run: func() error { okCalls.Add(1); time.Sleep(time.Millisecond); return nil }},
+		{name: "bad", run: func() error { badCalls.Add(1); time.Sleep(time.Millisecond); return errors.New("boom") }},
+		{name: "skipped", run: func() error { t.Error("skipped subject ran"); return nil }, skip: "no"},
+	}
+	rows := measureConcurrency(subjects, 4, 120*time.Millisecond, nil)
+	if len(rows) != 3 || rows[0].subject != "ok" || rows[0].level != 4 {
+		t.Fatalf("rows %+v", rows)
+	}
+	if int64(rows[0].done) != okCalls.Load() || rows[0].failures != 0 {
+		t.Errorf("ok: done %d of %d calls, %d failures", rows[0].done, okCalls.Load(), rows[0].failures)
+	}
+	if rows[1].done != 0 || int64(rows[1].failures) != badCalls.Load() || rows[1].firstErr == nil {
+		t.Errorf("bad: done %d, failures %d of %d calls, first %v", rows[1].done, rows[1].failures, badCalls.Load(), rows[1].firstErr)
+	}
+	if rows[2].skip != "no" || rows[2].done != 0 {
+		t.Errorf("skipped: %+v", rows[2])
+	}
+	if okCalls.Load()+badCalls.Load() == 0 {
+		t.Error("nothing ran")
 	}
 }
