@@ -247,8 +247,11 @@ func (a *cpuAcct) sample() cpuSample {
 	return s
 }
 
-// close moves the bench back to its own group and removes the parent's
-// (empty) groups bottom-up; groups that still hold processes stay.
+// close moves the bench back to its own group, moves any process still
+// in a group of the parent there too (only the bench's own children were
+// placed in them: one still exiting, a thread created during a move), and
+// removes the groups bottom-up, waiting up to a second for exiting tasks
+// to leave.
 func (a *cpuAcct) close() {
 	if a == nil {
 		return
@@ -261,8 +264,22 @@ func (a *cpuAcct) close() {
 		}
 		return nil
 	})
+	deadline := time.Now().Add(time.Second)
 	for i := len(all) - 1; i >= 0; i-- {
-		_ = syscall.Rmdir(all[i])
+		for {
+			if b, err := os.ReadFile(filepath.Join(all[i], "cgroup.procs")); err == nil {
+				for _, f := range strings.Fields(string(b)) {
+					if pid, err := strconv.Atoi(f); err == nil {
+						_ = a.place(pid, a.orig)
+					}
+				}
+			}
+			err := syscall.Rmdir(all[i])
+			if err == nil || os.IsNotExist(err) || err != syscall.EBUSY || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }
 
