@@ -527,9 +527,12 @@ func Encode(m Message) ([]byte, error) {
 	if err := validate(p); err != nil {
 		return nil, err
 	}
-	b, err := encodeJSON(p)
-	if err != nil {
-		return nil, err
+	b := encodeFast(p)
+	if b == nil {
+		var err error
+		if b, err = encodeJSON(p); err != nil {
+			return nil, err
+		}
 	}
 	if len(b) > MaxFrame {
 		return nil, protoErr(CodeTooLarge, "%s frame is %d bytes, limit %d", m.Type(), len(b), MaxFrame)
@@ -573,6 +576,9 @@ func encodeJSON(p Message) ([]byte, error) {
 func Decode(b []byte, nfds int) (Message, error) {
 	if len(b) > MaxFrame {
 		return nil, protoErr(CodeTooLarge, "frame is %d bytes, limit %d", len(b), MaxFrame)
+	}
+	if m := decodeFast(b, nfds); m != nil {
+		return m, nil
 	}
 	return decodeJSON(b, nfds)
 }
