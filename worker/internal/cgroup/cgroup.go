@@ -13,10 +13,12 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -57,6 +59,13 @@ type Group struct {
 	v2    bool
 	ctrls []string // v1: the controller of each path
 	paths []string // v2: one directory; v1: one per controller
+
+	// oom is the memory controller's OOM count file, held open from the
+	// first OOMKills to Destroy: re-reading it is one pread, where
+	// opening it each time (every session start) cost the worker a
+	// quarter of its CPU per command. Guarded by oomMu.
+	oomMu sync.Mutex
+	oom   *os.File
 }
 
 // Layout describes where groups are created.
@@ -465,15 +474,59 @@ func (g *Group) path(c string) string {
 // OOMKills returns how many processes the kernel's OOM killer has killed
 // in the group (v1: memory.oom_control's oom_kill; v2: memory.events'
 // oom_kill, which counts the group's descendants too).
+//
+// The file stays open until Destroy: each call after the first reads it
+// again from its start (one pread; the kernel renders it afresh).
 func (g *Group) OOMKills() (int64, error) {
+	f, err := g.oomFile()
+	if err != nil {
+		return 0, err
+	}
+	var buf [512]byte
+	n, err := f.ReadAt(buf[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	if n == len(buf) { // longer than any the kernel writes: read it whole
+		b, err := os.ReadFile(f.Name())
+		if err != nil {
+			return 0, fmt.Errorf("cgroup: %w", err)
+		}
+		return parseOOMKills(b)
+	}
+	return parseOOMKills(buf[:n])
+}
+
+// oomFile opens the OOM count file once.
+func (g *Group) oomFile() (*os.File, error) {
+	g.oomMu.Lock()
+	defer g.oomMu.Unlock()
+	if g.oom != nil {
+		return g.oom, nil
+	}
 	file := "memory.oom_control"
 	if g.v2 {
 		file = "memory.events"
 	}
-	b, err := os.ReadFile(filepath.Join(g.path("memory"), file))
+	f, err := os.Open(filepath.Join(g.path("memory"), file))
 	if err != nil {
-		return 0, fmt.Errorf("cgroup: %w", err)
+		return nil, fmt.Errorf("cgroup: %w", err)
 	}
+	g.oom = f
+	return f, nil
+}
+
+// closeOOM closes the OOM count file, if open.
+func (g *Group) closeOOM() {
+	g.oomMu.Lock()
+	defer g.oomMu.Unlock()
+	if g.oom != nil {
+		g.oom.Close()
+		g.oom = nil
+	}
+}
+
+func parseOOMKills(b []byte) (int64, error) {
 	for _, line := range strings.Split(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
 			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
@@ -586,6 +639,7 @@ func (g *Group) Destroy() error {
 	if err := g.Kill(5 * time.Second); err != nil {
 		return err
 	}
+	g.closeOOM()
 	var errs []error
 	for _, p := range g.paths {
 		if g.v2 {

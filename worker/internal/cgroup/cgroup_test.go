@@ -215,3 +215,46 @@ func TestSessionParentAndDelegate(t *testing.T) {
 		removeParents(l)
 	}
 }
+
+// BenchmarkOOMKills reads a group's OOM kill count as every session start
+// does: "reopen" opens and reads the file each time (os.ReadFile, as
+// before), "pread" re-reads the file OOMKills holds open.
+func BenchmarkOOMKills(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("cgroup benchmarks need root")
+	}
+	l, err := Detect(fmt.Sprintf("corral-cgbench-%d", os.Getpid()))
+	if err != nil {
+		b.Skip(err)
+	}
+	defer removeParents(l)
+	g, err := l.New("g", Limits{Memory: 64 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer g.Destroy()
+	file := "memory.oom_control"
+	if g.v2 {
+		file = "memory.events"
+	}
+	for range 3 {
+		b.Run("reopen", func(b *testing.B) {
+			for b.Loop() {
+				raw, err := os.ReadFile(filepath.Join(g.path("memory"), file))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := parseOOMKills(raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run("pread", func(b *testing.B) {
+			for b.Loop() {
+				if _, err := g.OOMKills(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
