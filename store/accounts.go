@@ -153,7 +153,11 @@ func (s *Store) AuthenticateToken(ctx context.Context, plaintext string) (Accoun
 	if err != nil {
 		return Account{}, 0, err
 	}
-	err = st.QueryRowContext(ctx, HashToken(plaintext)).Scan(&a.ID, &a.Name, &created, &tokenID, &lastUsed)
+	hctx, err := hot(ctx)
+	if err != nil {
+		return Account{}, 0, fmt.Errorf("store: authenticate: %w", err)
+	}
+	err = st.QueryRowContext(hctx, HashToken(plaintext)).Scan(&a.ID, &a.Name, &created, &tokenID, &lastUsed)
 	if errors.Is(err, sql.ErrNoRows) {
 		return Account{}, 0, fmt.Errorf("store: authenticate: %w", ErrNotFound)
 	}

@@ -378,3 +378,35 @@ func TestBatchBusy(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHotStatementContext: a hot statement run alone under an ended
+// context makes no write and returns the context's error; under a live
+// cancellable one it runs (without the driver's watcher goroutine: see
+// hot) and commits.
+func TestHotStatementContext(t *testing.T) {
+	s, _ := newTestStore(t)
+	p := testProject(t, s)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p, Kind: "terminal", TTL: time.Hour}, time.Now()); !errors.Is(err, context.Canceled) {
+		t.Fatalf("CreateLease under a cancelled context = %v, want context.Canceled", err)
+	}
+	if _, _, err := s.GetProjectMember(ctx, p, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("GetProjectMember under a cancelled context = %v, want context.Canceled", err)
+	}
+	if n, err := s.LiveLeaseCount(context.Background()); err != nil || n != 0 {
+		t.Fatalf("live leases after a cancelled create: %d, %v", n, err)
+	}
+	live, stop := context.WithTimeout(context.Background(), time.Minute)
+	defer stop()
+	l, err := s.CreateLease(live, NewLease{Account: 1, Project: p, Kind: "terminal", TTL: time.Hour}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ReleaseHeldLease(live, l.ID, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.GetLease(context.Background(), l.ID); err != nil || got.State != LeaseReleased {
+		t.Fatalf("lease after release under a deadline: %+v, %v", got, err)
+	}
+}

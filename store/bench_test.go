@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -304,4 +305,82 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkCommandContext is every store write of one command with the
+// contexts callers pass: none ("background"), a 5 s deadline as the
+// journal and HTTP requests have ("deadline"), and the same deadline
+// handed to the driver with each statement, as exec did before hot
+// ("driver-deadline": the driver's watcher goroutine per statement).
+// Rounds alternate; cpu-µs/op is the process's CPU time per command.
+func BenchmarkCommandContext(b *testing.B) {
+	s, _ := benchLeases(b, 10)
+	bg := context.Background()
+	p, err := s.ProjectByName(bg, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	stmt := func(q string) *sql.Stmt {
+		st, err := s.writeStmt(bg, q)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return st
+	}
+	ins, start, rel, fin := stmt(sqlInsertLease), stmt(sqlJournalStart), stmt(sqlRelease), stmt(sqlJournalFinish)
+	code := 0
+	viaStore := func(ctx context.Context) error {
+		l, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}, time.Now())
+		if err != nil {
+			return err
+		}
+		j, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: p.ID, Lease: l.ID, LeaseKind: "terminal", Argv: []string{"true"}})
+		if err != nil {
+			return err
+		}
+		if err := s.ReleaseHeldLease(ctx, l.ID, time.Now()); err != nil {
+			return err
+		}
+		return s.JournalFinish(ctx, j, JournalEnd{Outcome: OutcomeExit, Code: &code})
+	}
+	viaDriver := func(ctx context.Context) error {
+		id := uuid.Must(uuid.NewV7()).String()
+		now := ms(time.Now())
+		if _, err := ins.ExecContext(ctx, id, 1, p.ID, "terminal", "", "", 3600000, now, now, now+3600000); err != nil {
+			return err
+		}
+		r, err := start.ExecContext(ctx, 1, p.ID, "", id, "terminal", `["true"]`, `{}`, now)
+		if err != nil {
+			return err
+		}
+		j, _ := r.LastInsertId()
+		if _, err := rel.ExecContext(ctx, id, ms(time.Now())); err != nil {
+			return err
+		}
+		_, err = fin.ExecContext(ctx, ms(time.Now()), "exit", 0, "", false, "", 0, 0, "", j)
+		return err
+	}
+	for range 3 {
+		for _, v := range []struct {
+			name     string
+			deadline bool
+			run      func(context.Context) error
+		}{{"background", false, viaStore}, {"deadline", true, viaStore}, {"driver-deadline", true, viaDriver}} {
+			b.Run(v.name, func(b *testing.B) {
+				cpu0 := cpuTime(b)
+				for b.Loop() {
+					ctx, cancel := bg, context.CancelFunc(func() {})
+					if v.deadline {
+						ctx, cancel = context.WithTimeout(bg, 5*time.Second)
+					}
+					err := v.run(ctx)
+					cancel()
+					if err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+			})
+		}
+	}
 }

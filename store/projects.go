@@ -267,7 +267,11 @@ func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (P
 		role            sql.NullString
 		trusted, joined sql.NullInt64
 	)
-	err = st.QueryRowContext(ctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
+	hctx, err := hot(ctx)
+	if err != nil {
+		return Project{}, Member{}, fmt.Errorf("store: project %d: %w", project, err)
+	}
+	err = st.QueryRowContext(hctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
 		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &p.Network, &role, &trusted, &joined)
 	if err != nil {
 		return Project{}, Member{}, classify(err, fmt.Sprintf("project %d", project))
