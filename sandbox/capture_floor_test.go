@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -48,12 +49,37 @@ func floorSize() int64 {
 
 // freshHeap gives the previous iteration's output back to the system, so
 // that each iteration reads into memory it must fault in, as a daemon's
-// first large capture does.
+// first large capture does (BENCH_CAPTURE_REUSE=1 keeps it, as a daemon
+// whose heap has room does).
 func freshHeap(b *testing.B) {
 	b.StopTimer()
 	runtime.GC()
-	debug.FreeOSMemory()
+	if os.Getenv("BENCH_CAPTURE_REUSE") == "" {
+		debug.FreeOSMemory()
+	}
 	b.StartTimer()
+}
+
+// selfCPU returns the CPU time this process used so far (dd's is not
+// counted): under load, a steadier measure of the reader's cost than the
+// wall clock.
+func selfCPU() cpuUse {
+	var ru unix.Rusage
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return cpuUse{time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Minflt}
+}
+
+// cpuUse is a process's CPU time and minor page faults so far.
+type cpuUse struct {
+	cpu    time.Duration
+	faults int64
+}
+
+// reportCPU reports the reader's CPU and page faults per iteration since c0.
+func reportCPU(b *testing.B, c0 cpuUse) {
+	c := selfCPU()
+	b.ReportMetric(float64(c.cpu-c0.cpu)/1e6/float64(b.N), "cpu-ms/op")
+	b.ReportMetric(float64(c.faults-c0.faults)/float64(b.N), "faults/op")
 }
 
 // BenchmarkSocketpairFloor is the floor of BenchmarkCapture1GiB: dd's
@@ -62,6 +88,8 @@ func BenchmarkSocketpairFloor(b *testing.B) {
 	size := floorSize()
 	b.SetBytes(size)
 	buf := make([]byte, 64<<10)
+	c0 := selfCPU()
+	defer reportCPU(b, c0)
 	for b.Loop() {
 		freshHeap(b)
 		near, wait := ddSocket(b, size)
@@ -81,15 +109,18 @@ func BenchmarkCapture1GiB(b *testing.B) {
 	size := floorSize()
 	b.SetBytes(size)
 	sanitize := func(s string) string { return replacePathForBench(s, "/srv/corral/projects/p1", "/workspace") }
+	c0 := selfCPU()
+	defer reportCPU(b, c0)
 	for b.Loop() {
 		freshHeap(b)
 		near, wait := ddSocket(b, size)
 		c := newCapture(OutputLimit{Stdout: size + 1<<20, Stderr: 1 << 20}, nil)
+		c.sanitize, c.hold = sanitize, func(s string) int { return sanitizeHoldForBench(s, "/srv/corral/projects/p1") }
 		c.start(near, nil)
 		<-c.done
 		near.Close()
 		wait()
-		if s := render(c.stdout.text(), sanitize); int64(len(s)) != size {
+		if s := c.stdout.result(false, sanitize); int64(len(s)) != size {
 			b.Fatalf("captured %d of %d", len(s), size)
 		}
 	}
@@ -102,4 +133,67 @@ func replacePathForBench(s, root, repl string) string {
 		return s
 	}
 	return strings.ReplaceAll(s, root, repl)
+}
+
+// sanitizeHoldForBench is replacePathForBench's SanitizeHold: the longest
+// suffix of s that begins root.
+func sanitizeHoldForBench(s, root string) int {
+	for k := min(len(root), len(s)); k > 0; k-- {
+		if strings.HasSuffix(s, root[:k]) {
+			return k
+		}
+	}
+	return 0
+}
+
+func init() {
+	// BENCH_CAPTURE_POPULATE=0 turns populating ahead off, to compare.
+	if os.Getenv("BENCH_CAPTURE_POPULATE") == "0" {
+		populateAhead = false
+	}
+	// BENCH_CAPTURE_WIDEN=0 leaves pipes at their size, to compare.
+	if os.Getenv("BENCH_CAPTURE_WIDEN") == "0" {
+		widenPipes = false
+	}
+}
+
+// ddPipe is ddSocket over a pipe, as a host command's stdout.
+func ddPipe(tb testing.TB, size int64) (near *os.File, wait func()) {
+	tb.Helper()
+	near, far, err := os.Pipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command("dd", "if=/dev/zero", "bs=65536", "count="+strconv.FormatInt(size/65536, 10), "status=none")
+	cmd.Stdout = far
+	err = cmd.Start()
+	far.Close()
+	if err != nil {
+		near.Close()
+		tb.Skipf("dd: %v", err)
+	}
+	return near, func() { _ = cmd.Wait() }
+}
+
+// BenchmarkCapturePipe1GiB is BenchmarkCapture1GiB over a pipe (a host
+// project's streams); its floor is BenchmarkSocketpairFloor.
+func BenchmarkCapturePipe1GiB(b *testing.B) {
+	size := floorSize()
+	b.SetBytes(size)
+	sanitize := func(s string) string { return replacePathForBench(s, "/srv/corral/projects/p1", "/workspace") }
+	c0 := selfCPU()
+	defer reportCPU(b, c0)
+	for b.Loop() {
+		freshHeap(b)
+		near, wait := ddPipe(b, size)
+		c := newCapture(OutputLimit{Stdout: size + 1<<20, Stderr: 1 << 20}, nil)
+		c.sanitize, c.hold = sanitize, func(s string) int { return sanitizeHoldForBench(s, "/srv/corral/projects/p1") }
+		c.start(near, nil)
+		<-c.done
+		near.Close()
+		wait()
+		if s := c.stdout.result(false, sanitize); int64(len(s)) != size {
+			b.Fatalf("captured %d of %d", len(s), size)
+		}
+	}
 }
