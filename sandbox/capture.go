@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"unicode/utf8"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -22,15 +23,27 @@ import (
 //   - It then reads into a pooled scratch buffer; output that fits
 //     (scratchData bytes) is copied once, into a string of its exact size.
 //   - Larger output gets a buffer of its own of min(limit, 1 MiB), read into
-//     directly, that grows fourfold (up to the limit) only when it is full
-//     and more bytes arrive. Growing copies in pieces, so that the garbage
-//     collector can always stop the reader.
+//     directly. If that fills and more bytes arrive, the stream reserves
+//     what its limit lets it keep (up to reserveMax, doubling beyond): the
+//     reservation is not zeroed, so its memory is faulted in only as output
+//     arrives, and the output is copied once (its first MiB) instead of at
+//     every growth. A large buffer is faulted in ahead of the reads, a
+//     chunk at a time (see populateChunk). Growing copies in pieces, so
+//     that the garbage collector can always stop the reader.
 //   - When the reader ends, the buffer becomes the text without a copy (it
 //     is never written again), unless more than a quarter of it is unused:
 //     then the text is an exact copy, which does not pin the rest.
 //   - A read made when the buffer is full or the limit reached (to learn
 //     whether more follows) lands in a scratch buffer's small probe area;
 //     bytes past the limit are dropped there, and the reader stops.
+//
+// CPU: once a stream has a buffer of its own, each read is checked as it
+// arrives, while it is in the cache: whether it is valid UTF-8, and whether
+// the provider's Sanitize would change it (cut as live output cuts it, see
+// PreparedCommon.SanitizeHold). A result that passes both is returned as
+// read, without a second pass over it; any other is decoded and sanitized
+// whole (see stream.result). A pipe (a host command's streams) is widened
+// to pipeSize once its output outgrows the scratch buffer.
 //
 // At the default 1 MiB limit an output flood therefore costs each stream
 // its 1 MiB result and nothing else.
@@ -40,6 +53,12 @@ type capture struct {
 
 	stdout stream
 	stderr stream
+
+	// sanitize and hold are the provider's Sanitize and SanitizeHold, set
+	// (if at all) before start: the readers check the output against them
+	// as it arrives (see stream.result).
+	sanitize func(string) string
+	hold     func(string) int
 
 	combined     atomic.Int64 // bytes read across both streams, past the limit included
 	overflowOnce sync.Once
@@ -53,6 +72,10 @@ type stream struct {
 	n    atomic.Int64 // bytes accepted so far
 	out  string       // the accepted bytes; set when the reader returns
 	held []byte       // live output held back (see live)
+
+	// Set with out: plain if out is known to be valid UTF-8, clean if the
+	// capture's sanitizer is known to leave it unchanged.
+	plain, clean bool
 }
 
 const (
@@ -64,11 +87,15 @@ const (
 	probeSize = 4 << 10
 	// firstBuffer bounds a stream's first own buffer.
 	firstBuffer = 1 << 20
-	// growth is the factor by which a full buffer grows. Every byte of a
-	// new buffer is fresh memory to fault in (and to zero, if reused), and
-	// what it holds is copied: a factor of 4 touches 1.33× the output and
-	// copies a third of it, against 2× and all of it for a factor of 2.
-	growth = 4
+	// growth is the factor by which a full buffer grows past the
+	// reservation (see reserveMax).
+	growth = 2
+	// pipeSize is what a pipe is widened to (at most the system's
+	// fs.pipe-max-size) once its output outgrows the scratch buffer.
+	pipeSize = 1 << 20
+	// heldMax bounds how much output the fused sanitizer check holds back
+	// (SanitizeHold's answer); past it, the result is sanitized whole.
+	heldMax = 64 << 10
 	// copyPiece bounds one memmove while a buffer grows or is trimmed
 	// (see copyPieces).
 	copyPiece = 1 << 20
@@ -135,7 +162,7 @@ func (c *capture) read(src io.Reader, name Stream, s *stream, limit int64) {
 	if src == nil {
 		return
 	}
-	r := &reader{c: c, name: name, s: s, keep: limit}
+	r := &reader{c: c, name: name, s: s, keep: limit, valid: true, clean: c.sanitize == nil || c.hold != nil}
 	if c.limit.Combined > 0 {
 		r.keep = c.limit.Combined
 	}
@@ -154,6 +181,7 @@ func (c *capture) read(src io.Reader, name Stream, s *stream, limit int64) {
 			p = r.sc[r.small:min(scratchData, r.small+int(min(room, scratchData)))]
 		case room > 0 && r.buf != nil && len(r.buf) < cap(r.buf):
 			p = r.buf[len(r.buf):min(cap(r.buf), len(r.buf)+int(min(room, int64(cap(r.buf)))))]
+			p = p[:r.populate(len(p))]
 		default:
 			probe = true
 			if r.sc == nil {
@@ -175,8 +203,10 @@ func (c *capture) read(src io.Reader, name Stream, s *stream, limit int64) {
 				r.small += a
 			case !probe:
 				r.buf = r.buf[:len(r.buf)+a]
+				r.check(false)
 			case a > 0:
-				r.add(p[:a])
+				r.add(src, p[:a])
+				r.check(false)
 			}
 			if a < n {
 				c.overflowOnce.Do(func() { close(c.overflow) })
@@ -203,17 +233,53 @@ type reader struct {
 	sc    *scratch
 	small int    // bytes collected in sc while buf is nil
 	buf   []byte // the stream's own buffer, once its output outgrew sc
+
+	// What check found so far in buf: valid, if buf[:checked] is valid
+	// UTF-8 (checked stops before a sequence a later read may complete);
+	// clean, if the capture's sanitizer leaves buf[:sanitized] unchanged.
+	// Once false, either stays false and its check stops.
+	valid, clean       bool
+	checked, sanitized int
+
+	// populated is how much of buf is populated ahead of the reads (see
+	// populateChunk); -1 if buf is not.
+	populated int
+}
+
+// populate returns how much of the n bytes the next read may fill, past
+// buf's length, are populated (at least one page's worth), populating the
+// next chunk first if none are.
+func (r *reader) populate(n int) int {
+	if r.populated < 0 {
+		return n
+	}
+	if cap(r.buf) < populateMin || !populateAhead {
+		r.populated = -1
+		return n
+	}
+	if r.populated <= len(r.buf) {
+		to := min(cap(r.buf), len(r.buf)+populateChunk)
+		if !populate(r.buf, len(r.buf), to) {
+			r.populated = -1
+			return n
+		}
+		r.populated = to
+	}
+	return min(n, r.populated-len(r.buf))
 }
 
 // add appends p, which the probe area holds, growing the buffer: the
 // output outgrew the scratch buffer, or the stream's own buffer.
-func (r *reader) add(p []byte) {
+func (r *reader) add(src io.Reader, p []byte) {
 	if r.buf == nil {
+		// Output this large may well be a flood: a pipe gets wider.
+		widenPipe(src)
 		r.buf = grow(r.sc[:r.small], r.small+len(p), r.keep)
 	} else {
 		r.buf = grow(r.buf, len(r.buf)+len(p), r.keep)
 	}
 	r.buf = append(r.buf, p...)
+	r.populated = len(r.buf)
 }
 
 // finish sets the stream's text and gives the scratch buffer back.
@@ -223,11 +289,84 @@ func (r *reader) finish() {
 	}
 	switch {
 	case r.buf != nil:
+		r.check(true)
+		r.s.plain, r.s.clean = r.valid, r.clean && r.c.sanitize != nil
 		r.s.out = ownedString(r.buf)
 	case r.sc != nil:
 		r.s.out = string(r.sc[:r.small])
 	}
 	r.putScratch()
+}
+
+// check looks at what buf holds past what it looked at before (see reader):
+// whether it is valid UTF-8 and whether the capture's sanitizer changes it.
+// Before the end (final false) it leaves out what a later read may extend:
+// an incomplete UTF-8 sequence, and what SanitizeHold holds back.
+func (r *reader) check(final bool) {
+	if r.valid && r.checked < len(r.buf) {
+		p := r.buf[r.checked:]
+		n := len(p)
+		if !final {
+			n -= incompleteTail(p)
+		}
+		if utf8.Valid(p[:n]) {
+			r.checked += n
+		} else {
+			r.valid = false
+		}
+	}
+	san := r.c.sanitize
+	if !r.clean || san == nil || r.sanitized == len(r.buf) {
+		return
+	}
+	// buf[sanitized:] is never written again (the buffer only grows, and a
+	// new one is a copy): it can be seen as a string for the check.
+	s := unsafe.String(&r.buf[r.sanitized], len(r.buf)-r.sanitized)
+	cut := len(s)
+	if !final {
+		cut -= min(max(r.c.hold(s), 0), len(s))
+	}
+	if len(s)-cut > heldMax {
+		r.clean = false
+		return
+	}
+	if cut == 0 {
+		return
+	}
+	if out := san(s[:cut]); unsafe.StringData(out) == unsafe.StringData(s) && len(out) == cut || out == s[:cut] {
+		r.sanitized += cut
+	} else {
+		r.clean = false
+	}
+}
+
+// incompleteTail returns how many bytes at p's end begin a UTF-8 sequence
+// that p ends before it is complete (0 to 3): bytes a later read may
+// complete.
+func incompleteTail(p []byte) int {
+	for i := 1; i <= min(len(p), utf8.UTFMax-1); i++ {
+		c := p[len(p)-i]
+		if c < utf8.RuneSelf {
+			return 0
+		}
+		if c >= 0xC0 { // a leading byte, or an invalid one
+			if c < 0xC2 || c > 0xF4 {
+				return 0 // never valid: the check fails on it now
+			}
+			need := 2
+			switch {
+			case c >= 0xF0:
+				need = 4
+			case c >= 0xE0:
+				need = 3
+			}
+			if need > i {
+				return i
+			}
+			return 0
+		}
+	}
+	return 0
 }
 
 func (r *reader) putScratch() {
@@ -267,11 +406,16 @@ func waitReadable(src io.Reader) {
 }
 
 // grow returns a new buffer holding b, with room for at least need bytes
-// in all: growth times b's capacity, at least firstBuffer, at most keep.
+// in all, and at most keep unless need is more: firstBuffer for a stream's
+// first buffer, then the reservation (keep, at most reserveMax), then growth
+// times b's capacity. Its free part is not zeroed.
 func grow(b []byte, need int, keep int64) []byte {
-	size := max(growth*cap(b), firstBuffer, need)
-	size = int(min(int64(size), max(keep, int64(need))))
-	nb := make([]byte, len(b), size)
+	size := int64(firstBuffer)
+	if cap(b) >= firstBuffer {
+		size = max(min(keep, reserveMax()), growth*int64(cap(b)))
+	}
+	size = min(max(size, int64(need)), max(keep, int64(need)))
+	nb := allocBuffer(int(size))[:len(b)]
 	copyPieces(nb, b)
 	return nb
 }
@@ -328,6 +472,21 @@ func (c *capture) sizes() (stdout, stderr int64) {
 // text returns the stream's captured bytes. It must only be called once the
 // stream's reader returned.
 func (s *stream) text() string { return s.out }
+
+// result returns the stream's text as RunCommand returns it: decoded as
+// UTF-8 unless raw, then passed through sanitizer (which must be the
+// capture's sanitizer, if it had one). Output the reader already found
+// valid, or clean, is not looked at again. It must only be called once the
+// stream's reader returned.
+func (s *stream) result(raw bool, sanitizer func(string) string) string {
+	if !raw && !s.plain {
+		return render(s.out, sanitizer)
+	}
+	if s.clean {
+		return s.out
+	}
+	return sanitize(s.out, sanitizer)
+}
 
 // live delivers output as it is read (RunOptions.OnOutput), sanitized,
 // holding back what may begin a rewrite (PreparedCommon.SanitizeHold).

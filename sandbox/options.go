@@ -23,6 +23,13 @@ const DefaultStreamLimit = 1 << 20
 // 1 MiB per stream. A command that writes more than its limit is cancelled
 // and rejected with [KindOverflow]; the output up to the limit is kept as
 // partial output.
+//
+// Limits count the bytes the command wrote, before decoding: decoded text
+// (the default, see RunOptions.RawOutput) replaces each invalid byte with
+// U+FFFD, three bytes, so a result or partial output of binary data may be
+// up to three times its limit (and a host path the provider's Sanitize
+// shows by a longer display path may grow it too). With RawOutput the
+// returned bytes are exactly those counted, apart from Sanitize.
 type OutputLimit struct {
 	Stdout   int64 `json:"stdout,omitempty"`
 	Stderr   int64 `json:"stderr,omitempty"`

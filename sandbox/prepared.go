@@ -77,6 +77,13 @@ type PreparedCommon struct {
 	// most len(s). Live output holds those bytes back until more arrive or
 	// the stream ends. Nil with a non-nil Sanitize holds a stream's whole
 	// live output until the stream ends.
+	//
+	// RunCommand also checks large results as they arrive, cut the same
+	// way: if Sanitize returns every piece unchanged, the whole result is
+	// taken to be unchanged and Sanitize is not called on it again (any
+	// other result is sanitized whole). Sanitize must therefore rewrite
+	// only text it finds, as a host path replacement does, never because
+	// of text elsewhere in the output.
 	SanitizeHold func(s string) int
 }
 

@@ -188,6 +188,7 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		lv = &live{fn: r.opts.OnOutput, sanitize: r.common.Sanitize, hold: r.common.SanitizeHold}
 	}
 	r.cap = newCapture(r.opts.OutputLimit, lv)
+	r.cap.sanitize, r.cap.hold = r.common.Sanitize, r.common.SanitizeHold
 	r.cap.start(proc.outputs())
 	var inputFailed <-chan error
 	if w := proc.input(); w != nil {
@@ -353,10 +354,7 @@ func (r *run) drainFor(proc process, d time.Duration) (cut bool) {
 
 func (r *run) output() (stdout, stderr string) {
 	// drain has returned: the readers are done and the buffers are ours.
-	if r.opts.RawOutput {
-		return sanitize(r.cap.stdout.text(), r.common.Sanitize), sanitize(r.cap.stderr.text(), r.common.Sanitize)
-	}
-	return render(r.cap.stdout.text(), r.common.Sanitize), render(r.cap.stderr.text(), r.common.Sanitize)
+	return r.cap.stdout.result(r.opts.RawOutput, r.common.Sanitize), r.cap.stderr.result(r.opts.RawOutput, r.common.Sanitize)
 }
 
 func (r *run) startHeartbeat(ctx context.Context) {

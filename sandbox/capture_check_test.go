@@ -1,0 +1,193 @@
+package sandbox
+
+import (
+	"bytes"
+	"io"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"unicode/utf8"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// randomReads returns src in reads of random sizes (1 byte to 96 KiB).
+type randomReads struct {
+	src []byte
+	rnd *rand.Rand
+}
+
+func (r *randomReads) Read(p []byte) (int, error) {
+	if len(r.src) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), len(r.src), 1+r.rnd.IntN(96<<10))
+	if r.rnd.IntN(4) == 0 {
+		n = min(n, 1+r.rnd.IntN(4)) // often split a sequence or a path
+	}
+	copy(p, r.src[:n])
+	r.src = r.src[n:]
+	return n, nil
+}
+
+const testRoot = "/srv/corral/projects/p1"
+
+func testSanitize(s string) string { return replacePathForBench(s, testRoot, "/workspace") }
+func testHold(s string) int        { return sanitizeHoldForBench(s, testRoot) }
+
+// TestCaptureResultMatchesWholeRender: whatever the reads' sizes, the
+// result of the fused checks is what decoding and sanitizing the whole
+// output gives: host roots split across reads (past the scratch buffer,
+// where the checks run) are still replaced, UTF-8 sequences split across
+// reads are kept, invalid bytes still become U+FFFD; raw output is only
+// sanitized.
+func TestCaptureResultMatchesWholeRender(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	pieces := []string{"héllo €𝄞 ", testRoot + "/a ", testRoot + "x ", "/srv/corral/pro", "\xff", "\xe2\x82", "\x00\n", strings.Repeat("z", 5000)}
+	for i := range 40 {
+		var b strings.Builder
+		size := []int{100, 40 << 10, 1<<20 + 3, 9 << 20}[i%4]
+		for b.Len() < size {
+			p := pieces[rnd.IntN(len(pieces))]
+			if i%3 != 2 && (p == "\xff" || p == "\xe2\x82") {
+				p = "ok " // mostly valid outputs, so the fused path is taken
+			}
+			b.WriteString(p)
+		}
+		src := b.String()
+		for _, raw := range []bool{false, true} {
+			c := newCapture(OutputLimit{Stdout: 16 << 20, Stderr: 1}, nil)
+			c.sanitize, c.hold = testSanitize, testHold
+			c.start(&randomReads{[]byte(src), rnd}, nil)
+			<-c.done
+			want := render(src, testSanitize)
+			if raw {
+				want = testSanitize(src)
+			}
+			if got := c.stdout.result(raw, testSanitize); got != want {
+				t.Fatalf("case %d (%d bytes, raw %v): result differs from the whole output's render", i, len(src), raw)
+			}
+			if strings.Contains(c.stdout.result(raw, testSanitize), testRoot+"/") {
+				t.Fatalf("case %d: a host root survived", i)
+			}
+		}
+	}
+}
+
+// TestCaptureResultChecks: valid output read in one-byte pieces is known
+// valid and clean; a root in it, or an invalid byte, makes it neither known
+// clean nor known valid, and the result is right anyway. A SanitizeHold that
+// holds everything back makes the result sanitized whole.
+func TestCaptureResultChecks(t *testing.T) {
+	valid := strings.Repeat("€𝄞 ascii ", 40<<10/12)
+	for _, tc := range []struct {
+		name         string
+		src          string
+		hold         func(string) int
+		plain, clean bool
+	}{
+		{"valid", valid, testHold, true, true},
+		{"root", valid + testRoot + "/x" + valid, testHold, true, false},
+		{"root at the end", valid + testRoot, testHold, true, false},
+		{"invalid", valid + "\xff" + valid, testHold, false, true},
+		{"truncated at the end", valid + "\xe2\x82", testHold, false, true},
+		{"holds everything", valid + testRoot + "/x", func(s string) int { return len(s) }, true, false},
+		{"no hold", valid + testRoot + "/x", nil, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCapture(OutputLimit{Stdout: 1 << 20, Stderr: 1}, nil)
+			c.sanitize, c.hold = testSanitize, tc.hold
+			c.start(iotest.OneByteReader(strings.NewReader(tc.src)), nil)
+			<-c.done
+			if c.stdout.plain != tc.plain || c.stdout.clean != tc.clean {
+				t.Fatalf("plain %v clean %v, want %v %v", c.stdout.plain, c.stdout.clean, tc.plain, tc.clean)
+			}
+			if got, want := c.stdout.result(false, testSanitize), render(tc.src, testSanitize); got != want {
+				t.Fatal("result differs from the whole output's render")
+			}
+		})
+	}
+}
+
+// TestCaptureValidResultNotCopied: a large valid result with nothing to
+// sanitize is the buffer it was read into (no decode or sanitize copy).
+func TestCaptureValidResultNotCopied(t *testing.T) {
+	src := bytes.Repeat([]byte("valid ✓\n"), 2<<20/9)
+	c := newCapture(OutputLimit{Stdout: int64(len(src)), Stderr: 1}, nil)
+	c.sanitize, c.hold = testSanitize, testHold
+	c.start(bytes.NewReader(src), nil)
+	<-c.done
+	if got := c.stdout.result(false, testSanitize); unsafe.StringData(got) != unsafe.StringData(c.stdout.text()) || got != string(src) {
+		t.Fatal("the result was copied, or differs")
+	}
+}
+
+func TestIncompleteTail(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{"", 0}, {"a", 0}, {"é", 0}, {"\xc3", 1}, {"a\xe2\x82", 2}, {"\xe2", 1}, {"€", 0},
+		{"\xf0\x9d\x84", 3}, {"𝄞", 0}, {"\x82\x82\x82", 0}, {"\xff", 0},
+	} {
+		if got := incompleteTail([]byte(tc.in)); got != tc.want {
+			t.Errorf("incompleteTail(%q) = %d, want %d", tc.in, got, tc.want)
+		}
+		if n := len(tc.in) - incompleteTail([]byte(tc.in)); utf8.ValidString(tc.in) && !utf8.ValidString(tc.in[:n]) {
+			t.Errorf("%q: cut inside a complete sequence", tc.in)
+		}
+	}
+}
+
+// TestNoZero: the buffer has the capacity asked for, and what is written to
+// it is what its string shows.
+func TestNoZero(t *testing.T) {
+	for _, n := range []int{0, 1, 2, 100, 1 << 20} {
+		b := noZero(n)
+		if len(b) != 0 || cap(b) != n {
+			t.Fatalf("noZero(%d): len %d cap %d", n, len(b), cap(b))
+		}
+		b = append(b, pattern(n)...)
+		if s := ownedString(b); s != string(pattern(n)) {
+			t.Fatalf("noZero(%d): contents differ", n)
+		}
+	}
+}
+
+// TestCaptureWidensPipe: a pipe whose output outgrows the scratch buffer
+// is widened; one with little output is left alone.
+func TestCaptureWidensPipe(t *testing.T) {
+	want := pipeSize
+	if m := pipeMax(); m > 0 {
+		want = min(want, m)
+	}
+	for _, tc := range []struct {
+		size  int
+		widen bool
+	}{{100, false}, {scratchData + probeSize + 100, true}} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, _ := unix.FcntlInt(r.Fd(), unix.F_GETPIPE_SZ, 0)
+		go func() {
+			_, _ = w.Write(pattern(tc.size))
+			w.Close()
+		}()
+		c := collect(t, OutputLimit{Stdout: 1 << 20, Stderr: 1}, r, nil)
+		got, err := unix.FcntlInt(r.Fd(), unix.F_GETPIPE_SZ, 0)
+		r.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.stdout.text() != string(pattern(tc.size)) {
+			t.Fatal("output differs")
+		}
+		if widened := got >= want && got > before; widened != tc.widen {
+			t.Fatalf("%d bytes: pipe size %d (was %d), want widened %v", tc.size, got, before, tc.widen)
+		}
+	}
+}
