@@ -111,6 +111,25 @@ type AppOptions struct {
 	// ExportSweep tunes the sweeper that deletes export bundles left in
 	// machines; it runs until Close. The zero value means its defaults.
 	ExportSweep export.SweepOptions
+	// Background processes (see processes.go). ProcessLifetime is a
+	// process's lifetime when its request names none (zero:
+	// DefaultProcessLifetime, 1 h); MaxProcessLifetime bounds the one it
+	// names (zero: DefaultMaxProcessLifetime, 24 h). ProcessOutputBuffer
+	// is how much of its newest output is retained when the request names
+	// no size (zero: DefaultProcessOutputBuffer, 1 MiB);
+	// MaxProcessOutputBuffer bounds the size a request names (zero:
+	// DefaultMaxProcessOutputBuffer, 16 MiB). ProcessRetention is how long
+	// an ended process stays listed with its outcome and output (zero:
+	// DefaultProcessRetention, 10 min). MaxProcessesPerProject and
+	// MaxProcessesPerAccount bound running processes (zero: 16 and 64);
+	// a project also keeps at most MaxProcessesPerProject ended ones.
+	ProcessLifetime        time.Duration
+	MaxProcessLifetime     time.Duration
+	ProcessOutputBuffer    int64
+	MaxProcessOutputBuffer int64
+	ProcessRetention       time.Duration
+	MaxProcessesPerProject int
+	MaxProcessesPerAccount int
 }
 
 // App is the daemon's HTTP application over one core. It is an
@@ -128,6 +147,7 @@ type App struct {
 	sites   *sitesGateway
 
 	exporter *export.Exporter
+	procs    *processTable
 
 	ctx     context.Context // ended by Close: cancels sessions
 	cancel  context.CancelFunc
@@ -181,6 +201,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if opts.SessionDrain <= 0 {
 		opts.SessionDrain = 2 * time.Second
 	}
+	opts.processDefaults()
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
@@ -201,6 +222,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		mux:     http.NewServeMux(),
 		admins:  make(map[string]bool),
 		live:    make(map[*liveSession]struct{}),
+		procs:   newProcessTable(),
 
 		followDone: make(chan struct{}),
 	}
@@ -252,6 +274,12 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"GET", "/v1/projects/{id}/egress", true, a.getEgress},
 		{"PUT", "/v1/projects/{id}/egress", true, a.putEgress},
 		{"GET", "/v1/projects/{id}/egress/log", true, a.egressLog},
+		{"POST", "/v1/projects/{id}/processes", true, a.startProcess},
+		{"GET", "/v1/projects/{id}/processes", true, a.listProcesses},
+		{"GET", "/v1/projects/{id}/processes/{pid}", true, a.getProcess},
+		{"DELETE", "/v1/projects/{id}/processes/{pid}", true, a.deleteProcess},
+		{"GET", "/v1/projects/{id}/processes/{pid}/output", true, a.processOutput},
+		{"POST", "/v1/projects/{id}/processes/{pid}/signal", true, a.signalProcess},
 		{"", "/sites/{name}/{path...}", true, a.sites.serve},
 	}
 	for _, rt := range a.routes {

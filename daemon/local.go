@@ -111,6 +111,7 @@ func startLocalSession(p *sandbox.LocalPrepared, tty *sandbox.TTYSize) (sess *sa
 		}
 	}
 	sess, settle := sandbox.NewManagedSession(inW, outR, errR)
+	sess.Signal = signalGroup(cmd.Process.Pid)
 	go func() {
 		werr := cmd.Wait()
 		// Leave nothing of the session running.
@@ -206,6 +207,7 @@ func startLocalTTY(p *sandbox.LocalPrepared, tty *sandbox.TTYSize) (*sandbox.Man
 	sess.Resize = func(rows, cols uint16) error {
 		return pty.Setsize(master, &pty.Winsize{Rows: rows, Cols: cols})
 	}
+	sess.Signal = signalGroup(cmd.Process.Pid)
 	go func() {
 		werr := cmd.Wait()
 		_ = killGroup()
@@ -235,6 +237,18 @@ func startLocalTTY(p *sandbox.LocalPrepared, tty *sandbox.TTYSize) (*sandbox.Man
 		return err
 	}
 	return sess, cancel, nil
+}
+
+// signalGroup returns the Signal of a host session whose process group is
+// pgid: the whole group gets the signal (a group already gone is not an
+// error).
+func signalGroup(pgid int) func(syscall.Signal) error {
+	return func(sig syscall.Signal) error {
+		if err := unix.Kill(-pgid, sig); err != nil && err != unix.ESRCH {
+			return fmt.Errorf("signal process group: %w", err)
+		}
+		return nil
+	}
 }
 
 // hostTTYWriter is a host terminal session's input; Close does nothing

@@ -18,12 +18,15 @@ const (
 	LeaseGitHub   LeaseKind = "github"
 	LeaseLSP      LeaseKind = "lsp"
 	LeaseRunner   LeaseKind = "runner"
+	// LeaseProcess covers a background process the daemon holds (POST
+	// /v1/projects/{id}/processes) for as long as it runs.
+	LeaseProcess LeaseKind = "process"
 )
 
 // Valid reports whether k is one of the declared lease kinds.
 func (k LeaseKind) Valid() bool {
 	switch k {
-	case LeaseEditor, LeaseFiles, LeaseTerminal, LeaseGitHub, LeaseLSP, LeaseRunner:
+	case LeaseEditor, LeaseFiles, LeaseTerminal, LeaseGitHub, LeaseLSP, LeaseRunner, LeaseProcess:
 		return true
 	}
 	return false
