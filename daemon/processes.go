@@ -437,8 +437,7 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 	a.metrics.sessionsTotal.Inc()
 	go func() {
 		defer a.wg.Done()
-		defer unreserve()
-		a.runProcess(p, lifetime, jid)
+		a.runProcess(p, lifetime, jid, unreserve)
 	}()
 	writeJSON(w, http.StatusCreated, p.info())
 	return nil
@@ -446,7 +445,9 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 
 // runProcess drains p's output until it ends, ends it when its lifetime
 // ends, it is killed or the daemon stops, then records its outcome.
-func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64) {
+// Its place in the admission bounds is given back (unreserve) before the
+// outcome is published.
+func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, unreserve func()) {
 	log := a.log.With("process", p.id, "project", p.project, "lease", p.sess.LeaseID())
 	var pumps sync.WaitGroup
 	pump := func(stream byte, r interface{ Read([]byte) (int, error) }) {
@@ -517,6 +518,7 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64) 
 	p.mu.Lock()
 	p.state, p.ended, p.exit, p.err = state, time.Now(), pexit, reason
 	p.mu.Unlock()
+	unreserve()
 	close(p.done)
 	a.journalProcessEnd(log, journalID, p)
 	a.procs.ended(p, a.opts.MaxProcessesPerProject, a.opts.ProcessRetention)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -422,6 +423,37 @@ func (s *Session) Cancel(ctx context.Context) error {
 		}
 	})
 	return s.cancelErr
+}
+
+// CanSignal reports whether Signal can reach the session's tree: the
+// worker announced wire.FeatureExecSignal.
+func (s *Session) CanSignal() bool { return s.c.hello.Has(wire.FeatureExecSignal) }
+
+// Signal asks the worker to send sig to every process of the session's
+// tree (exec-signal): its main process and whatever it forked, orphans
+// included. It does not wait for delivery. A worker that did not announce
+// wire.FeatureExecSignal gets nothing and Signal returns an error wrapping
+// ErrUnsupported; after the session ended it sends nothing and returns nil.
+// Processes forked while the signal is delivered may miss it; Cancel kills
+// the tree without that race.
+func (s *Session) Signal(sig syscall.Signal) error {
+	if !s.CanSignal() {
+		return fmt.Errorf("%w: signals to a session's tree (feature %q)", ErrUnsupported, wire.FeatureExecSignal)
+	}
+	name := unix.SignalName(sig)
+	if name == "" {
+		return fmt.Errorf("machine: signal %s: unknown signal %d", s.ID, int(sig))
+	}
+	select {
+	case <-s.done:
+		return nil
+	default:
+	}
+	if err := s.c.wc.Send(&wire.ExecSignal{ID: s.ID, Signal: name}); err != nil {
+		s.c.fail(err)
+		return fmt.Errorf("machine: signal %s: %w: %w", s.ID, ErrInterrupted, err)
+	}
+	return nil
 }
 
 // stdinWriter is the near end of stdin, a socket in the poller; Close

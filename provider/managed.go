@@ -8,6 +8,7 @@ import (
 	"path"
 	"strings"
 	"sync"
+	"syscall"
 
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
@@ -200,6 +201,9 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 	sess, settle := sandbox.NewManagedSession(s.Stdin, s.Stdout, s.Stderr)
 	if s.TTY != nil {
 		sess.Resize = s.Resize
+	}
+	if s.CanSignal() {
+		sess.Signal = func(sig syscall.Signal) error { return translate(s.Signal(sig)) }
 	}
 	go func() {
 		exit, err := s.Wait()

@@ -120,6 +120,14 @@
 //	                                           error {id,code,message}
 //	                                           ("busy": the machine has
 //	                                           sessions)
+//	exec-signal    exec-signal {id,signal}     nothing (an exec-exit follows
+//	                                           if the signal ended it)
+//
+// exec-signal sends a signal, named as in exec-exit ("SIGTERM"), to every
+// process of a running session's tree: its pid namespace but the
+// namespace's holder, orphans included (exec-cancel kills the same tree).
+// An unknown or ended session, or an unknown name, is ignored; processes
+// forked while it is delivered may miss it.
 //
 // machine-reset discards the state a project's machine keeps between
 // starts (the upper layer of its root filesystem), stopping the machine

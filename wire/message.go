@@ -42,6 +42,8 @@ const (
 	// TypeExecTTY is FeatureTTY's: the worker passes a terminal
 	// session's master.
 	TypeExecTTY = "exec-tty"
+	// TypeExecSignal is FeatureExecSignal's.
+	TypeExecSignal = "exec-signal"
 )
 
 // Error codes carried by error frames ([Error.Code]) and rejections
@@ -114,6 +116,9 @@ const (
 	// exec-tty frame before exec-started. The descriptors of exec-attach
 	// are still required and are closed unused.
 	FeatureTTY = "tty"
+	// FeatureExecSignal: the client may send exec-signal {id, signal}
+	// (see [ExecSignal]).
+	FeatureExecSignal = "exec-signal"
 )
 
 // TTY is a terminal's size in character cells (FeatureTTY). A zero field
@@ -261,6 +266,18 @@ type ExecCancel struct {
 	ID string `json:"id"`
 }
 
+// ExecSignal asks the worker to send Signal (a name such as "SIGTERM",
+// "SIGINT", "SIGHUP") to every process of the session's tree: its main
+// process and every process of its pid namespace, wherever they forked
+// to (FeatureExecSignal). Nothing answers it; an unknown or ended session,
+// or a signal name the worker does not know, is ignored. Processes forked
+// while it is delivered may miss it (exec-cancel kills a tree without
+// that race). An exec-exit follows if the signal ended the session.
+type ExecSignal struct {
+	ID     string `json:"id"`
+	Signal string `json:"signal"`
+}
+
 // NetDial asks the worker for a connection to port on the loopback of the
 // project's machine.
 type NetDial struct {
@@ -326,6 +343,7 @@ func (NetListening) Type() string { return TypeNetListening }
 func (MachineReset) Type() string     { return TypeMachineReset }
 func (MachineResetDone) Type() string { return TypeMachineResetDone }
 func (ExecTTY) Type() string          { return TypeExecTTY }
+func (ExecSignal) Type() string       { return TypeExecSignal }
 
 // Error implements the error interface, so that an error frame can be
 // returned as an error.
@@ -376,6 +394,8 @@ func newMessage(t string) Message {
 		return &MachineResetDone{}
 	case TypeExecTTY:
 		return &ExecTTY{}
+	case TypeExecSignal:
+		return &ExecSignal{}
 	}
 	return nil
 }
@@ -491,6 +511,11 @@ func validate(m Message) error {
 	case *MachineResetDone:
 		id = m.ID
 	case *ExecTTY:
+		id = m.ID
+	case *ExecSignal:
+		if m.Signal == "" {
+			return protoErr(CodeBadField, "exec-signal: empty signal")
+		}
 		id = m.ID
 	default:
 		return protoErr(CodeUnknownType, "unknown message %T", m)

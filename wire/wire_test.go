@@ -122,6 +122,7 @@ func allMessages() []Message {
 		&MachineResetDone{ID: "r1"},
 		&ExecStart{ID: "t1", Project: Project{ID: 1, Workspace: "/w"}, Argv: []string{"sh"}, Cwd: "/workspace", TTY: &TTY{Rows: 24, Cols: 80}},
 		&ExecTTY{ID: "t1"},
+		&ExecSignal{ID: "s1", Signal: "SIGTERM"},
 	}
 }
 
@@ -170,6 +171,7 @@ func TestPinnedFrames(t *testing.T) {
 		{&ExecExit{ID: "x", Code: intp(0)}, `{"type":"exec-exit","id":"x","code":0}`},
 		{&ExecExit{ID: "x", NotStarted: true}, `{"type":"exec-exit","id":"x","notStarted":true}`},
 		{&Ping{}, `{"type":"ping"}`},
+		{&ExecSignal{ID: "x", Signal: "SIGTERM"}, `{"type":"exec-signal","id":"x","signal":"SIGTERM"}`},
 		{&MachineReset{ID: "r", Project: Project{ID: 7, Workspace: "/w"}}, `{"type":"machine-reset","id":"r","project":{"id":7,"workspace":"/w"}}`},
 		{&MachineResetDone{ID: "r"}, `{"type":"machine-reset-done","id":"r"}`},
 		{&Error{Code: "unsupported-protocol", Message: "m"}, `{"type":"error","code":"unsupported-protocol","message":"m"}`},

@@ -39,7 +39,7 @@ import (
 )
 
 // features are the protocol-2 extensions the worker announces.
-var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY, wire.FeatureExecSignal}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -197,6 +197,13 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		c.mu.Unlock()
 		if s != nil { // unknown or ended: nothing to do (idempotent)
 			s.m.cancel(s)
+		}
+	case *wire.ExecSignal:
+		c.mu.Lock()
+		s := c.sessions[m.ID]
+		c.mu.Unlock()
+		if s != nil { // unknown or ended: ignored
+			s.m.signal(s, m.Signal)
 		}
 	case *wire.NetDial:
 		c.netDial(m)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
 )
@@ -113,6 +115,20 @@ func (m *machine) cancel(s *session) {
 		_ = m.ctl.Send(&ctl.Msg{Op: ctl.OpKill, SID: s.sid})
 	default:
 		m.mu.Unlock()
+	}
+}
+
+// signal sends sig (a signal's name) to s's process tree if s runs; an
+// unknown name is ignored (the client checks names before sending).
+func (m *machine) signal(s *session, sig string) {
+	if unix.SignalNum(sig) == 0 {
+		return
+	}
+	m.mu.Lock()
+	running := s.state == stateRunning
+	m.mu.Unlock()
+	if running {
+		_ = m.ctl.Send(&ctl.Msg{Op: ctl.OpSignal, SID: s.sid, Signal: sig})
 	}
 }
 

@@ -22,6 +22,8 @@
 //	  |   [cred | user]} + 3 fds ------------>|  or user, or the default)
 //	  |<---- started {sid} | notStarted {sid, msg}
 //	  |-- kill {sid} ------------------------->|  SIGKILL the session's holder
+//	  |-- signal {sid, signal} --------------->|  signal every process of the
+//	  |                                        |  session's namespace but the holder
 //	  |<--- exit {sid, code | signal}          |  after wait4 observed it and
 //	  |                                        |  the session's namespace is empty
 //	  |                                        |
@@ -64,6 +66,9 @@ const (
 	OpExit       = "exit"
 	OpLookup     = "lookup"
 	OpLookedUp   = "lookedUp"
+	// OpSignal {sid, signal}: send the signal (a name such as "SIGTERM")
+	// to every process of the session's pid namespace but its holder.
+	OpSignal = "signal"
 )
 
 // MaxPacket bounds one control packet. A start carries at most one wire
@@ -76,13 +81,13 @@ const MaxPacket = 200 << 10
 var opCodes = map[string]byte{
 	OpConfig: 1, OpReady: 2, OpFail: 3, OpStart: 4,
 	OpStarted: 5, OpNotStarted: 6, OpKill: 7, OpExit: 8,
-	OpLookup: 9, OpLookedUp: 10,
+	OpLookup: 9, OpLookedUp: 10, OpSignal: 11,
 }
 
 // opNames is opCodes reversed.
 var opNames = [...]string{1: OpConfig, 2: OpReady, 3: OpFail, 4: OpStart,
 	5: OpStarted, 6: OpNotStarted, 7: OpKill, 8: OpExit,
-	9: OpLookup, 10: OpLookedUp}
+	9: OpLookup, 10: OpLookedUp, 11: OpSignal}
 
 // Config is what the init needs to build the machine.
 type Config struct {

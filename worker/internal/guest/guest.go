@@ -348,6 +348,12 @@ func (in *pid1) serve() bool {
 				s.holder.kill()
 				killSessionCgroup(m.SID)
 			}
+		case ctl.OpSignal:
+			if s, ok := in.bySID[m.SID]; ok && s.holder != nil && !s.holder.killed {
+				if sig := unix.SignalNum(m.Signal); sig != 0 {
+					signalNamespace(s.holder, sig)
+				}
+			}
 		default:
 			closeFDs(fds)
 		}
