@@ -431,3 +431,53 @@ func TestProcessDaemonStopInterrupts(t *testing.T) {
 		t.Fatalf("journal entry: %+v", j)
 	}
 }
+
+// TestProcessServesSite: a background python3 -m http.server in a managed
+// machine serves a Site with no client attached; its log replays from
+// offset 0; DELETE removes its whole tree.
+func TestProcessServesSite(t *testing.T) {
+	e := newManagedEnv(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	if err := os.WriteFile(filepath.Join(p.Root, "index.html"), []byte("<h1>background</h1>\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mark := marker()
+	srv := startProc(t, e, tok, p.ID, map[string]any{"argv": []string{"sh", "-c", "python3 -m http.server 8000 --bind 127.0.0.1; : " + mark}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if status, body := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/sites/app", p.ID), tok, map[string]int{"port": 8000}); status != 200 {
+		t.Fatalf("publish: %d %s", status, body)
+	}
+	var status int
+	var body []byte
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		status, body = e.do(ctx, "GET", "/sites/app/index.html", tok, nil)
+		if status != http.StatusBadGateway || time.Now().After(deadline) {
+			break
+		}
+	}
+	if status != 200 || string(body) != "<h1>background</h1>\n" {
+		t.Fatalf("site: %d %s", status, body)
+	}
+	var lines []map[string]any
+	waitFor(t, "the request in the server's log", func() bool {
+		_, lines = outputLines(t, e, tok, p.ID, srv.ID, "from=0&follow=0")
+		return strings.Contains(joined(lines, "stderr"), `"GET /index.html HTTP/1.1" 200`)
+	})
+	if lines[0]["offset"] != float64(0) {
+		t.Errorf("replay from 0 starts at %v", lines[0]["offset"])
+	}
+	pids := treePids(t, mark)
+	if len(alive(pids)) < 2 { // sh and python3
+		t.Fatalf("tree: %v", pids)
+	}
+	if status, b := e.do(ctx, "DELETE", processesPath(p.ID)+"/"+srv.ID, tok, nil); status != 200 {
+		t.Fatalf("delete: %d %s", status, b)
+	}
+	waitFor(t, "the server's tree to end", func() bool { return len(alive(pids)) == 0 })
+	status, _ = e.do(ctx, "GET", "/sites/app/index.html", tok, nil)
+	if status != http.StatusBadGateway {
+		t.Errorf("site after delete: %d", status)
+	}
+}
