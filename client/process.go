@@ -75,7 +75,9 @@ type ProcessError struct {
 	Message string `json:"message"`
 }
 
-func processesPath(projectID int64) string { return fmt.Sprintf("/v1/projects/%d/processes", projectID) }
+func processesPath(projectID int64) string {
+	return fmt.Sprintf("/v1/projects/%d/processes", projectID)
+}
 
 func processPath(projectID int64, id string) string {
 	return processesPath(projectID) + "/" + url.PathEscape(id)
