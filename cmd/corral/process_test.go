@@ -34,12 +34,12 @@ func TestProcessViaDaemon(t *testing.T) {
 	if status != 0 || out != "bg\ndone\n" || errs != "err\n" {
 		t.Fatalf("logs -f: %d %q %q", status, out, errs)
 	}
-	list := mustCLI(t, append(append([]string{"process", "list"}, d...))...)
+	list := mustCLI(t, append([]string{"process", "list"}, d...)...)
 	if !strings.Contains(list, pid) || !strings.Contains(list, "exited") || !strings.Contains(list, "code 0") {
 		t.Errorf("list:\n%s", list)
 	}
 	var ps []map[string]any
-	if err := json.Unmarshal([]byte(mustCLI(t, append(append([]string{"process", "list", "--json"}, d...))...)), &ps); err != nil || len(ps) != 1 || ps[0]["id"] != pid {
+	if err := json.Unmarshal([]byte(mustCLI(t, append([]string{"process", "list", "--json"}, d...)...)), &ps); err != nil || len(ps) != 1 || ps[0]["id"] != pid {
 		t.Errorf("list --json: %v %v", ps, err)
 	}
 
