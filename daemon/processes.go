@@ -37,8 +37,9 @@ import (
 // exits, its lifetime ends (ProcessRequest.Lifetime: it is killed and
 // reported "timedOut", kind "timeout"), it is killed (DELETE), its lease
 // can no longer be kept alive or its machine is lost ("interrupted", kind
-// "transport"), or the daemon stops ("interrupted", kind "abort"). No
-// client holds it: a client that goes away changes nothing. Its output is
+// "transport"), or the daemon stops ("interrupted", kind "abort"). When
+// its main process exits, whatever it left running is killed, as for a
+// command. No client holds it: a client that goes away changes nothing. Its output is
 // always drained into a ring of ProcessRequest.OutputBuffer bytes, which
 // keeps the newest output; readers replay it from an offset and follow it.
 //
@@ -434,7 +435,6 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 		a.log.Warn("process: journal start", "process", p.id, "err", jerr)
 		jid = 0
 	}
-	a.metrics.sessionsTotal.Inc()
 	go func() {
 		defer a.wg.Done()
 		a.runProcess(p, lifetime, jid, unreserve)
