@@ -420,9 +420,8 @@ func TestProcessDaemonStopInterrupts(t *testing.T) {
 	if err := e.app.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if live := alive(pids); len(live) != 0 {
-		t.Fatalf("still running after the daemon stopped: %v", live)
-	}
+	// Killed (SIGKILL is delivered asynchronously: await the exits).
+	waitFor(t, "the process tree to end", func() bool { return len(alive(pids)) == 0 })
 	entries, err := e.st.ListJournal(context.Background(), store.JournalFilter{Lease: pr.LeaseID})
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("journal: %v %v", entries, err)
