@@ -410,10 +410,7 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		unreserve()
 		a.wg.Done()
-		if errors.Is(err, sandbox.ErrNotStarted) {
-			return &APIError{Status: http.StatusBadRequest, Kind: string(sandbox.KindStart), Message: "start: " + err.Error(), Cause: err}
-		}
-		return err
+		return err // a program that could not be started is 422 "start"
 	}
 	now := time.Now()
 	p := &bgProcess{

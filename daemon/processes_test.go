@@ -480,3 +480,26 @@ func TestProcessServesSite(t *testing.T) {
 		t.Errorf("site after delete: %d", status)
 	}
 }
+
+// TestProcessStartFailure: a program that cannot be started is a 422
+// "start" and leaves no process, no lease and no place taken.
+func TestProcessStartFailure(t *testing.T) {
+	requireRoot(t)
+	e := newEnv(t, envOpts{app: AppOptions{MaxProcessesPerProject: 1}})
+	alice, tok := e.account("alice")
+	p := e.hostProject("web", alice)
+	for range 2 {
+		status, b := e.do(context.Background(), "POST", processesPath(p.ID), tok, map[string]any{"argv": []string{"/no/such/program"}})
+		if kind, _, _, _ := apiError(t, b); status != 422 || kind != string(sandbox.KindStart) {
+			t.Fatalf("missing program: %d %s", status, b)
+		}
+	}
+	if n := e.liveLeases(); n != 0 {
+		t.Errorf("%d leases live", n)
+	}
+	status, b := e.do(context.Background(), "GET", processesPath(p.ID), tok, nil)
+	if status != 200 || string(b) != `{"processes":[]}`+"\n" && string(b) != `{"processes":[]}` {
+		t.Errorf("list: %d %s", status, b)
+	}
+	startProc(t, e, tok, p.ID, map[string]any{"argv": []string{"true"}})
+}
