@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -502,4 +503,21 @@ func TestProcessStartFailure(t *testing.T) {
 		t.Errorf("list: %d %s", status, b)
 	}
 	startProc(t, e, tok, p.ID, map[string]any{"argv": []string{"true"}})
+}
+
+// TestProcessLeaseLost: a process whose lease can no longer be kept alive
+// is killed and reported interrupted (kind transport): nothing outlives
+// its lease.
+func TestProcessLeaseLost(t *testing.T) {
+	fake := &sandboxtest.Provider{Dir: t.TempDir()}
+	e := newEnv(t, envOpts{fake: fake, app: AppOptions{SessionHeartbeat: 50 * time.Millisecond}})
+	alice, tok := e.account("alice")
+	p := e.hostProject("web", alice)
+	pr := startProc(t, e, tok, p.ID, map[string]any{"argv": []string{"sleep", "30"}})
+	boom := errors.New("lease expired")
+	fake.LastLease().HeartbeatErr.Store(&boom)
+	ended := awaitEnd(t, e, tok, p.ID, pr.ID)
+	if ended.State != ProcessInterrupted || ended.Error == nil || ended.Error.Kind != string(sandbox.KindTransport) || !strings.Contains(ended.Error.Message, "lease expired") {
+		t.Fatalf("after the lease was lost: %+v", ended)
+	}
 }
