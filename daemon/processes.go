@@ -503,12 +503,16 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, 
 	}
 	if reason == nil && werr != nil {
 		kind := sandbox.KindTransport
-		if errors.Is(werr, sandbox.ErrNotStarted) {
+		var ce *sandbox.CommandError
+		switch {
+		case errors.As(werr, &ce):
+			kind = ce.Kind
+		case errors.Is(werr, sandbox.ErrNotStarted):
 			kind = sandbox.KindStart
 		}
-		state = ProcessInterrupted
-		if kind == sandbox.KindStart {
-			state = ProcessFailed
+		state = ProcessFailed
+		if kind == sandbox.KindTransport {
+			state = ProcessInterrupted // its lease or its machine was lost
 		}
 		reason = &ProcessError{Kind: string(kind), Message: werr.Error()}
 	}
