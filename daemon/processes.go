@@ -473,7 +473,7 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, 
 	case <-timer.C:
 		state, reason = ProcessTimedOut, &ProcessError{Kind: string(sandbox.KindTimeout), Message: fmt.Sprintf("its lifetime of %s ended", lifetime)}
 	case <-p.kill:
-		state, reason = ProcessKilled, &ProcessError{Kind: string(sandbox.KindAbort), Message: "killed by a DELETE request"}
+		state, reason = ProcessKilled, &ProcessError{Kind: string(sandbox.KindAbort), Message: "killed (KILL or DELETE)"}
 	case <-a.ctx.Done():
 		state, reason = ProcessInterrupted, &ProcessError{Kind: string(sandbox.KindAbort), Message: "the daemon stopped"}
 	}
@@ -632,6 +632,13 @@ func (a *App) signalProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	if !p.running() {
 		return apiErr(http.StatusConflict, KindConflict, "process %s has ended", p.id)
+	}
+	if sig == syscall.SIGKILL {
+		// Killed as by DELETE (race-free, whatever the provider can
+		// signal), but kept: state "killed".
+		p.killOnce.Do(func() { close(p.kill) })
+		writeJSON(w, http.StatusOK, p.info())
+		return nil
 	}
 	if err := p.sess.Signal(sig); err != nil {
 		if errors.Is(err, errors.ErrUnsupported) {

@@ -300,6 +300,18 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 		t.Errorf("deleted process: %d", status)
 	}
 
+	// KILL kills the tree like DELETE, but keeps the process.
+	mark = marker()
+	tree = startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "sleep " + mark + " & sleep " + mark}})
+	waitFor(t, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
+	if status, b := e.do(context.Background(), "POST", processesPath(id)+"/"+tree.ID+"/signal", tok, map[string]string{"signal": "kill"}); status != 200 {
+		t.Fatalf("signal KILL: %d %s", status, b)
+	}
+	if ended = awaitEnd(t, e, tok, id, tree.ID); ended.State != ProcessKilled {
+		t.Fatalf("after KILL: %+v", ended)
+	}
+	waitFor(t, "the tree to end", func() bool { return len(alive(pids)) == 0 })
+
 	// The ring keeps the newest bytes and says where they start.
 	over := startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x; printf END"}, "outputBuffer": 1024})
 	awaitEnd(t, e, tok, id, over.ID)

@@ -179,12 +179,6 @@ func (s *daemonProc) Wait() (sandbox.Exit, error) {
 }
 
 func (s *daemonProc) Signal(sig syscall.Signal) error {
-	if sig == syscall.SIGKILL {
-		// Every provider kills the whole tree on cancel.
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		return s.cancel(ctx)
-	}
 	if s.sess.Signal == nil {
 		return fmt.Errorf("signal %s: this project's sandbox cannot signal a process tree (only KILL): %w", unixSignalName(sig), errors.ErrUnsupported)
 	}
