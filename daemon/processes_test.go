@@ -430,6 +430,10 @@ func TestProcessDaemonStopInterrupts(t *testing.T) {
 	pr := startProc(t, e, tok, p.ID, map[string]any{"argv": []string{"sleep", mark}})
 	var pids map[int]bool
 	waitFor(t, "the process in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 1 })
+	// Its live lease keeps its project.
+	if status, b := e.do(context.Background(), "DELETE", fmt.Sprintf("/v1/projects/%d", p.ID), tok, nil); status != 409 {
+		t.Errorf("delete the project of a running process: %d %s", status, b)
+	}
 	if err := e.app.Close(); err != nil {
 		t.Fatal(err)
 	}
