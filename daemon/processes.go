@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"sort"
@@ -184,6 +185,7 @@ type ProcessError struct {
 // bgProcess is one background process.
 type bgProcess struct {
 	id, cwd, user string
+	leaseID       string
 	project       int64
 	account       int64
 	argv          []string
@@ -210,7 +212,7 @@ func (p *bgProcess) info() ProcessInfo {
 	defer p.mu.Unlock()
 	in := ProcessInfo{
 		ID: p.id, ProjectID: p.project, State: p.state, Argv: p.argv, Cwd: p.cwd, User: p.user, TTY: p.tty,
-		LeaseID: p.sess.LeaseID(), Started: p.started, Deadline: p.deadline, Exit: p.exit, Error: p.err,
+		LeaseID: p.leaseID, Started: p.started, Deadline: p.deadline, Exit: p.exit, Error: p.err,
 		Output: ProcessOutput{StdoutBytes: st.Stdout, StderrBytes: st.Stderr, Start: st.Start, End: st.End, BufferBytes: p.out.size},
 	}
 	if !p.ended.IsZero() {
@@ -415,7 +417,7 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 	now := time.Now()
 	p := &bgProcess{
 		id: newProcessID(), project: proj.ID, account: acct.ID, argv: req.Argv, cwd: req.Cwd, user: req.User, tty: req.TTY != nil,
-		started: now, deadline: now.Add(lifetime), out: newOutputRing(size), sess: sess,
+		started: now, deadline: now.Add(lifetime), out: newOutputRing(size), sess: sess, leaseID: sess.LeaseID(),
 		kill: make(chan struct{}), done: make(chan struct{}), state: ProcessRunning,
 	}
 	a.procs.mu.Lock()
@@ -445,18 +447,11 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 // Its place in the admission bounds is given back (unreserve) before the
 // outcome is published.
 func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, unreserve func()) {
-	log := a.log.With("process", p.id, "project", p.project, "lease", p.sess.LeaseID())
+	log := a.log.With("process", p.id, "project", p.project, "lease", p.leaseID)
 	var pumps sync.WaitGroup
-	pump := func(stream byte, r interface{ Read([]byte) (int, error) }) {
+	pump := func(stream byte, r io.Reader) {
 		defer pumps.Done()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := r.Read(buf)
-			p.out.write(stream, buf[:n])
-			if err != nil {
-				return
-			}
-		}
+		pumpOutput(p.out, stream, r)
 	}
 	pumps.Add(2)
 	go pump(StreamStdout, p.sess.Stdout())

@@ -5,17 +5,19 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/coder/websocket"
 )
 
 // outputRing is a background process's retained output: the last size
-// bytes it wrote, as chunks tagged with their stream, in one offset space
+// bytes it wrote (its pumps write whole UTF-8 characters: see pumpOutput), as chunks tagged with their stream, in one offset space
 // (the offset of a byte is how many bytes of either stream came before
 // it). Older output falls off the front; start is where what is retained
 // begins. Readers wait for more with wait. It is safe for concurrent use.
@@ -110,25 +112,48 @@ func (o *outputRing) state() outputState {
 	return outputState{Start: o.start, End: o.end, Stdout: o.bytes[0], Stderr: o.bytes[1], Closed: o.closed}
 }
 
+// readLimit bounds the bytes one read copies: a reader replaying a full
+// ring of 16 MiB takes it in steps, not in one copy.
+const readLimit = 256 << 10
+
 // read returns the retained chunks from offset from on (the first one cut
-// at from; from before start means from start), the offset after them,
-// whether the ring is closed (and everything up to next was returned), and
-// a channel closed on the next change. The chunks share no memory with the
+// at from; from before start means from start), at most about readLimit
+// bytes of them, the offset after them, whether that is the end of what
+// was written, whether the ring is closed (no more will be written), and a
+// channel closed on the next change. The chunks share no memory with the
 // ring's.
-func (o *outputRing) read(from int64) (chunks []outputChunk, next int64, closed bool, changed <-chan struct{}) {
+func (o *outputRing) read(from int64) (chunks []outputChunk, next int64, atEnd, closed bool, changed <-chan struct{}) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	next = max(from, o.start)
+	var n int
 	for _, c := range o.chunks {
 		cend := c.offset + int64(len(c.data))
 		if cend <= next {
 			continue
 		}
+		if n >= readLimit {
+			break
+		}
 		skip := max(next-c.offset, 0)
-		chunks = append(chunks, outputChunk{stream: c.stream, offset: c.offset + skip, data: append([]byte(nil), c.data[skip:]...)})
-		next = cend
+		data := c.data[skip:]
+		if len(data) > readLimit-n {
+			// Cut at a character's start when the output is UTF-8 (the
+			// writers never split one: see outputRing.write).
+			cut := readLimit - n
+			for k := cut; k > cut-4 && k > 0; k-- {
+				if utf8.RuneStart(data[k]) {
+					cut = k
+					break
+				}
+			}
+			data = data[:cut]
+		}
+		chunks = append(chunks, outputChunk{stream: c.stream, offset: c.offset + skip, data: append([]byte(nil), data...)})
+		n += len(data)
+		next = c.offset + skip + int64(len(data))
 	}
-	return chunks, next, o.closed, o.changed
+	return chunks, next, next >= o.end, o.closed, o.changed
 }
 
 // wait blocks until changed is closed or ctx ends; it reports false when
@@ -272,19 +297,10 @@ type outputEnd struct {
 func (a *App) streamOutput(ctx context.Context, p *bgProcess, from int64, follow, binary bool, send func(context.Context, []byte) error, finish func()) {
 	next := from
 	for {
-		chunks, n, closed, changed := p.out.read(next)
-		for i, c := range chunks {
+		chunks, n, atEnd, closed, changed := p.out.read(next)
+		final := closed && atEnd // nothing more will come
+		for _, c := range chunks {
 			data := c.data
-			if !binary && !closed && i == len(chunks)-1 {
-				// Hold back an incomplete UTF-8 sequence at the end for
-				// the next read, which cuts the chunk there.
-				keep := len(data) - incompleteUTF8(data)
-				n = c.offset + int64(keep)
-				data = data[:keep]
-				if len(data) == 0 {
-					continue
-				}
-			}
 			line := outputLine{Stream: "stdout", Offset: c.offset}
 			if c.stream == StreamStderr {
 				line.Stream = "stderr"
@@ -300,23 +316,48 @@ func (a *App) streamOutput(ctx context.Context, p *bgProcess, from int64, follow
 			}
 		}
 		next = n
-		if closed {
+		switch {
+		case final:
 			// The outcome is set just after the ring closes.
 			select {
 			case <-p.done:
 			case <-ctx.Done():
 				return
 			}
-		}
-		if closed || !follow {
-			in := p.info()
-			b, _ := json.Marshal(outputEnd{Offset: next, State: in.State, Exit: in.Exit, Error: in.Error})
-			if send(ctx, b) == nil {
-				finish()
+		case !atEnd:
+			continue // more is there: the next step
+		case follow:
+			if !waitChanged(ctx, changed) {
+				return
 			}
-			return
+			continue
 		}
-		if !waitChanged(ctx, changed) {
+		in := p.info()
+		b, _ := json.Marshal(outputEnd{Offset: next, State: in.State, Exit: in.Exit, Error: in.Error})
+		if send(ctx, b) == nil {
+			finish()
+		}
+		return
+	}
+}
+
+// pumpOutput copies r into o as stream's until r fails. A write never
+// ends inside a UTF-8 character: an incomplete sequence at the end of a
+// read waits for the next read (or r's end), so that text chunks are
+// whole characters. The bytes are unchanged.
+func pumpOutput(o *outputRing, stream byte, r io.Reader) {
+	buf := make([]byte, 32<<10)
+	held := 0
+	for {
+		n, err := r.Read(buf[held:])
+		n += held
+		held = 0
+		if err == nil {
+			held = incompleteUTF8(buf[:n])
+		}
+		o.write(stream, buf[:n-held])
+		copy(buf, buf[n-held:n])
+		if err != nil {
 			return
 		}
 	}
