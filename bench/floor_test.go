@@ -8,11 +8,18 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/confine"
+	"github.com/corral-sandbox/corral/worker"
 )
 
 // TestMain lets the test binary serve as the Go agent and the relay, as
 // the bench binary does.
 func TestMain(m *testing.M) {
+	// The re-exec entry points main has: the process rows' worker starts
+	// machine inits, and confined host commands, from this binary.
+	worker.MaybeRunInit()
+	confine.MaybeRun()
 	if len(os.Args) > 1 {
 		if child, ok := children[os.Args[1]]; ok {
 			if err := child(os.Args[2:]); err != nil {

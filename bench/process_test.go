@@ -4,24 +4,7 @@ import (
 	"context"
 	"os"
 	"testing"
-
-	"github.com/corral-sandbox/corral/confine"
-	"github.com/corral-sandbox/corral/worker"
 )
-
-func TestMain(m *testing.M) {
-	worker.MaybeRunInit()
-	confine.MaybeRun()
-	if len(os.Args) > 1 {
-		if child, ok := children[os.Args[1]]; ok {
-			if err := child(os.Args[2:]); err != nil {
-				os.Exit(1)
-			}
-			os.Exit(0)
-		}
-	}
-	os.Exit(m.Run())
-}
 
 // TestProcessStartRows runs the "background start → first output" rows
 // with a few samples against a real worker and a real daemon app: every
