@@ -184,13 +184,24 @@ func Run(t *testing.T, tg Target) {
 	})
 
 	t.Run("AbortAfterStart", func(t *testing.T) {
+		// Cancelled once the command has written (not after a fixed delay:
+		// on a loaded host the start alone can outlast any delay).
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		go func() { time.Sleep(300 * time.Millisecond); cancel() }()
-		_, err := tg.run(actx, nil, "sh", "-c", "echo started; exec sleep 100")
+		var seen strings.Builder
+		opts := &sandbox.RunOptions{OnOutput: func(s sandbox.Stream, p []byte) {
+			if s != sandbox.Stdout {
+				return
+			}
+			seen.Write(p) // one stream: calls are never concurrent
+			if strings.Contains(seen.String(), "started\n") {
+				cancel()
+			}
+		}}
+		_, err := tg.run(actx, opts, "sh", "-c", "echo started; exec sleep 100")
 		ce := wantKind(t, err, sandbox.KindAbort)
 		if ce.Stdout != "started\n" {
-			t.Errorf("partial stdout = %q", ce.Stdout)
+			t.Errorf("partial stdout = %q (%v)", ce.Stdout, ce)
 		}
 		tg.noLiveLeases(t)
 	})
