@@ -101,7 +101,7 @@ func (m *machine) fileCred(user string) (*fsop.Cred, error) {
 		}
 		return m.hostUID + id, nil
 	}
-	var c fsop.Cred
+	c := fsop.Cred{Override: cred.UID == 0}
 	var err error
 	if c.UID, err = host(cred.UID); err != nil {
 		return nil, err
@@ -123,7 +123,10 @@ func (m *machine) fileCred(user string) (*fsop.Cred, error) {
 // credentials and a descriptor of its root; the caller releases the
 // machine and closes the root.
 func (c *conn) fileRoot(p wire.Project, user string) (*machine, *fsop.Cred, *fsop.Root, error) {
-	mach, err := c.w.acquire(p.ID, p.Workspace, p.Image, false, c.w.resolve(p.Limits))
+	// As a session: a file request starts the machine if none runs and
+	// keeps it (and its limits) while it runs.
+	lim := c.w.resolve(p.Limits)
+	mach, err := c.w.acquire(p.ID, p.Workspace, p.Image, true, lim)
 	if err != nil {
 		var r *rejection
 		if !errors.As(err, &r) {
@@ -131,15 +134,16 @@ func (c *conn) fileRoot(p wire.Project, user string) (*machine, *fsop.Cred, *fso
 		}
 		return nil, nil, nil, err
 	}
+	mach.setLimits(lim)
 	cred, err := mach.fileCred(user)
 	if err != nil {
-		mach.release(false)
+		mach.release(true)
 		return nil, nil, nil, err
 	}
 	// The init's root is the machine's: its mount tree, seen from here.
 	root, err := fsop.OpenRoot("/proc/" + strconv.Itoa(mach.initPID) + "/root")
 	if err != nil {
-		mach.release(false)
+		mach.release(true)
 		return nil, nil, nil, &rejection{wire.CodeMachineFailed, err.Error()}
 	}
 	return mach, cred, root, nil
@@ -190,7 +194,7 @@ func (c *conn) fileRequest(m *wire.FileRequest) {
 		c.send(fileError(m.ID, err))
 		return
 	}
-	defer mach.release(false)
+	defer mach.release(true)
 	defer root.Close()
 
 	var (
@@ -198,7 +202,8 @@ func (c *conn) fileRequest(m *wire.FileRequest) {
 		file    *os.File
 		entries []wire.FileStat
 	)
-	err = fsop.Run(cred, func() error {
+	err = c.asUser(mach, cred, root, func(root *fsop.Root) error {
+		entries = nil // a retry starts over
 		switch m.Op {
 		case wire.OpRead:
 			f, st, err := root.Read(rel)
@@ -297,6 +302,27 @@ func (c *conn) fileRequest(m *wire.FileRequest) {
 	c.send(reply)
 }
 
+// asUser runs f as cred on root. Guest root's requests run without
+// capabilities first; one refused for permission runs again with the
+// override capabilities (fsop.Cred.Override) on root limited to the
+// machine's ids, so that guest root reaches, as in the machine, the files
+// of its namespace whatever their modes, and no file of the host's ids
+// (an image's or the host's read-only binds) beyond what their modes grant
+// everyone. A failed attempt changed nothing: every op fails before it
+// modifies anything, or succeeds.
+func (c *conn) asUser(m *machine, cred *fsop.Cred, root *fsop.Root, f func(*fsop.Root) error) error {
+	if !cred.Override {
+		return fsop.Run(cred, func() error { return f(root) })
+	}
+	plain := *cred
+	plain.Override = false
+	err := fsop.Run(&plain, func() error { return f(root) })
+	if fsop.Code(err) != fsop.CodePermission {
+		return err
+	}
+	return fsop.Run(cred, func() error { return f(root.Limited(m.hostUID, RangeSize)) })
+}
+
 func watchLimit(n int) int {
 	if n <= 0 || n > maxWatches {
 		return maxWatches
@@ -321,12 +347,13 @@ func (c *conn) fileWatch(m *wire.FileWatch, fds []int) {
 		c.send(fileError(m.ID, err))
 		return
 	}
-	defer mach.release(false)
+	defer mach.release(true)
 	defer root.Close()
 	var entries []wire.FileStat
 	var trunc bool
-	err = fsop.Run(cred, func() error {
+	err = c.asUser(mach, cred, root, func(root *fsop.Root) error {
 		var err error
+		entries = nil
 		trunc, err = root.Watch(int(ino.Fd()), rel, m.Recursive, watchLimit(m.Limit), func(wd int, r string) error {
 			entries = append(entries, wire.FileStat{Name: path.Base("/" + r), Path: "/" + r, Type: "dir", WD: wd})
 			return nil

@@ -31,6 +31,11 @@ type Cred struct {
 	UID, GID uint32
 	// Groups are the supplementary groups.
 	Groups []uint32
+	// Override keeps CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
+	// CAP_FOWNER (a machine's guest root, whose capabilities cover the
+	// files of its own id range): a Root used with it should be limited
+	// to that range with Root.Owners.
+	Override bool
 }
 
 // Run runs f on a new OS thread whose filesystem ids are c's (fsuid,
@@ -80,6 +85,10 @@ func become(c *Cred) error {
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var none [2]unix.CapUserData
+	if c.Override {
+		keep := uint32(1<<unix.CAP_DAC_OVERRIDE | 1<<unix.CAP_DAC_READ_SEARCH | 1<<unix.CAP_FOWNER)
+		none[0].Effective, none[0].Permitted = keep, keep
+	}
 	if err := unix.Capset(&hdr, &none[0]); err != nil {
 		return fmt.Errorf("fsop: capset: %w", err)
 	}
@@ -156,6 +165,32 @@ func Clean(p string) error {
 // safe for concurrent use; each call resolves its path anew.
 type Root struct {
 	fd int
+	// owners, when set, is the id range [start, end) that every file an
+	// operation opens must be owned by (uid and gid): see Owners.
+	owners *[2]uint32
+}
+
+// Owners limits r to files owned (uid and gid) by ids in [start,
+// start+size): any other is refused with EACCES when an operation opens
+// it. With Cred.Override this keeps a machine's guest root's capability
+// override within the files its namespace maps, as the kernel does in the
+// machine. Call it before using r.
+func (r *Root) Owners(start, size uint32) { r.owners = &[2]uint32{start, start + size} }
+
+// checkOwner applies Owners to the file fd.
+func (r *Root) checkOwner(fd int) error {
+	if r.owners == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	in := func(id uint32) bool { return id >= r.owners[0] && id < r.owners[1] }
+	if !in(st.Uid) || !in(st.Gid) {
+		return unix.EACCES
+	}
+	return nil
 }
 
 // OpenRoot opens dir (a host path, resolved with the caller's
@@ -166,6 +201,14 @@ func OpenRoot(dir string) (*Root, error) {
 		return nil, &fs.PathError{Op: "open", Path: dir, Err: err}
 	}
 	return &Root{fd: fd}, nil
+}
+
+// Limited returns a Root sharing r's descriptor (r still owns it: close
+// only r) limited by Owners(start, size).
+func (r *Root) Limited(start, size uint32) *Root {
+	l := &Root{fd: r.fd}
+	l.Owners(start, size)
+	return l
 }
 
 // Close closes r. Idempotent.
@@ -198,6 +241,10 @@ func (r *Root) open(rel string, flags int, mode uint32) (int, error) {
 	if err := checkFS(fd); err != nil {
 		unix.Close(fd)
 		return -1, fmt.Errorf("%w: /%s is in a kernel file system", ErrBadPath, rel)
+	}
+	if err := r.checkOwner(fd); err != nil {
+		unix.Close(fd)
+		return -1, &fs.PathError{Op: "open", Path: "/" + rel, Err: err}
 	}
 	return fd, nil
 }
@@ -375,11 +422,11 @@ func (r *Root) List(rel string, depth, limit int, fn func(Stat) error) (truncate
 		depth = 1
 	}
 	n := 0
-	return listDir(fd, rel, depth, limit, &n, fn)
+	return r.listDir(fd, rel, depth, limit, &n, fn)
 }
 
 // listDir lists the directory fd (which it closes) at rel.
-func listDir(fd int, rel string, depth, limit int, n *int, fn func(Stat) error) (bool, error) {
+func (r *Root) listDir(fd int, rel string, depth, limit int, n *int, fn func(Stat) error) (bool, error) {
 	f := os.NewFile(uintptr(fd), "/"+rel)
 	defer f.Close()
 	names, err := f.Readdirnames(-1)
@@ -408,11 +455,11 @@ func listDir(fd int, rel string, depth, limit int, n *int, fn func(Stat) error) 
 			if err != nil {
 				continue // not readable by the user: listed, not descended
 			}
-			if checkFS(cfd) != nil {
+			if checkFS(cfd) != nil || r.checkOwner(cfd) != nil {
 				unix.Close(cfd)
 				continue
 			}
-			if t, err := listDir(cfd, s.Rel, depth-1, limit, n, fn); t || err != nil {
+			if t, err := r.listDir(cfd, s.Rel, depth-1, limit, n, fn); t || err != nil {
 				return t, err
 			}
 		}
@@ -473,7 +520,7 @@ func (r *Root) Remove(rel string, recursive bool) error {
 	}
 	defer unix.Close(pfd)
 	if recursive {
-		return removeAll(pfd, base, "/"+rel)
+		return r.removeAll(pfd, base, "/"+rel)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstatat(pfd, base, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -489,7 +536,7 @@ func (r *Root) Remove(rel string, recursive bool) error {
 	return nil
 }
 
-func removeAll(pfd int, name, display string) error {
+func (r *Root) removeAll(pfd int, name, display string) error {
 	var st unix.Stat_t
 	if err := unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 		return &fs.PathError{Op: "remove", Path: display, Err: err}
@@ -505,10 +552,15 @@ func removeAll(pfd int, name, display string) error {
 		return &fs.PathError{Op: "remove", Path: display, Err: err}
 	}
 	f := os.NewFile(uintptr(fd), display)
-	names, err := f.Readdirnames(-1)
+	var names []string
+	if err = r.checkOwner(fd); err != nil {
+		err = &fs.PathError{Op: "remove", Path: display, Err: err}
+	} else {
+		names, err = f.Readdirnames(-1)
+	}
 	if err == nil {
 		for _, n := range names {
-			if err = removeAll(fd, n, display+"/"+n); err != nil {
+			if err = r.removeAll(fd, n, display+"/"+n); err != nil {
 				break
 			}
 		}
@@ -570,11 +622,11 @@ func (r *Root) Watch(ifd int, rel string, recursive bool, limit int, fn func(wd 
 		return false, err
 	}
 	n := 0
-	return watchDir(ifd, fd, rel, recursive, limit, &n, fn)
+	return r.watchDir(ifd, fd, rel, recursive, limit, &n, fn)
 }
 
 // watchDir watches the directory fd (which it closes) at rel.
-func watchDir(ifd, fd int, rel string, recursive bool, limit int, n *int, fn func(int, string) error) (bool, error) {
+func (r *Root) watchDir(ifd, fd int, rel string, recursive bool, limit int, n *int, fn func(int, string) error) (bool, error) {
 	f := os.NewFile(uintptr(fd), "/"+rel)
 	defer f.Close()
 	if *n >= limit {
@@ -608,11 +660,11 @@ func watchDir(ifd, fd int, rel string, recursive bool, limit int, n *int, fn fun
 		if err != nil {
 			continue
 		}
-		if checkFS(cfd) != nil {
+		if checkFS(cfd) != nil || r.checkOwner(cfd) != nil {
 			unix.Close(cfd)
 			continue
 		}
-		if t, err := watchDir(ifd, cfd, path.Join(rel, name), true, limit, n, fn); t || err != nil {
+		if t, err := r.watchDir(ifd, cfd, path.Join(rel, name), true, limit, n, fn); t || err != nil {
 			return t, err
 		}
 	}
