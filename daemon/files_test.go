@@ -424,3 +424,35 @@ func TestFilesAuth(t *testing.T) {
 		t.Errorf("%d leases", n)
 	}
 }
+
+// TestFilesDiskLimit: a PUT larger than the project's disk fails with a
+// clear 507 and leaves nothing behind; the old file is intact.
+func TestFilesDiskLimit(t *testing.T) {
+	e := newManagedEnv(t)
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	ctx := context.Background()
+	if status, b := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/machine", p.ID), tok, map[string]any{"limits": map[string]any{"disk": 32 << 20}}); status != 200 {
+		t.Fatalf("set disk limit: %d %s", status, b)
+	}
+	if status, _, b := e.rawDo(ctx, "PUT", filesPath(p.ID, "", qp("path", "/home/corral/big")), tok, strings.NewReader("old")); status != 200 {
+		t.Fatalf("PUT: %d %s", status, b)
+	}
+	status, _, b := e.rawDo(ctx, "PUT", filesPath(p.ID, "", qp("path", "/home/corral/big")), tok, bytes.NewReader(make([]byte, 64<<20)))
+	if kind, msg, _, _ := apiError(t, b); status != 507 || kind != KindNoSpace || !strings.Contains(msg, "full") {
+		t.Fatalf("PUT over the disk limit: %d %s", status, b)
+	}
+	status, b = e.do(ctx, "GET", filesPath(p.ID, "list", qp("path", "/home/corral")), tok, nil)
+	var lj FileListJSON
+	if json.Unmarshal(b, &lj); status != 200 {
+		t.Fatalf("list: %d %s", status, b)
+	}
+	for _, en := range lj.Entries {
+		if strings.HasPrefix(en.Name, ".corral-put-") {
+			t.Errorf("temporary file left: %s", en.Name)
+		}
+	}
+	if status, _, b := e.rawDo(ctx, "GET", filesPath(p.ID, "", qp("path", "/home/corral/big")), tok, nil); status != 200 || string(b) != "old" {
+		t.Errorf("the old file after a failed PUT: %d %q", status, b)
+	}
+}
