@@ -325,9 +325,18 @@ func (a *App) getFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	// Exactly the size announced: a file that grew meanwhile is cut there,
 	// one that shrank ends the response short (the client sees it).
-	_, _ = io.CopyN(w, f, fi.Size)
+	// In large writes (measured: the ResponseWriter's ReadFrom moves a
+	// file in small steps on a Unix socket).
+	_, _ = io.CopyBuffer(writerOnly{w}, io.LimitReader(f, fi.Size), make([]byte, fileCopyBuffer))
 	return nil
 }
+
+// fileCopyBuffer is the buffer of a GET's copy.
+const fileCopyBuffer = 1 << 20
+
+// writerOnly hides everything of a Writer but Write (io.CopyBuffer then
+// uses the buffer it is given).
+type writerOnly struct{ io.Writer }
 
 // putFile serves PUT …/files: the body replaces the file atomically.
 func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {

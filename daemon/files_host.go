@@ -103,7 +103,7 @@ func (h *hostFiles) write(_ context.Context, p string, mode uint32, src io.Reade
 	if err != nil {
 		return 0, err
 	}
-	n, err := f.ReadFrom(src)
+	n, err := machine.CopyInto(f, src)
 	if err == nil {
 		err = f.Sync()
 	}

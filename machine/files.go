@@ -224,10 +224,17 @@ func (g *Gateway) WriteFile(ctx context.Context, r FileRequest, mode uint32, src
 	return n, nil
 }
 
-// copyInto copies src into f with large writes (f is a regular file:
-// ReadFrom uses copy_file_range or splice where src allows).
+// copyInto copies src into f in writes of up to 1 MiB (os.File's
+// ReadFrom falls back to 32 KiB steps for a reader that is not a file or
+// a socket, such as an HTTP request's body: measured 2-3× slower).
+// CopyInto is copyInto, for the host files of the daemon.
+func CopyInto(f *os.File, src io.Reader) (int64, error) { return copyInto(f, src) }
+
 func copyInto(f *os.File, src io.Reader) (int64, error) {
-	return f.ReadFrom(src)
+	if rf, ok := src.(*os.File); ok {
+		return f.ReadFrom(rf) // copy_file_range or splice
+	}
+	return io.CopyBuffer(struct{ io.Writer }{f}, src, make([]byte, 1<<20))
 }
 
 func isNoSpace(err error) bool {
