@@ -312,8 +312,27 @@ func makeStat(rel string, st *unix.Stat_t) Stat {
 }
 
 // Read opens rel, a regular file (a final symlink is followed inside the
-// root), for reading.
+// root), for reading. It looks before it opens: a FIFO or a device is
+// refused without being opened (opening one may block or act), and the
+// file opened must be the one looked at.
 func (r *Root) Read(rel string) (*os.File, Stat, error) {
+	pfd, err := r.open(rel, unix.O_PATH, 0)
+	if err != nil {
+		return nil, Stat{}, err
+	}
+	var pst unix.Stat_t
+	err = unix.Fstat(pfd, &pst)
+	unix.Close(pfd)
+	if err != nil {
+		return nil, Stat{}, err
+	}
+	switch pst.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+	case unix.S_IFDIR:
+		return nil, Stat{}, &fs.PathError{Op: "read", Path: "/" + rel, Err: unix.EISDIR}
+	default:
+		return nil, Stat{}, fmt.Errorf("%w: /%s is not a regular file", ErrBadPath, rel)
+	}
 	fd, err := r.open(rel, unix.O_RDONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, Stat{}, err
@@ -323,19 +342,13 @@ func (r *Root) Read(rel string) (*os.File, Stat, error) {
 		unix.Close(fd)
 		return nil, Stat{}, err
 	}
-	s := makeStat(rel, &st)
-	switch s.Type {
-	case "file":
-	case "dir":
+	if st.Dev != pst.Dev || st.Ino != pst.Ino || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return nil, Stat{}, &fs.PathError{Op: "read", Path: "/" + rel, Err: unix.EISDIR}
-	default:
-		unix.Close(fd)
-		return nil, Stat{}, fmt.Errorf("%w: /%s is not a regular file", ErrBadPath, rel)
+		return nil, Stat{}, fmt.Errorf("%w: /%s changed while it was opened", ErrBadPath, rel)
 	}
 	// Regular files ignore O_NONBLOCK; clear it all the same.
 	_ = unix.SetNonblock(fd, false)
-	return os.NewFile(uintptr(fd), "/"+rel), s, nil
+	return os.NewFile(uintptr(fd), "/"+rel), makeStat(rel, &st), nil
 }
 
 // tempPrefix starts the names of Create's temporary files.
