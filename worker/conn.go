@@ -19,6 +19,9 @@ package worker
 //	  |<------ net-dialed [1 fd]  |
 //	  |-- net-listen ------------>| setns+socket, bind+listen
 //	  |<---- net-listening [1 fd] |
+//	  |-- file-request ---------->| as the user, openat2 in the machine's
+//	  |<-- file-entries …         |   root (files.go)
+//	  |<-- file-opened [1 fd] | file-result | error
 //	  |-- (close) --------------->| exec-cancel for every open session
 
 import (
