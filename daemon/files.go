@@ -515,6 +515,11 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: "WebSocket upgrade failed", Cause: err}
 	}
 	defer fc.end(nil)
+	if !a.enterSession() { // Close waits for watches as for sessions
+		conn.Close(websocket.StatusGoingAway, "the daemon is shutting down")
+		return nil
+	}
+	defer a.wg.Done()
 	dirs := make(map[int32]string, len(watches))
 	for _, wi := range watches {
 		dirs[int32(wi.WD)] = wi.Path
@@ -602,6 +607,13 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 					a.log.Debug("files: watch a new directory", "path", ev.Path, "err", err)
 				}
 				for _, wi := range added {
+					// Directories made inside it before its watch began
+					// had no event: they are reported now.
+					if _, known := dirs[int32(wi.WD)]; !known && wi.Path != ev.Path {
+						if !send(FileEvent{Type: "create", Path: wi.Path, IsDir: true}) {
+							return nil
+						}
+					}
 					dirs[int32(wi.WD)] = wi.Path
 				}
 			}

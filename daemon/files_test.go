@@ -19,6 +19,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/client"
+
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -454,5 +456,69 @@ func TestFilesDiskLimit(t *testing.T) {
 	}
 	if status, _, b := e.rawDo(ctx, "GET", filesPath(p.ID, "", qp("path", "/home/corral/big")), tok, nil); status != 200 || string(b) != "old" {
 		t.Errorf("the old file after a failed PUT: %d %q", status, b)
+	}
+}
+
+// TestFilesClient drives the Go client's files methods against a host
+// project.
+func TestFilesClient(t *testing.T) {
+	requireRoot(t)
+	e := newEnv(t, envOpts{})
+	alice, tok := e.account("alice")
+	p := e.hostProject("web", alice)
+	c := e.client(tok)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	w, err := c.WatchFiles(ctx, p.ID, "/workspace", "", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if _, err := c.Mkdir(ctx, p.ID, "d/e", "", 0o750, true); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := c.WriteFile(ctx, p.ID, "d/e/f", "", 0o600, strings.NewReader("hello"))
+	if err != nil || fi.Size != 5 || fi.Perm() != 0o600 {
+		t.Fatalf("WriteFile: %+v %v", fi, err)
+	}
+	body, info, err := c.ReadFile(ctx, p.ID, "/workspace/d/e/f", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(body)
+	body.Close()
+	if string(b) != "hello" || info.Size != 5 || info.Mode != "0600" {
+		t.Errorf("ReadFile: %q %+v", b, info)
+	}
+	if err := c.RenameFile(ctx, p.ID, "d/e/f", "d/g", ""); err != nil {
+		t.Fatal(err)
+	}
+	l, err := c.ListFiles(ctx, p.ID, "d", "", 2, 0)
+	if err != nil || len(l.Entries) != 2 || l.Entries[0].Path != "/workspace/d/e" || l.Entries[1].Name != "g" {
+		t.Fatalf("ListFiles: %+v %v", l, err)
+	}
+	if err := c.RemoveFile(ctx, p.ID, "d", "", true); err != nil {
+		t.Fatal(err)
+	}
+	var ce *client.Error
+	if _, err := c.StatFile(ctx, p.ID, "d", ""); !asClientError(err, &ce) || ce.Status != 404 {
+		t.Errorf("StatFile after remove: %v", err)
+	}
+	if _, err := c.StatFile(ctx, p.ID, "/etc/passwd", ""); !asClientError(err, &ce) || ce.Status != 400 {
+		t.Errorf("StatFile of a host path: %v", err)
+	}
+	// The watch saw the directory made, and the file in it (a directory
+	// created after the watch began is watched too).
+	seen := map[string]bool{}
+	// A PUT shows as its temporary file's creation and its rename.
+	for !seen["rename /workspace/d/e/f"] {
+		ev, err := w.Next(ctx)
+		if err != nil {
+			t.Fatalf("watch after %v: %v", seen, err)
+		}
+		seen[ev.Type+" "+ev.Path] = true
+	}
+	if !seen["create /workspace/d"] || !seen["create /workspace/d/e"] {
+		t.Errorf("watch: %v", seen)
 	}
 }
