@@ -184,6 +184,10 @@ type fileCall struct {
 	lease   *lease.Lease
 	stop    func()
 	journal int64
+	// ctx is the request's, cancelled when the lease's heartbeat fails:
+	// no transfer outlives its lease.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
 }
 
 // beginFiles authorizes the request (member of the {id} project), then
@@ -208,7 +212,11 @@ func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...str
 		return nil, err
 	}
 	fc := &fileCall{a: a, acct: acct, proj: proj, lease: l}
-	fc.stop = l.KeepAlive(0, func(err error) { a.log.Warn("files: lease heartbeat failed", "lease", l.ID(), "err", err) })
+	fc.ctx, fc.cancel = context.WithCancelCause(ctx)
+	fc.stop = l.KeepAlive(0, func(err error) {
+		a.log.Warn("files: lease heartbeat failed: the transfer ends", "lease", l.ID(), "err", err)
+		fc.cancel(fmt.Errorf("the files lease was lost: %w", err))
+	})
 	switch proj.Kind {
 	case store.ProjectManaged:
 		fc.target = &managedFiles{gw: a.core.Gateway(), p: managedProject(proj), user: user}
@@ -258,6 +266,7 @@ func (fc *fileCall) end(err error) {
 		}
 	}
 	fc.stop()
+	fc.cancel(nil)
 	if rerr := fc.lease.Release(ctx); rerr != nil {
 		fc.a.log.Warn("files: release lease", "lease", fc.lease.ID(), "err", rerr)
 	}
@@ -307,7 +316,7 @@ func (a *App) getFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	f, fi, err := fc.target.open(r.Context(), p)
+	f, fi, err := fc.target.open(fc.ctx, p)
 	if err != nil {
 		fc.end(err)
 		return fileAPIError(err)
@@ -327,12 +336,25 @@ func (a *App) getFile(w http.ResponseWriter, r *http.Request) error {
 	// one that shrank ends the response short (the client sees it).
 	// In large writes (measured: the ResponseWriter's ReadFrom moves a
 	// file in small steps on a Unix socket).
-	_, _ = io.CopyBuffer(writerOnly{w}, io.LimitReader(f, fi.Size), make([]byte, fileCopyBuffer))
+	_, _ = io.CopyBuffer(writerOnly{w}, ctxReader{fc.ctx, io.LimitReader(f, fi.Size)}, make([]byte, fileCopyBuffer))
 	return nil
 }
 
 // fileCopyBuffer is the buffer of a GET's copy.
 const fileCopyBuffer = 1 << 20
+
+// ctxReader ends a transfer once ctx is done (its lease lost).
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, context.Cause(c.ctx)
+	}
+	return c.r.Read(p)
+}
 
 // writerOnly hides everything of a Writer but Write (io.CopyBuffer then
 // uses the buffer it is given).
@@ -350,10 +372,10 @@ func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	_, err = fc.target.write(r.Context(), p, mode, r.Body)
+	_, err = fc.target.write(fc.ctx, p, mode, ctxReader{fc.ctx, r.Body})
 	if err == nil {
 		var fi fileInfo
-		if fi, err = fc.target.stat(r.Context(), p); err == nil {
+		if fi, err = fc.target.stat(fc.ctx, p); err == nil {
 			fc.end(nil)
 			writeJSON(w, http.StatusOK, fileJSON(fi))
 			return nil
@@ -371,7 +393,7 @@ func (a *App) statFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	fi, err := fc.target.stat(r.Context(), p)
+	fi, err := fc.target.stat(fc.ctx, p)
 	fc.end(nil)
 	if err != nil {
 		return fileAPIError(err)
@@ -406,7 +428,7 @@ func (a *App) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	dir, entries, trunc, err := fc.target.list(r.Context(), p, depth, limit)
+	dir, entries, trunc, err := fc.target.list(fc.ctx, p, depth, limit)
 	fc.end(nil)
 	if err != nil {
 		return fileAPIError(err)
@@ -436,7 +458,7 @@ func (a *App) makeDirectory(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	fi, err := fc.target.mkdir(r.Context(), req.Path, mode, req.Parents)
+	fi, err := fc.target.mkdir(fc.ctx, req.Path, mode, req.Parents)
 	fc.end(err)
 	if err != nil {
 		return fileAPIError(err)
@@ -458,7 +480,7 @@ func (a *App) removeFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	err = fc.target.remove(r.Context(), req.Path, req.Recursive)
+	err = fc.target.remove(fc.ctx, req.Path, req.Recursive)
 	fc.end(err)
 	if err != nil {
 		return fileAPIError(err)
@@ -480,7 +502,7 @@ func (a *App) renameFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	err = fc.target.rename(r.Context(), req.From, req.To)
+	err = fc.target.rename(fc.ctx, req.From, req.To)
 	fc.end(err)
 	if err != nil {
 		return fileAPIError(err)
@@ -503,7 +525,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ino, watches, err := fc.target.watch(r.Context(), p, recursive)
+	ino, watches, err := fc.target.watch(fc.ctx, p, recursive)
 	if err != nil {
 		fc.end(err)
 		return fileAPIError(err)
@@ -526,6 +548,8 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx, cancel := context.WithCancel(a.ctx)
 	defer cancel()
+	stopLease := context.AfterFunc(fc.ctx, cancel)
+	defer stopLease()
 	go func() {
 		// The client's messages are not read for anything but its close.
 		_, _, _ = conn.Read(ctx)
