@@ -34,14 +34,15 @@ type machine struct {
 	imageID  string
 	imageEnv []string
 	imageCwd string
+	cmd      *exec.Cmd
+	ctl      *ctl.Conn
+	cg       *cgroup.Group
+	sessCG   *cgroup.Group // the parent of the sessions' groups (cg, on v2)
+	netns    *os.File
+
 	// defaultUser is whom sessions run as unless they name a user (the
 	// init's Config.DefaultUser; empty means uid and gid GuestUID, GuestGID).
 	defaultUser string
-	cmd         *exec.Cmd
-	ctl         *ctl.Conn
-	cg          *cgroup.Group
-	sessCG      *cgroup.Group // the parent of the sessions' groups (cg, on v2)
-	netns       *os.File
 
 	dead chan struct{} // closed once the init is gone and cleaned up
 
