@@ -16,13 +16,16 @@ import (
 // Files throughput: the files API's PUT and GET of one large file against
 // cat doing the same inside the machine (issue 12's goal: at least 0.8×).
 //
-// The lead's run calls measureFiles and prints formatFiles: neither touches
-// the rest of the harness.
+// The phase "files" of the run (registered below; -only files) reports
+// each subject's time per transfer, its median throughput and its ratio
+// to cat in the row's name; `bench files -size N -samples K` runs it
+// alone and prints formatFiles' table.
 
 // filesRow is one subject's throughput samples.
 type filesRow struct {
 	name    string
 	mbps    []float64 // 10^6 bytes per second, one per sample
+	times   []time.Duration
 	skip    string
 	failure error
 	// base names the row this one is compared with ("" for a baseline).
@@ -144,7 +147,9 @@ func measureFiles(ctx context.Context, cr *corral, d *daemonProc, size int64, sa
 				r.failure = err
 				continue
 			}
-			r.mbps = append(r.mbps, mbps(time.Since(t0)))
+			d := time.Since(t0)
+			r.mbps = append(r.mbps, mbps(d))
+			r.times = append(r.times, d)
 		}
 	}
 	_ = sh("rm -f " + benchFile)
@@ -211,7 +216,46 @@ func formatFiles(rows []filesRow, size int64) string {
 	return b.String()
 }
 
-func init() { children["files"] = filesChild }
+func init() {
+	children["files"] = filesChild
+	registerPhase(extraPhase{
+		name:  "files",
+		title: "Files API throughput",
+		intro: "One file of the capture size (1 GiB; 256 MiB with -short) written and read in the warm machine, per transfer: cat inside the machine (head -c N /dev/zero piped to cat > file; cat file > /dev/null), the machine gateway (descriptors passed by the worker, no HTTP) and the daemon's files API over its Unix socket (client.WriteFile, client.ReadFile). The goal is ≥ 0.8× cat's throughput.",
+		run:   filesPhase,
+	})
+}
+
+// filesPhase is the run's "files" phase.
+func filesPhase(ctx context.Context, env *phaseEnv) []latRow {
+	cr := env.cr
+	if env.workerSkip != "" {
+		cr = nil
+	}
+	size, samples := env.cfg.captureBytes, env.cfg.captureSamples
+	rows := measureFiles(ctx, cr, env.dmn, size, samples)
+	med := map[string]float64{}
+	for _, r := range rows {
+		med[r.name] = medianOf(r.mbps)
+	}
+	out := make([]latRow, 0, len(rows))
+	for _, r := range rows {
+		name := r.name
+		if len(r.mbps) > 0 {
+			name = fmt.Sprintf("%s: %.0f MB/s", r.name, med[r.name])
+			if r.base != "" && med[r.base] > 0 {
+				x := med[r.name] / med[r.base]
+				name += fmt.Sprintf(", %.2f× cat (goal ≥ 0.8×: %s)", x, verdict(x >= 0.8))
+			}
+		}
+		l := latRow{name: name, skip: r.skip, st: summarize(r.times)}
+		if r.failure != nil {
+			l.failures, l.firstErr = 1, r.failure
+		}
+		out = append(out, l)
+	}
+	return out
+}
 
 // filesChild is `bench files [-size BYTES] [-samples N]`: the files rows
 // alone, printed, without the rest of the run (and without rewriting
