@@ -38,8 +38,9 @@ type Cred struct {
 	Override bool
 }
 
-// Run runs f on a new OS thread whose filesystem ids are c's (fsuid,
-// fsgid, supplementary groups) and which has no capability, and returns
+// Run runs f on a new OS thread whose ids are c's (real, effective and
+// filesystem uid and gid, supplementary groups; the saved ids stay the
+// caller's) and which has no capability, and returns
 // f's error. The thread is never given back to the Go scheduler: it ends
 // with f, and its credentials with it. The caller must be root (it needs
 // CAP_SETUID and CAP_SETGID); f must not start goroutines that expect to
@@ -72,6 +73,18 @@ func become(c *Cred) error {
 	}
 	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(p), 0); e != 0 {
 		return fmt.Errorf("fsop: setgroups: %w", e)
+	}
+	// The real and effective ids too, the saved ones staying 0 (so that
+	// the permitted capabilities survive for capset below): the kernel
+	// charges what the thread creates (an inotify instance and its
+	// watches) to its real uid, which must be the user's, never host
+	// root's (fs.inotify.max_user_instances is per user).
+	const keep = ^uintptr(0)
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESGID, uintptr(c.GID), uintptr(c.GID), keep); e != 0 {
+		return fmt.Errorf("fsop: setresgid: %w", e)
+	}
+	if _, _, e := unix.RawSyscall(unix.SYS_SETRESUID, uintptr(c.UID), uintptr(c.UID), keep); e != 0 {
+		return fmt.Errorf("fsop: setresuid: %w", e)
 	}
 	unix.RawSyscall(unix.SYS_SETFSGID, uintptr(c.GID), 0, 0)
 	unix.RawSyscall(unix.SYS_SETFSUID, uintptr(c.UID), 0, 0)

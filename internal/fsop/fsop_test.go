@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -162,4 +163,28 @@ func TestRunAsUser(t *testing.T) {
 		t.Errorf("read as root afterwards: %v", err)
 	}
 	_ = r
+}
+
+// TestRunChargesTheUser: an inotify instance made in Run is charged to
+// the user (the thread's real uid), not to the caller.
+func TestRunChargesTheUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: Run switches the thread's ids")
+	}
+	var ruid, euid, suid int
+	if err := Run(&Cred{UID: 65534, GID: 65534}, func() error {
+		var r, e, s uintptr
+		unix.RawSyscall(unix.SYS_GETRESUID, uintptr(unsafe.Pointer(&r)), uintptr(unsafe.Pointer(&e)), uintptr(unsafe.Pointer(&s)))
+		ruid, euid, suid = int(uint32(r)), int(uint32(e)), int(uint32(s))
+		f, err := NewInotify()
+		if err == nil {
+			f.Close()
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if ruid != 65534 || euid != 65534 || suid != 0 {
+		t.Errorf("thread ids %d/%d/%d, want 65534/65534/0", ruid, euid, suid)
+	}
 }
