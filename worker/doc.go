@@ -94,9 +94,10 @@
 // The path is resolved by openat2 with RESOLVE_IN_ROOT and
 // RESOLVE_NO_MAGICLINKS against the init's root (/proc/<pid>/root: the
 // machine's mount tree seen from the worker) on a thread of its own whose
-// fsuid, fsgid and groups are the user's host ids and which has no
-// capability (package internal/fsop); procfs, sysfs and cgroupfs are
-// refused. Guest root is tried so first and, when refused for
+// real, effective and filesystem ids and groups are the user's host ids (an
+// inotify instance is charged to the machine's user, never to host root)
+// and which has no capability (package internal/fsop); procfs, sysfs and
+// cgroupfs are refused. Guest root is tried so first and, when refused for
 // permission, again with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
 // CAP_FOWNER on files owned by the machine's ids only: what its
 // capabilities inside the user namespace reach. A file request holds the
