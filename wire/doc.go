@@ -135,7 +135,7 @@
 // renamed over the target: an atomic replace), a watch's inotify
 // descriptor. The worker resolves each path with openat2 under
 // RESOLVE_IN_ROOT and RESOLVE_NO_MAGICLINKS against the machine's root (the
-// init's /proc/<pid>/root), with the user's fsuid, fsgid and groups and no
+// init's /proc/<pid>/root), with the user's uids, gids and groups and no
 // capability on a thread of its own (guest root: its override capabilities
 // on a retry, limited to files of the machine's ids); procfs, sysfs and
 // cgroupfs are refused. file-watch hands the client's inotify descriptor

@@ -45,7 +45,8 @@ package wire
 // RESOLVE_IN_ROOT and RESOLVE_NO_MAGICLINKS against the machine's root, so
 // that no symlink leads out of the machine and no /proc magic link is
 // followed; files of procfs, sysfs and cgroupfs are refused. Requests
-// run with the user's ids (fsuid, fsgid, supplementary groups) and no
+// run with the user's ids (real, effective and filesystem uid and gid,
+// supplementary groups; the saved ids stay root's) and no
 // capability, on a thread of their own.
 //
 // watch-add is the frame file-watch {id,project,user,path,recursive,fds:1},
