@@ -252,6 +252,14 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"GET", "/v1/projects/{id}/egress", true, a.getEgress},
 		{"PUT", "/v1/projects/{id}/egress", true, a.putEgress},
 		{"GET", "/v1/projects/{id}/egress/log", true, a.egressLog},
+		{"GET", "/v1/projects/{id}/files", true, a.getFile},
+		{"PUT", "/v1/projects/{id}/files", true, a.putFile},
+		{"GET", "/v1/projects/{id}/files/stat", true, a.statFile},
+		{"GET", "/v1/projects/{id}/files/list", true, a.listFiles},
+		{"POST", "/v1/projects/{id}/files/mkdir", true, a.makeDirectory},
+		{"POST", "/v1/projects/{id}/files/remove", true, a.removeFile},
+		{"POST", "/v1/projects/{id}/files/rename", true, a.renameFile},
+		{"GET", "/v1/projects/{id}/files/watch", true, a.watchFiles},
 		{"", "/sites/{name}/{path...}", true, a.sites.serve},
 	}
 	for _, rt := range a.routes {

@@ -28,6 +28,7 @@ func addCommands(root *cobra.Command) {
 	root.AddCommand(daemonCommands()...)
 	root.AddCommand(newRunnerCmd())
 	root.AddCommand(newExecCmd())
+	root.AddCommand(newCpCmd())
 }
 
 // envTransport is the transport for a run that was given --worker-socket.
