@@ -146,3 +146,51 @@ echo "probe-env=$PROBE_ENV"`
 	}
 	waitFor(t, "the leases to be released", func() bool { return e.liveLeases() == 0 })
 }
+
+// TestSessionClientVanishesMidOutput is the attack of a client that goes
+// away (no close frame) while its command floods output and has a
+// grandchild: the whole tree is killed (checked in /proc) and the lease
+// released, for a managed project (the fake provider) and a real, confined
+// host project.
+func TestSessionClientVanishesMidOutput(t *testing.T) {
+	fake := &sandboxtest.Provider{Dir: t.TempDir(), Kind: sandbox.ProjectManaged}
+	for _, kind := range []string{"managed", "host"} {
+		t.Run(kind, func(t *testing.T) {
+			var e *env
+			var id int64
+			var tok string
+			if kind == "managed" {
+				e = newEnv(t, envOpts{fake: fake})
+				alice, tk := e.account("alice")
+				id, tok = e.managedProject("box", alice).ID, tk
+			} else {
+				requireRoot(t)
+				e = newEnv(t, envOpts{})
+				alice, tk := e.account("alice")
+				id, tok = e.hostProject("web", alice).ID, tk
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			token := sandboxtest.SleepToken()
+			c, _, err := e.dialSession(ctx, tok, id, "sh", "-c", "sleep "+token+" & while :; do echo flood; done")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for n := 0; n < 5; {
+				typ, _, err := c.Read(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if typ == websocket.MessageBinary {
+					n++
+				}
+			}
+			c.CloseNow()
+			sandboxtest.AssertNoProcesses(t, token)
+			waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+			if kind == "managed" {
+				waitFor(t, "the fake lease to be released", fake.LastLease().Released)
+			}
+		})
+	}
+}
