@@ -2,11 +2,12 @@ package sandbox
 
 import (
 	"context"
-
-	"github.com/corral-sandbox/corral/confine"
 	"io"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/corral-sandbox/corral/confine"
 )
 
 // Lease is a provider-side claim on a project for one piece of work. It is
@@ -201,6 +202,12 @@ type ManagedExecutionSession struct {
 	// Resize, set for a terminal session (ExecInput.TTY), changes the
 	// terminal's size; nil otherwise.
 	Resize func(rows, cols uint16) error
+	// Signal, if non-nil, sends sig to every process of the command's
+	// tree (the main process and whatever it forked, wherever they moved
+	// to in its process group or pid namespace), not only the main
+	// process; it does not wait for them to end. Nil means the provider
+	// cannot signal a tree (cancelling still kills it).
+	Signal func(sig syscall.Signal) error
 
 	done chan struct{}
 	once sync.Once

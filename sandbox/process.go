@@ -38,6 +38,9 @@ type process interface {
 	closeOutputs()
 	// resize resizes a terminal session's terminal.
 	resize(rows, cols uint16) error
+	// signal sends sig to the command's tree (errors.ErrUnsupported when
+	// the provider cannot).
+	signal(sig syscall.Signal) error
 }
 
 // localProcess is a host command in its own process group, and, when it
@@ -260,6 +263,17 @@ func (p *localProcess) resize(rows, cols uint16) error {
 	return pty.Setsize(p.tty, &pty.Winsize{Rows: rows, Cols: cols})
 }
 
+// signal sends sig to the command's process group (a group already gone
+// is not an error). A descendant that left the group (possible only
+// without a pid namespace: a direct command, or a confined one when corral
+// is not root) does not get it.
+func (p *localProcess) signal(sig syscall.Signal) error {
+	if err := unix.Kill(-p.cmd.Process.Pid, sig); err != nil && err != unix.ESRCH {
+		return fmt.Errorf("signal process group: %w", err)
+	}
+	return nil
+}
+
 // ttyWriter is a host terminal session's input; Close does nothing (the
 // terminal's EOF is its ^D; closeOutputs closes the master).
 type ttyWriter struct{ f *os.File }
@@ -380,6 +394,13 @@ func (p *managedProcess) resize(rows, cols uint16) error {
 		return errors.New("sandbox: the session has no terminal")
 	}
 	return p.s.Resize(rows, cols)
+}
+
+func (p *managedProcess) signal(sig syscall.Signal) error {
+	if p.s.Signal == nil {
+		return fmt.Errorf("sandbox: the provider cannot signal the session's tree: %w", errors.ErrUnsupported)
+	}
+	return p.s.Signal(sig)
 }
 
 func (p *managedProcess) closeOutputs() {

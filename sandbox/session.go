@@ -7,6 +7,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -407,6 +408,21 @@ func (s *Session) Resize(rows, cols uint16) error {
 	default:
 	}
 	return s.proc.resize(rows, cols)
+}
+
+// Signal sends sig to every process of the command's tree that the
+// provider can reach — a host command's process group, a managed command's
+// whole session in its machine — without waiting for them to end; the
+// command may handle it (Close kills regardless). An error wrapping
+// errors.ErrUnsupported means the provider cannot signal a tree. After the
+// session settled it fails.
+func (s *Session) Signal(sig syscall.Signal) error {
+	select {
+	case <-s.done:
+		return errors.New("sandbox: the session has ended")
+	default:
+	}
+	return s.proc.signal(sig)
 }
 
 // Done is closed when the session has settled: Wait then returns at once.

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -331,4 +332,38 @@ func processes(token string) []string {
 		}
 	}
 	return found
+}
+
+// TestSessionSignal: a signal reaches the command (which handles it) and
+// its tree; the exit reports it as a result, not an error.
+func TestSessionSignal(t *testing.T) {
+	p := &sandboxtest.Provider{Kind: sandbox.ProjectHost}
+	ctl := sandbox.NewControl(p, sandbox.ControlOptions{})
+	s, err := ctl.Open(context.Background(), input(sandbox.ProjectHost, "sh", "-c", "trap 'echo got-term; exit 9' TERM; echo ready; while :; do sleep 0.01; done"), &actor, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	buf := make([]byte, 6)
+	if _, err := io.ReadFull(s.Stdout, buf); err != nil || string(buf) != "ready\n" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	go io.Copy(io.Discard, s.Stderr)
+	rest := readAll(s.Stdout)
+	if err := s.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	exit, err := s.Wait()
+	if err != nil || exit.Code == nil || *exit.Code != 9 {
+		t.Fatalf("Wait = %+v, %v", exit, err)
+	}
+	if got := <-rest; got != "got-term\n" {
+		t.Errorf("output after the signal %q", got)
+	}
+	if p.Cancels() != 0 {
+		t.Errorf("a signalled command that exited was cancelled")
+	}
+	if err := s.Signal(syscall.SIGTERM); err == nil {
+		t.Error("Signal after the end succeeded")
+	}
 }
