@@ -487,6 +487,7 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 
 	p := s.proc
 	var failure *CommandError
+	closed := false // the caller gave the streams up (Close)
 	select {
 	case <-p.done():
 	case <-lifetime:
@@ -504,6 +505,7 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 		case <-p.done(): // it had exited: an exit, not an abort
 		default:
 			failure = newError(KindAbort, context.Canceled, "the session was closed")
+			closed = true
 		}
 	}
 	if s.att.stopInput != nil {
@@ -557,7 +559,12 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 	// A cancelled tree closes its streams at once; a lost transport may
 	// leave them to a slow teardown. Either way the caller learns of the
 	// failure promptly, with what was read.
-	s.drainFor(min(s.c.opts.DrainTimeout, failureDrain))
+	// A caller that closed the session reads nothing more: no drain.
+	drain := min(s.c.opts.DrainTimeout, failureDrain)
+	if closed {
+		drain = 0
+	}
+	s.drainFor(drain)
 	s.closeInput()
 	if err := releaseLease(ctx, s.common.Lease); err != nil {
 		cleanup = append(cleanup, err)
