@@ -19,10 +19,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// process is a started command, local or managed, as RunCommand drives it.
+// process is a started command, local or managed, as a Session drives it.
 type process interface {
 	outputs() (stdout, stderr io.Reader)
-	// input is the command's standard input when RunCommand feeds it (see
+	// input is the command's standard input when it has one (a Session's, or RunCommand's feed, see
 	// feedInput), nil when the command reads an empty input.
 	input() io.WriteCloser
 	// done is closed when the main process has ended (or the session settled).
@@ -312,7 +312,7 @@ func (p *localProcess) killGroup() error {
 const treeWait = 2 * time.Second
 
 // ended kills what is left of the command and, if it has a pid namespace,
-// waits until the namespace is gone: when RunCommand returns, nothing the
+// waits until the namespace is gone: when the session settles, nothing the
 // command started is running any more.
 func (p *localProcess) ended() {
 	_ = p.killGroup()
@@ -358,7 +358,7 @@ func (p *localProcess) closeOutputs() {
 // managedProcess adapts a ManagedExecutionSession.
 type managedProcess struct {
 	s        *ManagedExecutionSession
-	stdin    io.WriteCloser // the session's input, when RunCommand feeds it
+	stdin    io.WriteCloser // the session's input, when it has one
 	provider func(context.Context) error
 }
 
