@@ -22,8 +22,9 @@ import (
 // process is a started command, local or managed, as a Session drives it.
 type process interface {
 	outputs() (stdout, stderr io.Reader)
-	// input is the command's standard input when it has one (a Session's, or RunCommand's feed, see
-	// feedInput), nil when the command reads an empty input.
+	// input is the command's standard input when it has one (a
+	// Session's, or RunCommand's feed: see feedInput), nil when the
+	// command reads an empty input.
 	input() io.WriteCloser
 	// done is closed when the main process has ended (or the session settled).
 	done() <-chan struct{}
