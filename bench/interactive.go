@@ -30,8 +30,18 @@ import (
 //     discipline echoes it as it reaches the terminal, before cat reads).
 //
 // Each is measured in the managed project (warm machine) and the host
-// project. measureInteractive's rows join the latency table; run.go calls
-// it under -only interactive.
+// project. It is an extra phase (see extra.go): -only interactive.
+
+func init() {
+	registerPhase(extraPhase{
+		name:  "interactive",
+		title: "Interactive latency (daemon API)",
+		intro: "First NDJSON chunk: `POST …/commands` with `Accept: application/x-ndjson` of `sh -c 'echo a; sleep 0.01'`, from the request until the first `{\"stdout\":…}` chunk arrives. PTY echo: one `?tty=1` WebSocket session of `cat`; one byte written until its terminal echo returns. Host rows are confined (alice is not trusted).",
+		run: func(ctx context.Context, env *phaseEnv) []latRow {
+			return measureInteractive(ctx, env.cr, env.dmn, env.cfg.n, env.workerSkip)
+		},
+	})
+}
 
 const (
 	subjNDJSONManaged = "first NDJSON chunk, POST …/commands, managed (daemon API)"

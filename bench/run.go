@@ -235,9 +235,6 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		step("latency")
 		cfg.phase("latency", func() { rep.latency = measureLatency(subjects, cfg.n) })
 	}
-	if cfg.on("interactive") {
-		rep.latency = append(rep.latency, measureInteractive(ctx, cr, dmn, cfg.n, workerSkip)...)
-	}
 	switch {
 	case !cfg.on("cold"):
 		rep.cold = latRow{name: "corral managed, cold (new machine)", skip: "not selected"}
