@@ -2,16 +2,17 @@ package sandbox
 
 import (
 	"context"
-
-	"github.com/corral-sandbox/corral/confine"
 	"io"
 	"sync"
+	"syscall"
 	"time"
+
+	"github.com/corral-sandbox/corral/confine"
 )
 
 // Lease is a provider-side claim on a project for one piece of work. It is
 // minted by preparation before anything starts; whoever holds the work
-// heartbeats it (RunCommand does, every five seconds); a lease whose
+// heartbeats it (RunCommand and a Session do, every five seconds); a lease whose
 // heartbeats stop for its TTL is expired and its work cancelled.
 type Lease interface {
 	ID() string
@@ -116,7 +117,7 @@ type Launch struct {
 	// Confine, if non-nil, describes the confinement of a confined launch
 	// and the program it confines. Path, Args and ExecStatus still describe
 	// the helper's invocation, for a consumer that starts Launch as a
-	// process; RunCommand instead starts Confine's program itself, forked
+	// process; RunCommand and Open instead start Confine's program, forked
 	// from a thread restricted exactly as the helper restricts itself
 	// (confine.Start), which saves the helper's start of a Go runtime. Set
 	// only with LocalConfined.
@@ -208,6 +209,12 @@ type ManagedExecutionSession struct {
 	// Resize, set for a terminal session (ExecInput.TTY), changes the
 	// terminal's size; nil otherwise.
 	Resize func(rows, cols uint16) error
+	// Signal, if non-nil, sends sig to every process of the command's
+	// tree (the main process and whatever it forked, wherever they moved
+	// to in its process group or pid namespace), not only the main
+	// process; it does not wait for them to end. Nil means the provider
+	// cannot signal a tree (cancelling still kills it).
+	Signal func(sig syscall.Signal) error
 
 	done chan struct{}
 	once sync.Once
