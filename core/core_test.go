@@ -134,7 +134,7 @@ func TestManagedConformance(t *testing.T) {
 	sandboxtest.Run(t, sandboxtest.Target{
 		Control: ctl, Actor: e.actor, Project: e.ref(e.managed),
 		HostCwd: e.managed.Root, HostPath: e.managed.Root, DisplayPath: "/workspace",
-		LiveLeases: e.liveLeases,
+		LiveLeases: e.liveLeases, Terminal: true,
 	})
 }
 

@@ -37,11 +37,10 @@ import (
 
 // Defaults of AppOptions.
 const (
-	DefaultMaxBody          = 1 << 20
-	DefaultMaxStdin         = 16 << 20
-	DefaultMaxTimeout       = time.Hour
-	DefaultMaxOutput        = 64 << 20
-	DefaultSessionHeartbeat = 5 * time.Second
+	DefaultMaxBody    = 1 << 20
+	DefaultMaxStdin   = 16 << 20
+	DefaultMaxTimeout = time.Hour
+	DefaultMaxOutput  = 64 << 20
 )
 
 // AppOptions configure BuildApp. The zero value means the documented
@@ -86,12 +85,6 @@ type AppOptions struct {
 	// MaxOutput caps each output limit of a command, in bytes. Zero means
 	// DefaultMaxOutput (64 MiB).
 	MaxOutput int64
-	// SessionHeartbeat is how often a session's lease is heartbeated while
-	// its WebSocket lives. Zero means DefaultSessionHeartbeat (5 s).
-	SessionHeartbeat time.Duration
-	// SessionDrain bounds how long a session's output is still forwarded
-	// after its process exited. Zero means 2 s.
-	SessionDrain time.Duration
 	// Export configures POST /v1/projects/{id}/export: the host's push
 	// credential and which remotes are allowed. The zero value allows
 	// https remotes only and pushes without a credential.
@@ -189,17 +182,11 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	if opts.MaxOutput <= 0 {
 		opts.MaxOutput = DefaultMaxOutput
 	}
-	if opts.SessionHeartbeat <= 0 {
-		opts.SessionHeartbeat = DefaultSessionHeartbeat
-	}
 	if opts.MaxSessionLifetime <= 0 {
 		opts.MaxSessionLifetime = DefaultMaxSessionLifetime
 	}
 	if opts.SessionCheckInterval <= 0 {
 		opts.SessionCheckInterval = DefaultSessionCheckInterval
-	}
-	if opts.SessionDrain <= 0 {
-		opts.SessionDrain = 2 * time.Second
 	}
 	opts.processDefaults()
 	log := opts.Logger
@@ -280,6 +267,14 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"DELETE", "/v1/projects/{id}/processes/{pid}", true, a.deleteProcess},
 		{"GET", "/v1/projects/{id}/processes/{pid}/output", true, a.processOutput},
 		{"POST", "/v1/projects/{id}/processes/{pid}/signal", true, a.signalProcess},
+		{"GET", "/v1/projects/{id}/files", true, a.getFile},
+		{"PUT", "/v1/projects/{id}/files", true, a.putFile},
+		{"GET", "/v1/projects/{id}/files/stat", true, a.statFile},
+		{"GET", "/v1/projects/{id}/files/list", true, a.listFiles},
+		{"POST", "/v1/projects/{id}/files/mkdir", true, a.makeDirectory},
+		{"POST", "/v1/projects/{id}/files/remove", true, a.removeFile},
+		{"POST", "/v1/projects/{id}/files/rename", true, a.renameFile},
+		{"GET", "/v1/projects/{id}/files/watch", true, a.watchFiles},
 		{"", "/sites/{name}/{path...}", true, a.sites.serve},
 	}
 	for _, rt := range a.routes {

@@ -33,8 +33,9 @@ import (
 //	POST   /v1/projects/{id}/processes/{pid}/signal    signal its whole tree
 //	DELETE /v1/projects/{id}/processes/{pid}           kill its tree and forget it
 //
-// A process is prepared and started like a raw session (lease kind
-// "process", heartbeated by the daemon while it runs) and runs until it
+// A process is a sandbox.Session (Control.Open, lease kind "process",
+// kept alive by core while it runs) whose streams the daemon drains; it
+// runs until it
 // exits, its lifetime ends (ProcessRequest.Lifetime: it is killed and
 // reported "timedOut", kind "timeout"), it is killed (DELETE), its lease
 // can no longer be kept alive or its machine is lost ("interrupted", kind
@@ -474,15 +475,10 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, 
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	if reason == nil {
-		// Forward what is left of the output, for a bounded time.
-		select {
-		case <-pumpsDone:
-		case <-time.After(a.opts.SessionDrain):
-		}
-	}
-	cerr := p.sess.Close(ctx) // kills what is left, releases the lease, closes the streams
-	<-pumpsDone
+	// The session settles once the output was drained (bounded) and the
+	// lease released; Close first kills the tree if it still runs.
+	cerr := p.sess.Close(ctx)
+	<-pumpsDone // the session closed the streams
 	p.out.close()
 	exit, werr := p.sess.Wait()
 	if cerr != nil {
@@ -602,13 +598,6 @@ func parseSignal(s string) (syscall.Signal, error) {
 		return 0, apiErr(http.StatusBadRequest, KindInvalid, "unknown signal %q", s)
 	}
 	return sig, nil
-}
-
-func unixSignalName(sig syscall.Signal) string {
-	if n := unix.SignalName(sig); n != "" {
-		return n
-	}
-	return fmt.Sprint(int(sig))
 }
 
 // signalProcess serves POST /v1/projects/{id}/processes/{pid}/signal.

@@ -526,7 +526,7 @@ func TestProcessStartFailure(t *testing.T) {
 // its lease.
 func TestProcessLeaseLost(t *testing.T) {
 	fake := &sandboxtest.Provider{Dir: t.TempDir()}
-	e := newEnv(t, envOpts{fake: fake, app: AppOptions{SessionHeartbeat: 50 * time.Millisecond}})
+	e := newEnv(t, envOpts{fake: fake}) // heartbeats every 100 ms
 	alice, tok := e.account("alice")
 	p := e.hostProject("web", alice)
 	pr := startProc(t, e, tok, p.ID, map[string]any{"argv": []string{"sleep", "30"}})

@@ -327,7 +327,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, SessionHeartbeat: beat, MaxSessionLifetime: cfg.MaxSessionLifetime})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, MaxSessionLifetime: cfg.MaxSessionLifetime})
 	if err != nil {
 		return err
 	}

@@ -18,14 +18,17 @@ import (
 )
 
 // Raw sessions: GET /v1/projects/{id}/sessions?argv=F&argv=A1&…&cwd=C&leaseKind=K
-// (and optionally &user=U, as a command's "user", and the terminal's
+// (and optionally &user=U, as a command's "user", &env=K=V, repeatable, as
+// a command's "env": names are POSIX portable names, refused with 400
+// before anything is prepared, values may contain '=', and the terminal's
 // &tty=1&rows=R&cols=C)
-// upgrades to a WebSocket that carries one command's standard streams. A
-// managed project's command runs in its machine (ManagedPrepared.Start); a
-// host project's is started by the daemon from the prepared launch
-// (confined unless the member is trusted), in its own process group.
-// Output is forwarded as the command wrote it: unlike RunCommand's
-// results, a stream is not sanitized.
+// upgrades to a WebSocket that carries one command's standard streams.
+// The command is a sandbox.Session (Control.Open): a managed project's
+// runs in its machine, a host project's through the same launch as its
+// one-shot commands (confined unless the member is trusted, in its own
+// process group); this file holds only the framing. Output is forwarded as
+// the command wrote it: unlike RunCommand's results, a stream is not
+// sanitized.
 //
 // Framing (every message is one WebSocket message):
 //
@@ -49,9 +52,11 @@ import (
 // the socket cancels the command's whole process tree and releases its
 // lease. Output is read from the command only as fast as the socket takes
 // it; stdin is read from the socket only as fast as the command takes it.
-// While the socket lives the daemon heartbeats the lease every
-// AppOptions.SessionHeartbeat (5 s); a failed heartbeat cancels the command
-// ("error" kind "transport").
+// While the socket lives the lease is heartbeated every
+// sandbox.ControlOptions.HeartbeatInterval (5 s); a failed heartbeat
+// cancels the command ("error" kind "transport"). After the command exits
+// its remaining output is forwarded for at most the control's
+// DrainTimeout (2 s).
 //
 // Terminal sessions: with ?tty=1&rows=R&cols=C (rows and cols 1…65535,
 // default 24 × 80) the command runs on a pseudo-terminal (a managed
@@ -90,6 +95,10 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 	if kind == "" {
 		kind = sandbox.LeaseTerminal
 	}
+	env, err := envQuery(q)
+	if err != nil {
+		return err
+	}
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		return apiErr(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
 	}
@@ -103,52 +112,60 @@ func (a *App) session(w http.ResponseWriter, r *http.Request) error {
 		User:      q.Get("user"),
 		LeaseKind: kind,
 		Project:   projectRef(proj),
+		Env:       env,
 	}
 	if in.TTY, err = ttyQuery(q); err != nil {
 		return err
 	}
-	prep, err := ctl.PrepareExecution(r.Context(), in, &sandbox.Actor{AccountUserID: acct.ID})
-	if err != nil {
-		return err
-	}
-	s := &wsSession{a: a, lease: prep.Common().Lease}
-	switch p := prep.(type) {
-	case *sandbox.ManagedPrepared:
-		s.start, s.cancel = p.Start, p.Cancel
-	case *sandbox.LocalPrepared:
-		var localCancel func(context.Context) error
-		s.start = func(context.Context) (*sandbox.ManagedExecutionSession, error) {
-			sess, c, err := startLocalSession(p, in.TTY)
-			localCancel = c
-			return sess, err
-		}
-		s.cancel = func(ctx context.Context) error {
-			if localCancel != nil {
-				return localCancel(ctx)
+	// The session lives until its command exits, its socket closes, the
+	// daemon shuts down or the checker ends it (follow.go).
+	ctx, untrack := a.trackSession(a.ctx, r, proj.ID)
+	defer untrack()
+	// The socket is upgraded once the preparation was accepted,
+	// immediately before the command starts: a refused preparation is an
+	// ordinary JSON error, a failed start an "error" message.
+	s := &wsSession{a: a, tty: in.TTY != nil}
+	var upgradeErr error
+	var entered, shuttingDown bool
+	sess, err := ctl.Open(ctx, in, &sandbox.Actor{AccountUserID: acct.ID}, &sandbox.SessionOptions{
+		OnStart: func(sandbox.StartInfo) error {
+			conn, err := websocket.Accept(w, r, nil)
+			if err != nil {
+				upgradeErr = err
+				return err
 			}
-			if p.Cancel != nil {
-				return p.Cancel(ctx)
+			s.conn = conn
+			if !a.enterSession() {
+				shuttingDown = true
+				return errors.New("the daemon is shutting down")
 			}
+			entered = true
 			return nil
-		}
+		},
+	})
+	if entered {
+		defer a.wg.Done()
 	}
-	conn, err := websocket.Accept(w, r, nil)
-	if err != nil {
-		s.cancelUnstarted()
-		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: "WebSocket upgrade failed", Cause: err}
-	}
-	s.conn = conn
-	if !a.enterSession() {
-		s.cancelUnstarted()
+	switch {
+	case err == nil:
+	case upgradeErr != nil:
+		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: "WebSocket upgrade failed", Cause: upgradeErr}
+	case s.conn == nil:
+		return err // refused before the upgrade: validation, admission, preparation
+	case shuttingDown:
 		s.fail(sandbox.KindAbort, "the daemon is shutting down", websocket.StatusGoingAway)
 		return nil
+	default:
+		// Upgraded, then the start failed: nothing runs, the lease is
+		// released.
+		ce := err.(*sandbox.CommandError)
+		s.fail(ce.Kind, ce.Message, websocket.StatusInternalError)
+		return nil
 	}
-	defer a.wg.Done()
+	s.sess = sess
 	a.metrics.sessionsTotal.Inc()
 	a.metrics.sessionsActive.Inc()
 	defer a.metrics.sessionsActive.Dec()
-	ctx, untrack := a.trackSession(a.ctx, r, proj.ID)
-	defer untrack()
 	s.run(ctx)
 	return nil
 }
@@ -165,33 +182,14 @@ func (a *App) enterSession() bool {
 	return true
 }
 
-func releaseQuietly(a *App, l sandbox.Lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := l.Release(ctx); err != nil {
-		a.log.Warn("session: release lease", "lease", l.ID(), "err", err)
-	}
-}
-
-// wsSession is one raw session bridged to a WebSocket: a managed
-// execution's session, or a host process started by startLocalSession.
+// wsSession is one sandbox session bridged to a WebSocket: only the
+// framing lives here; the lifecycle (heartbeat, cancel, drain, release) is
+// the sandbox.Session's.
 type wsSession struct {
-	a      *App
-	conn   *websocket.Conn
-	lease  sandbox.Lease
-	start  func(context.Context) (*sandbox.ManagedExecutionSession, error)
-	cancel func(context.Context) error
-}
-
-// cancelUnstarted cancels a prepared execution that never started and
-// releases its lease.
-func (s *wsSession) cancelUnstarted() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := s.cancel(ctx); err != nil {
-		s.a.log.Warn("session: cancel", "lease", s.lease.ID(), "err", err)
-	}
-	releaseQuietly(s.a, s.lease)
+	a    *App
+	conn *websocket.Conn
+	sess *sandbox.Session
+	tty  bool
 }
 
 func (s *wsSession) send(ctx context.Context, v any) error {
@@ -213,134 +211,83 @@ func (s *wsSession) fail(kind sandbox.ErrorKind, msg string, code websocket.Stat
 	_ = s.conn.Close(code, reason)
 }
 
-// run drives the session until its command exits, its socket closes or
+// run forwards the session until its command settles, its socket closes or
 // parent ends (the daemon shuts down: 1001; the session lost its
-// authorization: 1008). It always leaves the command ended and its lease
-// released.
+// authorization: 1008). It always leaves the session closed: the command
+// ended and its lease released.
 func (s *wsSession) run(parent context.Context) {
-	a := s.a
+	sess := s.sess
 	// The socket's reads and writes use ctx, which ends only when run
 	// returns: a cancelled read or write closes the socket at once, and
 	// the close frame saying why must go first.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	defer cancel()
 	s.conn.SetReadLimit(sessionReadLimit)
-
-	sess, err := s.start(ctx)
-	if err != nil {
-		s.cancelUnstarted()
-		kind := sandbox.KindStart
-		if errors.Is(err, sandbox.ErrTransport) {
-			kind = sandbox.KindTransport
-		}
-		s.fail(kind, "start: "+err.Error(), websocket.StatusInternalError)
-		return
-	}
-	// From here the command runs: every path below cancels it (unless it
-	// exited) and releases its lease; the streams are closed last.
-	defer func() {
-		_ = sess.Stdout.Close()
-		_ = sess.Stderr.Close()
-		_ = sess.Stdin.Close()
-	}()
-	if err := s.send(ctx, map[string]any{"type": "started", "leaseId": s.lease.ID()}); err != nil {
+	if err := s.send(ctx, map[string]any{"type": "started", "leaseId": sess.LeaseID()}); err != nil {
 		_ = s.conn.CloseNow()
-		releaseAfterCancel(s, sess)
+		s.close()
 		return
 	}
 
 	socketGone := make(chan error, 3)
-	go func() { socketGone <- s.readStdin(ctx, sess.Stdin, sess.Resize) }()
+	go func() { socketGone <- s.readStdin(ctx) }()
 	var pumps sync.WaitGroup
 	pumps.Add(2)
 	go func() { defer pumps.Done(); s.pump(ctx, StreamStdout, sess.Stdout, socketGone) }()
 	go func() { defer pumps.Done(); s.pump(ctx, StreamStderr, sess.Stderr, socketGone) }()
-	pumpsDone := make(chan struct{})
-	go func() { pumps.Wait(); close(pumpsDone) }()
+	// Closing the session ends the pumps (it closes the streams).
+	defer pumps.Wait()
+	defer s.close()
 
-	tick := time.NewTicker(a.opts.SessionHeartbeat)
-	defer tick.Stop()
-	for {
-		select {
-		case <-sess.Done():
-			// Forward what is left of the output, for a bounded time.
-			select {
-			case <-pumpsDone:
-			case <-time.After(a.opts.SessionDrain):
-				_ = sess.Stdout.Close()
-				_ = sess.Stderr.Close()
-				<-pumpsDone
-			}
-			exit, werr := sess.Wait()
-			cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-			rerr := s.lease.Release(cctx)
-			ccancel()
-			switch {
-			case werr != nil:
-				kind := sandbox.KindTransport
-				if errors.Is(werr, sandbox.ErrNotStarted) {
-					kind = sandbox.KindStart
-				}
-				s.fail(kind, werr.Error(), websocket.StatusInternalError)
-			case rerr != nil:
-				s.fail(sandbox.KindCleanup, "release lease: "+rerr.Error(), websocket.StatusInternalError)
-			default:
-				var sig *string
-				if exit.Signal != "" {
-					sig = &exit.Signal
-				}
-				frame := map[string]any{"type": "exit", "code": exit.Code, "signal": sig}
-				if exit.OOMKilled && sig != nil {
-					frame["oomKilled"] = true
-				}
-				_ = s.send(ctx, frame)
-				_ = s.conn.Close(websocket.StatusNormalClosure, "exit")
-			}
-			return
-		case <-socketGone:
-			// The client went away (or broke the protocol): cancel.
-			_ = s.conn.CloseNow()
-			releaseAfterCancel(s, sess)
-			return
-		case <-tick.C:
-			hctx, hcancel := context.WithTimeout(ctx, 10*time.Second)
-			err := s.lease.Heartbeat(hctx)
-			hcancel()
-			if err != nil {
-				s.fail(sandbox.KindTransport, "lease heartbeat failed: "+err.Error(), websocket.StatusInternalError)
-				releaseAfterCancel(s, sess)
-				return
-			}
-		case <-parent.Done():
+	select {
+	case <-sess.Done():
+		// The session drained its output (bounded) before it settled.
+		pumps.Wait()
+		exit, err := sess.Wait()
+		var ce *sandbox.CommandError
+		switch {
+		case errors.As(err, &ce) && ce.Kind == sandbox.KindAbort && parent.Err() != nil:
 			code, reason := sessionCloseStatus(parent)
 			s.fail(sandbox.KindAbort, reason, code)
-			releaseAfterCancel(s, sess)
-			return
+		case errors.As(err, &ce):
+			s.fail(ce.Kind, ce.Message, websocket.StatusInternalError)
+		case err != nil:
+			s.fail(sandbox.KindTransport, err.Error(), websocket.StatusInternalError)
+		default:
+			var sig *string
+			if exit.Signal != "" {
+				sig = &exit.Signal
+			}
+			frame := map[string]any{"type": "exit", "code": exit.Code, "signal": sig}
+			if exit.OOMKilled && sig != nil {
+				frame["oomKilled"] = true
+			}
+			_ = s.send(ctx, frame)
+			_ = s.conn.Close(websocket.StatusNormalClosure, "exit")
 		}
+	case <-socketGone:
+		// The client went away (or broke the protocol): cancel.
+		_ = s.conn.CloseNow()
+	case <-parent.Done():
+		code, reason := sessionCloseStatus(parent)
+		s.fail(sandbox.KindAbort, reason, code)
 	}
 }
 
-// releaseAfterCancel cancels the command, waits (bounded) for it to end,
-// and releases the lease.
-func releaseAfterCancel(s *wsSession, sess *sandbox.ManagedExecutionSession) {
-	cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// close closes the session (cancelling its command unless it settled) and
+// logs what failed in the teardown.
+func (s *wsSession) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := s.cancel(cctx); err != nil {
-		s.a.log.Warn("session: cancel", "lease", s.lease.ID(), "err", err)
-	}
-	select {
-	case <-sess.Done():
-	case <-cctx.Done():
-		s.a.log.Warn("session: command did not end after cancel", "lease", s.lease.ID())
-	}
-	if err := s.lease.Release(cctx); err != nil {
-		s.a.log.Warn("session: release lease", "lease", s.lease.ID(), "err", err)
+	if err := s.sess.Close(ctx); err != nil {
+		s.a.log.Warn("session: teardown", "lease", s.sess.LeaseID(), "err", err)
 	}
 }
 
 // readStdin forwards the client's stdin messages; it returns when the
 // socket fails or closes (or the client breaks the framing).
-func (s *wsSession) readStdin(ctx context.Context, stdin io.WriteCloser, resize func(rows, cols uint16) error) error {
+func (s *wsSession) readStdin(ctx context.Context) error {
+	stdin := s.sess.Stdin
 	for {
 		typ, data, err := s.conn.Read(ctx)
 		if err != nil {
@@ -365,9 +312,9 @@ func (s *wsSession) readStdin(ctx context.Context, stdin io.WriteCloser, resize 
 			switch {
 			case err == nil && m.Type == "eof":
 				_ = stdin.Close()
-			case err == nil && m.Type == "resize" && resize != nil && m.Rows > 0 && m.Cols > 0:
-				if rerr := resize(m.Rows, m.Cols); rerr != nil {
-					s.a.log.Debug("session: resize", "lease", s.lease.ID(), "err", rerr)
+			case err == nil && m.Type == "resize" && s.tty && m.Rows > 0 && m.Cols > 0:
+				if rerr := s.sess.Resize(m.Rows, m.Cols); rerr != nil {
+					s.a.log.Debug("session: resize", "lease", s.sess.LeaseID(), "err", rerr)
 				}
 			default:
 				return errors.New(`session: text messages from the client must be {"type":"eof"} or, on a terminal, {"type":"resize","rows":R,"cols":C}`)
@@ -393,6 +340,24 @@ func (s *wsSession) pump(ctx context.Context, id byte, r io.Reader, gone chan<- 
 			return
 		}
 	}
+}
+
+// envQuery reads a session's environment: &env=K=V, repeatable (a later
+// K wins); names must be POSIX portable names, values may contain '='.
+func envQuery(q url.Values) (map[string]string, error) {
+	kvs := q["env"]
+	if len(kvs) == 0 {
+		return nil, nil
+	}
+	env := make(map[string]string, len(kvs))
+	for _, kv := range kvs {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || !sandbox.ValidEnvName(k) {
+			return nil, apiErr(http.StatusBadRequest, KindInvalid, "env %q: want NAME=VALUE with NAME of letters, digits and _, not starting with a digit", clipReason(kv))
+		}
+		env[k] = v
+	}
+	return env, nil
 }
 
 // ttyQuery reads a session's terminal parameters: nil without ?tty=1.

@@ -71,7 +71,7 @@ func (tr *sessionTranscript) last() map[string]any {
 // exit, the heartbeats, the lease released.
 func TestSessionStreams(t *testing.T) {
 	fake := &sandboxtest.Provider{Dir: t.TempDir(), Kind: sandbox.ProjectManaged}
-	e := newEnv(t, envOpts{fake: fake, app: AppOptions{SessionHeartbeat: 20 * time.Millisecond}})
+	e := newEnv(t, envOpts{fake: fake, control: sandbox.ControlOptions{HeartbeatInterval: 20 * time.Millisecond}})
 	alice, tok := e.account("alice")
 	p := e.managedProject("box", alice)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -230,7 +230,7 @@ func readFile(name string) (string, error) {
 // provider: confined by corral's helper, started by the daemon.
 func TestHostSession(t *testing.T) {
 	requireRoot(t)
-	e := newEnv(t, envOpts{app: AppOptions{SessionHeartbeat: 20 * time.Millisecond}})
+	e := newEnv(t, envOpts{control: sandbox.ControlOptions{HeartbeatInterval: 20 * time.Millisecond}})
 	alice, tok := e.account("alice")
 	p := e.hostProject("web", alice)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/corral-sandbox/corral/sandbox"
 )
 
 // dialTTY opens a terminal session of argv (rows × cols) in project id.
@@ -83,7 +85,7 @@ func TestManagedTTYSession(t *testing.T) {
 // TestHostTTYSession: a host project's terminal session, on a host pty.
 func TestHostTTYSession(t *testing.T) {
 	requireRoot(t)
-	e := newEnv(t, envOpts{app: AppOptions{SessionHeartbeat: 20 * time.Millisecond}})
+	e := newEnv(t, envOpts{control: sandbox.ControlOptions{HeartbeatInterval: 20 * time.Millisecond}})
 	alice, tok := e.account("alice")
 	p := e.hostProject("web", alice)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -33,6 +33,8 @@ type conn struct {
 	sessions map[string]*Session
 	dials    map[string]chan dialResult
 	pings    map[string]chan struct{}
+	// entries collects file-entries frames by request id (files.go).
+	entries map[string][]wire.FileStat
 }
 
 // dialResult answers a net-dial (file) or a machine-reset (neither), or
@@ -40,6 +42,7 @@ type conn struct {
 type dialResult struct {
 	file *os.File
 	err  error
+	msg  wire.Message // a file request's answer (files.go)
 }
 
 func newConn(g *Gateway, wc *wire.Conn, hello *wire.Hello) *conn {
@@ -237,6 +240,8 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 			return nil
 		}
 		w <- dialResult{file: files[0]}
+	case *wire.FileEntries, *wire.FileOpened, *wire.FileResult:
+		c.fileFrame(m, files)
 	case *wire.NetListening: // a net-listen answer shares the dial waiters
 		w := c.takeDial(m.ID)
 		if w == nil {

@@ -135,6 +135,7 @@ func (f *fixture) target() sandboxtest.Target {
 		HostPath:    f.root,
 		DisplayPath: DisplayRoot,
 		LiveLeases:  func(t *testing.T) int { return len(f.leaseRows(t, store.LeaseLive)) },
+		Terminal:    true,
 	}
 }
 

@@ -9,9 +9,9 @@ import (
 
 // Admission control. A Control with an Admitter (ControlOptions.Admitter)
 // asks it before every RunCommand (kind AdmitCommand, reserving the
-// command's output limits: the bytes its capture may hold) and every
-// PrepareExecution (kind AdmitSession: WebSocket sessions, language
-// servers), before anything is prepared. A refusal wraps ErrBusy and is
+// command's output limits: the bytes its capture may hold) and every Open
+// or PrepareExecution (kind AdmitSession: WebSocket sessions, terminals,
+// language servers), before anything is prepared. A refusal wraps ErrBusy and is
 // returned as a KindPrepare CommandError: nothing was prepared, no lease
 // exists. The reservation is given back when the work settled: when
 // RunCommand returns, or when a session's lease is released.
@@ -31,7 +31,7 @@ type AdmissionKind string
 // The kinds of admission.
 const (
 	AdmitCommand AdmissionKind = "command" // a RunCommand call
-	AdmitSession AdmissionKind = "session" // a PrepareExecution call (a long-lived session)
+	AdmitSession AdmissionKind = "session" // an Open or PrepareExecution call (a long-lived session)
 )
 
 // Admission is what a command or session asks for.

@@ -8,27 +8,31 @@ import (
 	"time"
 )
 
-// DefaultHeartbeatInterval is how often RunCommand heartbeats a lease.
+// DefaultHeartbeatInterval is how often RunCommand and a Session heartbeat
+// a lease.
 const DefaultHeartbeatInterval = 5 * time.Second
 
 // ControlOptions tunes a Control. The zero value means the documented
 // defaults.
 type ControlOptions struct {
-	// HeartbeatInterval is the lease heartbeat period. Zero means
-	// DefaultHeartbeatInterval (5 s). Tests shorten it.
+	// HeartbeatInterval is the lease heartbeat period of every command and
+	// session. Zero means DefaultHeartbeatInterval (5 s). Tests shorten it.
 	HeartbeatInterval time.Duration
-	// CancelWait bounds how long RunCommand waits for a cancelled command to
-	// end before it gives up, releases the lease and reports a cleanup
-	// failure. Zero means 5 s.
+	// CancelWait bounds how long RunCommand (or a Session's teardown)
+	// waits for a cancelled command to end before it gives up, releases
+	// the lease and reports a cleanup failure. Zero means 5 s.
 	CancelWait time.Duration
 	// DrainTimeout bounds how long RunCommand keeps reading output after the
 	// main process ended, for descendants that still hold a stream open
-	// (like exec.Cmd.WaitDelay). Zero means 2 s.
+	// (like exec.Cmd.WaitDelay), and how long a Session waits for its
+	// caller to read its streams to their end before it closes them. Zero
+	// means 2 s.
 	DrainTimeout time.Duration
 	// Domain is stamped on every Record (the registry's owner domain).
 	Domain string
 	// Observe, if non-nil, is called once for every RunCommand call that
 	// reached preparation, after it settled: journal, metrics, audit.
+	// Sessions (Open) are not observed: they are not commands.
 	Observe func(Record)
 	// Journal, if non-nil, is called once a command's preparation was
 	// accepted (the lease is known), before anything starts; the function
@@ -37,7 +41,7 @@ type ControlOptions struct {
 	Journal func(Record) (finish func(Record))
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
-	// Admitter, if non-nil, is asked before every RunCommand and
+	// Admitter, if non-nil, is asked before every RunCommand, Open and
 	// PrepareExecution (see Admitter); it must be comparable (a pointer,
 	// such as a *Limiter). Nil admits everything.
 	Admitter Admitter
@@ -60,7 +64,8 @@ type Record struct {
 }
 
 // Control is the sandbox control consumers resolve: the provider's
-// preparation plus core's RunCommand. It is safe for concurrent use.
+// preparation plus core's RunCommand and Open. It is safe for concurrent
+// use.
 type Control struct {
 	provider Provider
 	opts     ControlOptions

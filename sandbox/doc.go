@@ -21,15 +21,26 @@
 // [ManagedExecutionSession] inside the project's machine. Providers never run
 // commands themselves.
 //
-// Long-lived sessions (language servers) use [Control.PrepareExecution] and
-// the raw session, and heartbeat their own lease.
+// Long-lived sessions — the daemon's WebSocket sessions and terminals,
+// language servers, corral exec — use [Control.Open]: the same lifecycle
+// (validate, admit, prepare, check the target, heartbeat, start, settle,
+// cancel, drain, release), without the capture. It returns a [*Session]
+// whose Stdin, Stdout and Stderr belong to the caller, optionally on a
+// terminal (SessionOptions.TTY, Session.Resize), with Wait (the same
+// CommandError kinds as RunCommand, never an invented exit code) and Close
+// (cancel, bounded wait, release; idempotent). RunCommand is Open with a
+// bounded capture attached. A host project's session starts exactly as its
+// one-shot commands do: there is one host launcher. [Control.PrepareExecution]
+// remains for consumers that drive a prepared execution themselves.
 //
 // A Control with an [Admitter] (such as a [Limiter]: global and per-account
 // budgets of captured bytes, commands and sessions) refuses work over budget
-// before anything is prepared, with a KindPrepare error wrapping [ErrBusy].
+// before anything is prepared, with a KindPrepare error wrapping [ErrBusy]:
+// RunCommand admits a command, Open and PrepareExecution a session.
 //
 // [CommandError] and [CommandResult] write their own pinned JSON
 // ([ErrorBody], WriteJSON streams it without copying the output).
 //
-// This package imports no other corral package.
+// This package imports no other corral package but the host confinement
+// (package confine) and internal/pdeath.
 package sandbox

@@ -12,7 +12,7 @@ import (
 
 // Lease is a provider-side claim on a project for one piece of work. It is
 // minted by preparation before anything starts; whoever holds the work
-// heartbeats it (RunCommand does, every five seconds); a lease whose
+// heartbeats it (RunCommand and a Session do, every five seconds); a lease whose
 // heartbeats stop for its TTL is expired and its work cancelled.
 type Lease interface {
 	ID() string
@@ -117,7 +117,7 @@ type Launch struct {
 	// Confine, if non-nil, describes the confinement of a confined launch
 	// and the program it confines. Path, Args and ExecStatus still describe
 	// the helper's invocation, for a consumer that starts Launch as a
-	// process; RunCommand instead starts Confine's program itself, forked
+	// process; RunCommand and Open instead start Confine's program, forked
 	// from a thread restricted exactly as the helper restricts itself
 	// (confine.Start), which saves the helper's start of a Go runtime. Set
 	// only with LocalConfined.

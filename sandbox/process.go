@@ -15,14 +15,16 @@ import (
 	"github.com/corral-sandbox/corral/internal/pdeath"
 
 	"github.com/corral-sandbox/corral/confine"
+	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 )
 
-// process is a started command, local or managed, as RunCommand drives it.
+// process is a started command, local or managed, as a Session drives it.
 type process interface {
 	outputs() (stdout, stderr io.Reader)
-	// input is the command's standard input when RunCommand feeds it (see
-	// feedInput), nil when the command reads an empty input.
+	// input is the command's standard input when it has one (a
+	// Session's, or RunCommand's feed: see feedInput), nil when the
+	// command reads an empty input.
 	input() io.WriteCloser
 	// done is closed when the main process has ended (or the session settled).
 	done() <-chan struct{}
@@ -35,6 +37,11 @@ type process interface {
 	cancel(ctx context.Context) error
 	// closeOutputs unblocks any reader still draining.
 	closeOutputs()
+	// resize resizes a terminal session's terminal.
+	resize(rows, cols uint16) error
+	// signal sends sig to the command's tree (errors.ErrUnsupported when
+	// the provider cannot).
+	signal(sig syscall.Signal) error
 }
 
 // localProcess is a host command in its own process group, and, when it
@@ -44,18 +51,35 @@ type localProcess struct {
 	tree     *confine.Tree
 	stdin    *os.File // nil: the command's input is /dev/null
 	stdout   *os.File
-	stderr   *os.File
+	stderr   *os.File // nil on a terminal
+	tty      *os.File // a terminal session's master (stdin and stdout), else nil
 	doneCh   chan struct{}
 	exitVal  Exit
 	exitErr  error
 	provider func(context.Context) error
 }
 
+// localStart says how startLocal starts a host command.
+type localStart struct {
+	// withInput: the command's input is a pipe whose write end the
+	// process keeps (a prepared or a caller's input); otherwise it is
+	// /dev/null.
+	withInput bool
+	// bounded: a one-shot command, whose confined pid namespace gets the
+	// minimal init (see confine.Policy.Init); a session's gets the
+	// provider's reaping init.
+	bounded bool
+	// tty, if non-nil: the command runs on a new host pseudo-terminal of
+	// this size, its controlling terminal and descriptors 0, 1 and 2, in a
+	// session of its own (whose id is its process group's).
+	tty *TTYSize
+}
+
 // startLocal starts p.Launch in a new process group with a minimal, explicit
-// environment. The child is killed if this process dies (Pdeathsig). With
-// withInput (a prepared or a caller's input) the command's input is a pipe
-// whose write end the process keeps; otherwise it is /dev/null.
-func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error) {
+// environment. The child is killed if this process dies (Pdeathsig). A
+// confined launch is started by confine.Start (no helper process) with the
+// launch's confinement, exactly as for every host command.
+func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error) {
 	l := p.Launch
 	var closers []*os.File
 	defer func() {
@@ -65,23 +89,11 @@ func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error
 			}
 		}
 	}()
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	closers = append(closers, outR, outW)
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	closers = append(closers, errR, errW)
 	cmd := &exec.Cmd{
-		Path:   l.Path,
-		Args:   l.Args,
-		Env:    l.Env,
-		Dir:    l.Dir,
-		Stdout: outW,
-		Stderr: errW,
+		Path: l.Path,
+		Args: l.Args,
+		Env:  l.Env,
+		Dir:  l.Dir,
 		SysProcAttr: &syscall.SysProcAttr{
 			Setpgid:   true,
 			Pdeathsig: syscall.SIGKILL,
@@ -90,15 +102,47 @@ func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error
 	if cmd.Env == nil {
 		cmd.Env = []string{}
 	}
-	var inW *os.File
-	if withInput {
-		var inR *os.File
-		inR, inW, err = os.Pipe()
+	// owned are the descriptors the child's user must own (see below).
+	var outR, errR, inW, master *os.File
+	var owned []*os.File
+	if how.tty != nil {
+		var slave *os.File
+		master, slave, err = pty.Open()
+		if err != nil {
+			return nil, fmt.Errorf("%w: open a pseudo-terminal: %w", ErrNotStarted, err)
+		}
+		closers = append(closers, master, slave)
+		if err := pty.Setsize(master, &pty.Winsize{Rows: how.tty.Rows, Cols: how.tty.Cols}); err != nil {
+			return nil, fmt.Errorf("%w: size the pseudo-terminal: %w", ErrNotStarted, err)
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+		// Setsid makes the command its session's and process group's
+		// leader (the group killGroup kills); Ctty is its descriptor 0.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0, Pdeathsig: syscall.SIGKILL}
+		owned = []*os.File{slave}
+	} else {
+		var outW, errW *os.File
+		outR, outW, err = os.Pipe()
 		if err != nil {
 			return nil, err
 		}
-		closers = append(closers, inR, inW)
-		cmd.Stdin = inR
+		closers = append(closers, outR, outW)
+		errR, errW, err = os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		closers = append(closers, errR, errW)
+		cmd.Stdout, cmd.Stderr = outW, errW
+		if how.withInput {
+			var inR *os.File
+			inR, inW, err = os.Pipe()
+			if err != nil {
+				return nil, err
+			}
+			closers = append(closers, inR, inW)
+			cmd.Stdin = inR
+		}
+		owned = closers
 	}
 	// Its Pdeathsig must mean "corral died", not "the forking thread
 	// exited" (see package pdeath).
@@ -106,11 +150,12 @@ func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error
 	var tree *confine.Tree
 	if c := l.Confine; c != nil && c.User != nil {
 		// The command reopens its streams by name (/dev/stdout is
-		// /proc/self/fd/1, "> /dev/stderr" in a script): a pipe's inode
-		// must be its own for that, not root's (mode 0600).
-		for _, f := range closers {
+		// /proc/self/fd/1, "> /dev/stderr" in a script, a terminal's
+		// /dev/pts/N): a pipe's or a terminal's inode must be its own for
+		// that, not root's (mode 0600).
+		for _, f := range owned {
 			if err := unix.Fchown(int(f.Fd()), int(c.User.UID), int(c.User.GID)); err != nil {
-				return nil, fmt.Errorf("%w: chown the command's pipes: %w", ErrNotStarted, err)
+				return nil, fmt.Errorf("%w: chown the command's streams: %w", ErrNotStarted, err)
 			}
 		}
 	}
@@ -118,9 +163,11 @@ func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error
 		cmd.Path, cmd.Args = c.Path, c.Args
 		start = func() (err error) {
 			p := c.Policy()
-			// A bounded command needs no reaping init: the minimal one
-			// starts far faster (see confine.Policy.Init).
-			p.Init = ""
+			if how.bounded {
+				// A bounded command needs no reaping init: the minimal
+				// one starts far faster (see confine.Policy.Init).
+				p.Init = ""
+			}
 			tree, err = confine.Start(cmd, p)
 			return err
 		}
@@ -142,14 +189,17 @@ func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error
 	}
 	// The child holds its own copies now; from here on a failure closes
 	// only what this process keeps.
-	outW.Close()
-	errW.Close()
+	for _, f := range []io.Closer{cmd.Stdout.(io.Closer), cmd.Stderr.(io.Closer)} {
+		f.Close()
+	}
 	if cmd.Stdin != nil {
 		cmd.Stdin.(*os.File).Close()
 	}
-	closers = []*os.File{outR, errR}
-	if inW != nil {
-		closers = append(closers, inW)
+	closers = nil
+	for _, f := range []*os.File{outR, errR, inW, master} {
+		if f != nil {
+			closers = append(closers, f)
+		}
 	}
 	if statusR != nil {
 		cmd.ExtraFiles[0].Close()
@@ -163,7 +213,7 @@ func startLocal(p *LocalPrepared, withInput bool) (proc *localProcess, err error
 			return nil, fmt.Errorf("%w: %s", ErrNotStarted, bytes.TrimSpace(msg))
 		}
 	}
-	proc = &localProcess{cmd: cmd, tree: tree, stdin: inW, stdout: outR, stderr: errR, doneCh: make(chan struct{}), provider: p.Cancel}
+	proc = &localProcess{cmd: cmd, tree: tree, stdin: inW, stdout: outR, stderr: errR, tty: master, doneCh: make(chan struct{}), provider: p.Cancel}
 	go proc.wait()
 	return proc, nil
 }
@@ -190,13 +240,58 @@ func (p *localProcess) wait() {
 	close(p.doneCh)
 }
 
-func (p *localProcess) outputs() (io.Reader, io.Reader) { return p.stdout, p.stderr }
+func (p *localProcess) outputs() (io.Reader, io.Reader) {
+	if p.tty != nil {
+		return ttyReader{p.tty}, nil
+	}
+	return p.stdout, p.stderr
+}
 
 func (p *localProcess) input() io.WriteCloser {
-	if p.stdin == nil {
+	switch {
+	case p.tty != nil:
+		return ttyWriter{p.tty}
+	case p.stdin == nil:
 		return nil
 	}
 	return p.stdin
+}
+
+func (p *localProcess) resize(rows, cols uint16) error {
+	if p.tty == nil {
+		return errors.New("sandbox: the session has no terminal")
+	}
+	return pty.Setsize(p.tty, &pty.Winsize{Rows: rows, Cols: cols})
+}
+
+// signal sends sig to the command's process group (a group already gone
+// is not an error). A descendant that left the group (possible only
+// without a pid namespace: a direct command, or a confined one when corral
+// is not root) does not get it.
+func (p *localProcess) signal(sig syscall.Signal) error {
+	if err := unix.Kill(-p.cmd.Process.Pid, sig); err != nil && err != unix.ESRCH {
+		return fmt.Errorf("signal process group: %w", err)
+	}
+	return nil
+}
+
+// ttyWriter is a host terminal session's input; Close does nothing (the
+// terminal's EOF is its ^D; closeOutputs closes the master).
+type ttyWriter struct{ f *os.File }
+
+func (w ttyWriter) Write(b []byte) (int, error) { return w.f.Write(b) }
+func (ttyWriter) Close() error                  { return nil }
+
+// ttyReader reads a terminal's master, whose EIO (no process holds the
+// slave any more) is the terminal's end of file.
+type ttyReader struct{ f *os.File }
+
+func (r ttyReader) Read(b []byte) (int, error) {
+	n, err := r.f.Read(b)
+	if err != nil && errors.Is(err, unix.EIO) {
+		err = io.EOF
+	}
+	return n, err
 }
 func (p *localProcess) done() <-chan struct{} { return p.doneCh }
 func (p *localProcess) exit() (Exit, error)   { return p.exitVal, p.exitErr }
@@ -218,7 +313,7 @@ func (p *localProcess) killGroup() error {
 const treeWait = 2 * time.Second
 
 // ended kills what is left of the command and, if it has a pid namespace,
-// waits until the namespace is gone: when RunCommand returns, nothing the
+// waits until the namespace is gone: when the session settles, nothing the
 // command started is running any more.
 func (p *localProcess) ended() {
 	_ = p.killGroup()
@@ -253,6 +348,10 @@ func (p *localProcess) cancel(ctx context.Context) error {
 }
 
 func (p *localProcess) closeOutputs() {
+	if p.tty != nil {
+		p.tty.Close()
+		return
+	}
 	p.stdout.Close()
 	p.stderr.Close()
 }
@@ -260,7 +359,7 @@ func (p *localProcess) closeOutputs() {
 // managedProcess adapts a ManagedExecutionSession.
 type managedProcess struct {
 	s        *ManagedExecutionSession
-	stdin    io.WriteCloser // the session's input, when RunCommand feeds it
+	stdin    io.WriteCloser // the session's input, when it has one
 	provider func(context.Context) error
 }
 
@@ -291,6 +390,20 @@ func (p *managedProcess) ended()                          {}
 func (p *managedProcess) cancel(ctx context.Context) error {
 	return p.provider(ctx)
 }
+func (p *managedProcess) resize(rows, cols uint16) error {
+	if p.s.Resize == nil {
+		return errors.New("sandbox: the session has no terminal")
+	}
+	return p.s.Resize(rows, cols)
+}
+
+func (p *managedProcess) signal(sig syscall.Signal) error {
+	if p.s.Signal == nil {
+		return fmt.Errorf("sandbox: the provider cannot signal the session's tree: %w", errors.ErrUnsupported)
+	}
+	return p.s.Signal(sig)
+}
+
 func (p *managedProcess) closeOutputs() {
 	p.s.Stdout.Close()
 	p.s.Stderr.Close()

@@ -48,6 +48,8 @@ func TestConformanceFake(t *testing.T) {
 			sandboxtest.Run(t, sandboxtest.Target{
 				Control: ctl, Actor: actor, Project: sandbox.ProjectRef{Kind: kind, ProjectID: 1},
 				HostCwd: dir, HostPath: dir, DisplayPath: "/display",
+				// The fake's managed sessions have no terminal.
+				Terminal: kind == sandbox.ProjectHost,
 				LiveLeases: func(t *testing.T) int {
 					n := 0
 					for _, l := range p.Leases() {

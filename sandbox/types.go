@@ -102,11 +102,12 @@ type ExecInput struct {
 	Project   ProjectRef        `json:"project"`
 	Env       map[string]string `json:"env,omitempty"`
 	// TTY, when set, runs the command on a terminal of this initial size
-	// (a managed project's: a pseudo-terminal inside its machine): the
-	// session's Stdin and Stdout are the terminal, its Stderr is empty,
-	// and ManagedExecutionSession.Resize resizes it. It is for raw
-	// sessions (the daemon's WebSocket API, corral exec, which start the
-	// prepared execution themselves); RunCommand callers leave it nil.
+	// (a managed project's: a pseudo-terminal inside its machine; a host
+	// project's: one on the host): the session's Stdin and Stdout are the
+	// terminal, its Stderr is empty, and Session.Resize (for a managed
+	// preparation, ManagedExecutionSession.Resize) resizes it. It is for
+	// sessions (Control.Open, see SessionOptions.TTY); RunCommand callers
+	// leave it nil.
 	TTY *TTYSize `json:"tty,omitempty"`
 }
 

@@ -17,7 +17,8 @@
 // File descriptors ride as SCM_RIGHTS ancillary data on the packet that
 // declares them with "fds": n, and the packet must carry exactly n of them.
 // Only exec-attach (3), net-dialed (1) and, of the announced extensions,
-// net-listening (1) and exec-tty (1) carry descriptors. Descriptors are
+// net-listening (1), exec-tty (1), file-opened (1) and file-watch (1) carry
+// descriptors. Descriptors are
 // received with MSG_CMSG_CLOEXEC and every descriptor received on a packet is
 // closed when anything about that packet is wrong.
 //
@@ -128,6 +129,27 @@
 // namespace's holder, orphans included (exec-cancel kills the same tree).
 // An unknown or ended session, or an unknown name, is ignored; processes
 // forked while it is delivered may miss it.
+//
+//	files          file-request {id,project,user,op,   file-entries {id,entries}…,
+//	               path,to,mode,recursive,depth,limit}  then file-opened {id,fds:1}
+//	                                                   [fd], file-result {id}, or
+//	                                                   error {id,code,message}
+//	               file-watch {id,project,user,path,   file-entries…, then
+//	               recursive,fds:1} [inotify]          file-result {id}, or error
+//
+// files opens a project's files inside its machine (started if none runs)
+// as the request's user and passes descriptors, never bytes: a read's file,
+// a create's temporary file (which the client writes, fsyncs and has
+// renamed over the target: an atomic replace), a watch's inotify
+// descriptor. The worker resolves each path with openat2 under
+// RESOLVE_IN_ROOT and RESOLVE_NO_MAGICLINKS against the machine's root (the
+// init's /proc/<pid>/root), with the user's uids, gids and groups and no
+// capability on a thread of its own (guest root: its override capabilities
+// on a retry, limited to files of the machine's ids); procfs, sysfs and
+// cgroupfs are refused. file-watch hands the client's inotify descriptor
+// back to add the watches of a directory that appeared. Its ops, answers
+// and error codes ("not-found", "permission-denied", "bad-path", …) are
+// drawn in files.go.
 //
 // machine-reset discards the state a project's machine keeps between
 // starts (the upper layer of its root filesystem), stopping the machine

@@ -397,7 +397,7 @@ func newMessage(t string) Message {
 	case TypeExecSignal:
 		return &ExecSignal{}
 	}
-	return nil
+	return newFileMessage(t)
 }
 
 // typeFDs reports the descriptor count of message type t.
@@ -405,14 +405,15 @@ func typeFDs(t string) int {
 	switch t {
 	case TypeExecAttach:
 		return 3
-	case TypeNetDialed, TypeNetListening, TypeExecTTY:
+	case TypeNetDialed, TypeNetListening, TypeExecTTY, TypeFileOpened, TypeFileWatch:
 		return 1
 	}
 	return 0
 }
 
 // FDCount reports how many descriptors a message of m's type carries: 3 for
-// exec-attach, 1 for net-dialed, net-listening and exec-tty, 0 otherwise
+// exec-attach, 1 for net-dialed, net-listening, exec-tty, file-opened and
+// file-watch, 0 otherwise
 // (and for nil).
 func FDCount(m Message) int {
 	if isNil(m) {
@@ -518,7 +519,11 @@ func validate(m Message) error {
 		}
 		id = m.ID
 	default:
-		return protoErr(CodeUnknownType, "unknown message %T", m)
+		fid, ok := fileID(m)
+		if !ok {
+			return protoErr(CodeUnknownType, "unknown message %T", m)
+		}
+		id = fid
 	}
 	if id == "" {
 		return protoErr(CodeBadField, "%s: empty id", m.Type())

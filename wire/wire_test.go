@@ -123,6 +123,13 @@ func allMessages() []Message {
 		&ExecStart{ID: "t1", Project: Project{ID: 1, Workspace: "/w"}, Argv: []string{"sh"}, Cwd: "/workspace", TTY: &TTY{Rows: 24, Cols: 80}},
 		&ExecTTY{ID: "t1"},
 		&ExecSignal{ID: "s1", Signal: "SIGTERM"},
+		&FileRequest{ID: "f1", Project: Project{ID: 7, Workspace: "/w"}, User: "1000", Op: OpList, Path: "/workspace", Depth: 2, Limit: 10},
+		&FileRequest{ID: "f2", Project: Project{ID: 7, Workspace: "/w"}, Op: OpRename, Path: "a", To: "b"},
+		&FileWatch{ID: "f3", Project: Project{ID: 7, Workspace: "/w"}, Path: "/workspace/d", Recursive: true},
+		&FileEntries{ID: "f1", Entries: []FileStat{{Name: "x", Path: "/workspace/x", Type: "file", Size: 3, Mode: 0o644, MTime: 1}}},
+		&FileOpened{ID: "f4", Stat: &FileStat{Name: "x", Path: "/workspace/x", Type: "file"}},
+		&FileOpened{ID: "f5", Tmp: "/workspace/.corral-put-1"},
+		&FileResult{ID: "f1", Truncated: true},
 	}
 }
 
@@ -174,6 +181,9 @@ func TestPinnedFrames(t *testing.T) {
 		{&ExecSignal{ID: "x", Signal: "SIGTERM"}, `{"type":"exec-signal","id":"x","signal":"SIGTERM"}`},
 		{&MachineReset{ID: "r", Project: Project{ID: 7, Workspace: "/w"}}, `{"type":"machine-reset","id":"r","project":{"id":7,"workspace":"/w"}}`},
 		{&MachineResetDone{ID: "r"}, `{"type":"machine-reset-done","id":"r"}`},
+		{&FileOpened{ID: "f", Tmp: "/t"}, `{"type":"file-opened","fds":1,"id":"f","tmp":"/t"}`},
+		{&FileWatch{ID: "f", Path: "/p"}, `{"type":"file-watch","fds":1,"id":"f","project":{"id":0,"workspace":""},"path":"/p"}`},
+		{&FileRequest{ID: "f", Op: "stat", Path: "x"}, `{"type":"file-request","id":"f","project":{"id":0,"workspace":""},"op":"stat","path":"x"}`},
 		{&Error{Code: "unsupported-protocol", Message: "m"}, `{"type":"error","code":"unsupported-protocol","message":"m"}`},
 	}
 	for _, tt := range tests {

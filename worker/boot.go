@@ -125,6 +125,7 @@ func (m *machine) boot() (err error) {
 	if w.configHook != nil {
 		w.configHook(cfg)
 	}
+	m.defaultUser = cfg.DefaultUser
 	cfg.NProc = nproc(m.lim.Pids)
 	cfg.TmpSize = m.lim.Tmp
 	ctlConn, initEnd, err := ctl.Pair()

@@ -19,6 +19,9 @@ package worker
 //	  |<------ net-dialed [1 fd]  |
 //	  |-- net-listen ------------>| setns+socket, bind+listen
 //	  |<---- net-listening [1 fd] |
+//	  |-- file-request ---------->| as the user, openat2 in the machine's
+//	  |<-- file-entries …         |   root (files.go)
+//	  |<-- file-opened [1 fd] | file-result | error
 //	  |-- (close) --------------->| exec-cancel for every open session
 
 import (
@@ -39,7 +42,7 @@ import (
 )
 
 // features are the protocol-2 extensions the worker announces.
-var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY, wire.FeatureExecSignal}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY, wire.FeatureFiles, wire.FeatureExecSignal}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -209,6 +212,10 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		c.netDial(m)
 	case *wire.NetListen:
 		c.netListen(m)
+	case *wire.FileRequest:
+		c.goFiles(func() { c.fileRequest(m) })
+	case *wire.FileWatch:
+		c.goFiles(func() { c.fileWatch(m, fds) })
 	case *wire.MachineReset:
 		// Off the connection's goroutine: it waits for a machine to stop
 		// and a tree to be deleted.

@@ -87,6 +87,22 @@
 // machine for it. Once the machine stops nothing can connect to it; closing
 // it is the client's business.
 //
+// A file request (announced feature "files", files.go) resolves a guest
+// path inside the machine as a session user and answers with metadata or
+// passes the descriptor it opened (a file to read, a temporary file to
+// write and rename, an inotify descriptor); the client moves the bytes.
+// The path is resolved by openat2 with RESOLVE_IN_ROOT and
+// RESOLVE_NO_MAGICLINKS against the init's root (/proc/<pid>/root: the
+// machine's mount tree seen from the worker) on a thread of its own whose
+// real, effective and filesystem ids and groups are the user's host ids (an
+// inotify instance is charged to the machine's user, never to host root)
+// and which has no capability (package internal/fsop); procfs, sysfs and
+// cgroupfs are refused. Guest root is tried so first and, when refused for
+// permission, again with CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH and
+// CAP_FOWNER on files owned by the machine's ids only: what its
+// capabilities inside the user namespace reach. A file request holds the
+// machine like a session while it runs (starting it if none runs).
+//
 // A machine starts on its project's first exec-start or net-dial, serves
 // every later one, and stops once it has had no session for
 // Config.IdleGrace; Shutdown stops them all. Stopping kills its init, which

@@ -40,6 +40,10 @@ type machine struct {
 	sessCG   *cgroup.Group // the parent of the sessions' groups (cg, on v2)
 	netns    *os.File
 
+	// defaultUser is whom sessions run as unless they name a user (the
+	// init's Config.DefaultUser; empty means uid and gid GuestUID, GuestGID).
+	defaultUser string
+
 	dead chan struct{} // closed once the init is gone and cleaned up
 
 	limMu sync.Mutex    // serialises limit changes

@@ -78,6 +78,7 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 		return nil, err
 	}
 	env.closers = append(env.closers, func() { c.Close() })
+	env.core = c
 	ctl, err := c.Sandbox()
 	if err != nil {
 		return nil, err

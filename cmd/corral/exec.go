@@ -110,15 +110,6 @@ func execMain(cmd *cobra.Command, f *execFlags, argv []string) int {
 			return fail(fmt.Errorf("-e %q: want K=V with a valid name", kv))
 		}
 	}
-	if len(f.env) > 0 && f.daemon != "" {
-		// The daemon's sessions take no environment yet: env(1) sets it
-		// where the command runs (after its K=V operands, GNU env takes no
-		// "--"). A --project session takes it as ExecInput.Env.
-		if strings.Contains(argv[0], "=") {
-			return fail(fmt.Errorf("with -e, the program %q cannot contain '='", argv[0]))
-		}
-		argv = append(append([]string{"env"}, f.env...), argv...)
-	}
 	inFD := int(os.Stdin.Fd())
 	outFD := int(os.Stdout.Fd())
 	var size *sandbox.TTYSize
@@ -189,14 +180,12 @@ func statusOf(e sandbox.Exit) int {
 	return 125
 }
 
-// projectExec is a --project session: a managed execution of the local
-// core, its lease heartbeated while it runs.
+// projectExec is a --project session: a sandbox session of the local core
+// (Control.Open keeps its lease alive while it runs).
 type projectExec struct {
-	env    *runEnv
-	prep   *sandbox.ManagedPrepared
-	sess   *sandbox.ManagedExecutionSession
-	stopHB chan struct{}
-	once   sync.Once
+	env  *runEnv
+	sess *sandbox.Session
+	once sync.Once
 }
 
 // envMap turns checked K=V strings into an environment (nil for none).
@@ -217,6 +206,10 @@ func startProjectExec(ctx context.Context, f *execFlags, argv []string, size *sa
 	if err != nil {
 		return nil, err
 	}
+	if env.project.Kind != sandbox.ProjectManaged {
+		env.close()
+		return nil, errors.New("not a managed project")
+	}
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       env.cwd,
@@ -226,71 +219,26 @@ func startProjectExec(ctx context.Context, f *execFlags, argv []string, size *sa
 		TTY:       size,
 		Env:       envMap(f.env),
 	}
-	prep, err := env.control.PrepareExecution(ctx, in, &env.actor)
+	sess, err := env.control.Open(ctx, in, &env.actor, nil)
 	if err != nil {
 		env.close()
 		return nil, err
 	}
-	mp, ok := prep.(*sandbox.ManagedPrepared)
-	if !ok {
-		env.close()
-		return nil, errors.New("not a managed project")
-	}
-	l := mp.Common().Lease
-	sess, err := mp.Start(ctx)
-	if err != nil {
-		_ = mp.Cancel(context.WithoutCancel(ctx))
-		_ = l.Release(context.WithoutCancel(ctx))
-		env.close()
-		return nil, err
-	}
-	p := &projectExec{env: env, prep: mp, sess: sess, stopHB: make(chan struct{})}
-	go func() {
-		t := time.NewTicker(5 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				hctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err := l.Heartbeat(hctx)
-				cancel()
-				if err != nil {
-					_ = mp.Cancel(context.Background())
-					return
-				}
-			case <-p.stopHB:
-				return
-			}
-		}
-	}()
-	return p, nil
+	return &projectExec{env: env, sess: sess}, nil
 }
 
 func (p *projectExec) input() io.WriteCloser { return p.sess.Stdin }
 
 func (p *projectExec) copyOutput(stdout, stderr io.Writer) {
+	// The session bounds the drain after the exit: it closes the streams.
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); _, _ = io.Copy(stdout, p.sess.Stdout) }()
 	go func() { defer wg.Done(); _, _ = io.Copy(stderr, p.sess.Stderr) }()
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-p.sess.Done():
-		// What a leftover process still writes is not waited for long.
-		select {
-		case <-done:
-		case <-time.After(2 * time.Second):
-		}
-	}
+	wg.Wait()
 }
 
-func (p *projectExec) resize(rows, cols uint16) {
-	if p.sess.Resize != nil {
-		_ = p.sess.Resize(rows, cols)
-	}
-}
+func (p *projectExec) resize(rows, cols uint16) { _ = p.sess.Resize(rows, cols) }
 
 func (p *projectExec) wait() (int, error) {
 	exit, err := p.sess.Wait()
@@ -302,21 +250,9 @@ func (p *projectExec) wait() (int, error) {
 
 func (p *projectExec) close() {
 	p.once.Do(func() {
-		close(p.stopHB)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		select {
-		case <-p.sess.Done():
-		default:
-			_ = p.prep.Cancel(ctx)
-			select {
-			case <-p.sess.Done():
-			case <-ctx.Done():
-			}
-		}
-		_ = p.sess.Stdout.Close()
-		_ = p.sess.Stderr.Close()
-		_ = p.prep.Common().Lease.Release(ctx)
+		_ = p.sess.Close(ctx)
 		p.env.close()
 	})
 }
@@ -345,6 +281,8 @@ func startDaemonExec(ctx context.Context, f *execFlags, argv []string, size *san
 	if f.user != "" {
 		q.Set("user", f.user)
 	}
+	// The session's environment, as ExecInput.Env (names checked above).
+	q["env"] = f.env
 	if size != nil {
 		q.Set("tty", "1")
 		q.Set("rows", strconv.Itoa(int(size.Rows)))

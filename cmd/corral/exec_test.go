@@ -106,13 +106,23 @@ func TestExecViaDaemon(t *testing.T) {
 	defer os.RemoveAll(state)
 	mustCLI(t, "account", "create", "alice", "--state", state)
 	tok := mustCLI(t, "token", "create", "alice", "--state", state)
-	id := mustCLI(t, "project", "create", "web", "--host", t.TempDir(), "--owner", "alice", "--state", state)
+	root := t.TempDir()
+	id := mustCLI(t, "project", "create", "web", "--host", root, "--owner", "alice", "--state", state)
 	sock := startDaemon(t, state)
 
-	out, errs, status := cli("exec", "--daemon", sock, "--project-id", id, "--token", tok, "-e", "GREETING=hi", "--",
+	out, errs, status := cli("exec", "--daemon", sock, "--project-id", id, "--token", tok, "-e", "GREETING=hi=there", "--",
 		"sh", "-c", "echo $GREETING; echo err >&2; exit 4")
-	if status != 4 || out != "hi\n" || errs != "err\n" {
+	if status != 4 || out != "hi=there\n" || errs != "err\n" {
 		t.Fatalf("exec: %d %q %q", status, out, errs)
+	}
+	// -e is the session's environment (&env=), not an env(1) wrapper: a
+	// program whose name holds '=' runs as itself.
+	if err := os.WriteFile(filepath.Join(root, "say=hi"), []byte("#!/bin/sh\necho \"$WHO\"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, errs, status = cli("exec", "--daemon", sock, "--project-id", id, "--token", tok, "-e", "WHO=alice", "--", "./say=hi")
+	if status != 0 || out != "alice\n" {
+		t.Fatalf("exec ./say=hi: %d %q %q", status, out, errs)
 	}
 	out, errs, status = cli("exec", "-t", "--daemon", sock, "--project-id", id, "--token", tok, "--",
 		"sh", "-c", "tty; stty size; test -t 2 && echo tty-err >&2; exit 3")

@@ -29,6 +29,7 @@ func addCommands(root *cobra.Command) {
 	root.AddCommand(newRunnerCmd())
 	root.AddCommand(newExecCmd())
 	root.AddCommand(newProcessCmd())
+	root.AddCommand(newCpCmd())
 }
 
 // envTransport is the transport for a run that was given --worker-socket.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -247,6 +248,7 @@ func (f *runFlags) options() (*sandbox.RunOptions, error) {
 
 // runEnv is what one `corral run` needs: a control, the project, the actor.
 type runEnv struct {
+	core    *core.Core // for corral cp's machine files
 	control *sandbox.Control
 	project sandbox.ProjectRef
 	actor   sandbox.Actor

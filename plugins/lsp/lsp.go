@@ -3,15 +3,15 @@
 // session each, exchanging LSP JSON-RPC messages with their caller.
 //
 // A session is opened with [Control.Open]: the plugin resolves the sandbox
-// control through its registry consumer (at every call, never cached),
-// prepares the configured command line with lease kind "lsp" in
-// /workspace, checks that the target is a managed one, and starts the raw
-// [sandbox.ManagedExecutionSession]. From then on the plugin heartbeats the
-// lease (every 5 s by default) and frames messages both ways: the server's
-// standard output is read as Content-Length framed messages
-// ([Session.ReadMessage]); messages given to [Session.Send] are framed onto
-// its standard input. The server's standard error is logged at debug level,
-// up to a bound, and otherwise dropped.
+// control through its registry consumer (at every call, never cached) and
+// opens the configured command line with lease kind "lsp" in /workspace
+// as a [sandbox.Session] ([sandbox.Control.Open], which checks that the
+// target is a managed one, starts it, and keeps the lease alive: the one
+// session lifecycle, owned by package sandbox). The plugin holds only the
+// framing: the server's standard output is read as Content-Length framed
+// messages ([Session.ReadMessage]); messages given to [Session.Send] are
+// framed onto its standard input. The server's standard error is logged at
+// debug level, up to a bound, and otherwise dropped.
 //
 // A session ends for one reason, reported as a [*CloseError] by
 // [Session.Err]: the caller closed it, the server exited, the server broke
@@ -43,9 +43,6 @@ import (
 
 // Name is the plugin's name.
 const Name = "lsp"
-
-// DefaultHeartbeatInterval is how often a session heartbeats its lease.
-const DefaultHeartbeatInterval = 5 * time.Second
 
 // Workspace is the working directory of every language server: the
 // project's root inside its machine.
@@ -92,19 +89,15 @@ type Options struct {
 	// Cwd is the servers' working directory inside the machine. Empty
 	// means Workspace (/workspace).
 	Cwd string
-	// HeartbeatInterval is how often a session heartbeats its lease. Zero
-	// means DefaultHeartbeatInterval (5 s).
-	HeartbeatInterval time.Duration
 	// MaxMessage bounds one message's content, both ways, in bytes. Zero
 	// means DefaultMaxMessage (16 MiB).
 	MaxMessage int
-	// Drain bounds how long the server's remaining output is still read
-	// after it exited (or closed its output) before the session ends. Zero
-	// means 2 s.
+	// Drain bounds how long a server that closed its output (or its
+	// input) is given to exit before the session ends for that reason.
+	// Zero means 2 s. (The lease's heartbeat, the bounded drain of the
+	// output after an exit and the wait after a cancel are the sandbox
+	// control's: sandbox.ControlOptions.)
 	Drain time.Duration
-	// CancelWait bounds how long teardown waits for a cancelled server to
-	// end before it releases the lease anyway. Zero means 5 s.
-	CancelWait time.Duration
 	// StderrLimit bounds how many bytes of a server's standard error are
 	// logged (at debug level); the rest is read and dropped. Zero means
 	// 64 KiB; negative logs nothing.
@@ -185,17 +178,11 @@ func newControl(consumer *plugin.Consumer, opts Options) (*Control, error) {
 	if c.opts.Cwd == "" {
 		c.opts.Cwd = Workspace
 	}
-	if c.opts.HeartbeatInterval <= 0 {
-		c.opts.HeartbeatInterval = DefaultHeartbeatInterval
-	}
 	if c.opts.MaxMessage <= 0 {
 		c.opts.MaxMessage = DefaultMaxMessage
 	}
 	if c.opts.Drain <= 0 {
 		c.opts.Drain = 2 * time.Second
-	}
-	if c.opts.CancelWait <= 0 {
-		c.opts.CancelWait = 5 * time.Second
 	}
 	if c.opts.StderrLimit == 0 {
 		c.opts.StderrLimit = 64 << 10
@@ -242,12 +229,12 @@ func (c *Control) MaxMessage() int { return c.opts.MaxMessage }
 // ErrUnknownServer) or project is not managed (ErrUnsupportedProject).
 // Otherwise Open resolves the sandbox control (an error wrapping
 // plugin.ErrAbsent and sandbox.ErrUnavailable when there is none) and
-// prepares the server's command line with lease kind "lsp" in Options.Cwd;
-// a refusal is the control's *sandbox.CommandError of kind "prepare". A
-// target that is not managed is cancelled and its lease released
-// (ErrUnsupportedProject). A server that cannot be started is cancelled and
-// its lease released; the error wraps sandbox.ErrNotStarted or
-// sandbox.ErrTransport as the provider reported it.
+// opens the server's command line with lease kind "lsp" in Options.Cwd
+// (sandbox.Control.Open); a refusal, a target that is not managed among
+// them, is the control's *sandbox.CommandError of kind "prepare". A server
+// that cannot be started is cancelled and its lease released; the error
+// wraps sandbox.ErrNotStarted or sandbox.ErrTransport as the provider
+// reported it.
 //
 // ctx bounds the preparation and the start only: the session lives until
 // it is closed or ends by itself.
@@ -269,46 +256,20 @@ func (c *Control) Open(ctx context.Context, actor sandbox.Actor, project sandbox
 		LeaseKind: sandbox.LeaseLSP,
 		Project:   project,
 	}
-	prep, err := ctl.PrepareExecution(ctx, in, &actor)
+	// ctx bounds the preparation and the start; then the session lives
+	// until it is closed (its own context, which teardown ends).
+	sctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	unbind := context.AfterFunc(ctx, stop)
+	sess, err := ctl.Open(sctx, in, &actor, nil)
+	unbind()
 	if err != nil {
+		stop()
+		if errors.Is(err, sandbox.ErrNotStarted) || errors.Is(err, sandbox.ErrTransport) {
+			return nil, fmt.Errorf("lsp: start %s: %w", server, err)
+		}
 		return nil, err
 	}
-	mp, ok := prep.(*sandbox.ManagedPrepared)
-	if !ok {
-		// CheckTarget already refuses a local target for a managed
-		// project; this guards the assertion all the same.
-		cerr := abandon(prep, nil)
-		return nil, errors.Join(fmt.Errorf("%w: provider prepared %T", ErrUnsupportedProject, prep), cerr)
-	}
-	exec, err := mp.Start(ctx)
-	if err != nil {
-		cerr := abandon(prep, mp.Cancel)
-		return nil, errors.Join(fmt.Errorf("lsp: start %s: %w", server, err), cerr)
-	}
-	s := newSession(c, server, mp, exec)
+	s := newSession(c, server, sess, stop)
 	c.log.Debug("lsp: session started", "server", server, "project", project.ProjectID, "account", actor.AccountUserID, "lease", s.LeaseID())
 	return s, nil
-}
-
-// abandon cancels (if cancel is non-nil) and releases a prepared execution
-// that will not run, returning what failed.
-func abandon(prep sandbox.Prepared, cancel func(context.Context) error) error {
-	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
-	defer stop()
-	var errs []error
-	if cancel != nil {
-		if err := cancel(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("lsp: cancel: %w", err))
-		}
-	} else if lp, ok := prep.(*sandbox.LocalPrepared); ok && lp.Cancel != nil {
-		if err := lp.Cancel(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("lsp: cancel: %w", err))
-		}
-	}
-	if l := prep.Common().Lease; l != nil {
-		if err := l.Release(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("lsp: release lease %s: %w", l.ID(), err))
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -60,15 +61,16 @@ func (e *CloseError) Unwrap() error { return e.Err }
 // Is reports whether target is ErrClosed.
 func (e *CloseError) Is(target error) bool { return target == ErrClosed }
 
-// Session is one running language server. Its methods are safe for
-// concurrent use; ReadMessage should have one caller at a time to keep the
-// server's messages in order, and so should Send.
+// Session is one running language server: the framing of LSP messages
+// over a sandbox.Session, which owns the lifecycle (heartbeat, cancel,
+// drain, release). Its methods are safe for concurrent use; ReadMessage
+// should have one caller at a time to keep the server's messages in order,
+// and so should Send.
 type Session struct {
 	c      *Control
 	server string
-	prep   *sandbox.ManagedPrepared
-	exec   *sandbox.ManagedExecutionSession
-	lease  sandbox.Lease
+	sess   *sandbox.Session
+	stop   context.CancelFunc // ends the sandbox session's context
 	log    *slog.Logger
 
 	msgs       chan []byte
@@ -83,14 +85,13 @@ type Session struct {
 	cleanup error         // set before done is closed
 }
 
-func newSession(c *Control, server string, mp *sandbox.ManagedPrepared, exec *sandbox.ManagedExecutionSession) *Session {
+func newSession(c *Control, server string, sess *sandbox.Session, stop context.CancelFunc) *Session {
 	s := &Session{
 		c:          c,
 		server:     server,
-		prep:       mp,
-		exec:       exec,
-		lease:      mp.Lease,
-		log:        c.log.With("server", server, "lease", mp.Lease.ID()),
+		sess:       sess,
+		stop:       stop,
+		log:        c.log.With("server", server, "lease", sess.LeaseID()),
 		msgs:       make(chan []byte),
 		readerDone: make(chan error, 1),
 		stderrDone: make(chan struct{}),
@@ -107,7 +108,7 @@ func newSession(c *Control, server string, mp *sandbox.ManagedPrepared, exec *sa
 func (s *Session) Server() string { return s.server }
 
 // LeaseID returns the ID of the lease covering the session.
-func (s *Session) LeaseID() string { return s.lease.ID() }
+func (s *Session) LeaseID() string { return s.sess.LeaseID() }
 
 // ReadMessage returns the server's next message: one JSON object, as the
 // server framed it. It blocks until a message arrives, the session ends
@@ -142,7 +143,7 @@ func (s *Session) Send(msg []byte) error {
 		return s.fail(&CloseError{Reason: ReasonClientProtocol, Message: "invalid message from the client: " + err.Error(), Err: err})
 	}
 	s.wmu.Lock()
-	err := WriteMessage(s.exec.Stdin, msg)
+	err := WriteMessage(s.sess.Stdin, msg)
 	s.wmu.Unlock()
 	if err == nil {
 		return nil
@@ -207,7 +208,7 @@ func (s *Session) fail(ce *CloseError) error {
 
 // read turns the server's output into messages until it ends.
 func (s *Session) read() {
-	r := NewReader(s.exec.Stdout, s.c.opts.MaxMessage)
+	r := NewReader(s.sess.Stdout, s.c.opts.MaxMessage)
 	for {
 		m, err := r.ReadMessage()
 		if err != nil {
@@ -222,6 +223,8 @@ func (s *Session) read() {
 		select {
 		case s.msgs <- m:
 		case <-s.dying:
+			// Read the rest, so that the session's drain is not held.
+			_, _ = io.Copy(io.Discard, s.sess.Stdout)
 			s.readerDone <- ErrClosed
 			return
 		}
@@ -237,7 +240,7 @@ func (s *Session) drainStderr() {
 	var line []byte
 	logged := 0
 	for {
-		n, err := s.exec.Stderr.Read(buf)
+		n, err := s.sess.Stderr.Read(buf)
 		for _, b := range buf[:n] {
 			if logged >= limit {
 				break
@@ -261,75 +264,49 @@ func (s *Session) drainStderr() {
 	}
 }
 
-// supervise heartbeats the lease, notices the server's end, and tears the
-// session down once it ends for any reason.
+// supervise maps the sandbox session's end, or the server's closed output,
+// onto the session's reason, and tears the session down once it ends for
+// any reason.
 func (s *Session) supervise() {
-	tick := time.NewTicker(s.c.opts.HeartbeatInterval)
-	defer tick.Stop()
-	exited := s.exec.Done()
-	readerDone := s.readerDone
-	readerEnded := false
-loop:
-	for {
-		select {
-		case <-s.dying:
-			break loop
-		case err := <-readerDone:
-			readerEnded, readerDone = true, nil
-			if s.Err() != nil {
-				break loop
-			}
-			// The server closed its output: it should be exiting.
-			if !s.waitOrDying(exited) {
-				s.fail(&CloseError{Reason: ReasonExited, Message: "the server closed its output without exiting", Err: err})
-				break loop
-			}
-			s.exitReason()
-			break loop
-		case <-exited:
-			// Deliver what the server wrote before it exited (bounded).
-			if !readerEnded {
-				select {
-				case <-readerDone:
-					readerEnded = true
-				case <-s.dying:
-				case <-time.After(s.c.opts.Drain):
-				}
-			}
-			s.exitReason()
-			break loop
-		case <-tick.C:
-			ctx, cancel := context.WithTimeout(context.Background(), max(s.c.opts.HeartbeatInterval, 10*time.Second))
-			err := s.lease.Heartbeat(ctx)
-			cancel()
-			if err != nil {
-				s.fail(&CloseError{Reason: ReasonHeartbeat, Message: "lease heartbeat failed: " + err.Error(), Err: err})
-				break loop
-			}
-		}
-	}
-	s.teardown(readerEnded)
-}
-
-// waitOrDying waits up to the drain bound for ch; it reports whether ch
-// was closed.
-func (s *Session) waitOrDying(ch <-chan struct{}) bool {
-	t := time.NewTimer(s.c.opts.Drain)
-	defer t.Stop()
+	settled := s.sess.Done()
 	select {
-	case <-ch:
-		return true
 	case <-s.dying:
-		return false
-	case <-t.C:
-		return false
+	case err := <-s.readerDone:
+		s.readerDone <- err // for teardown
+		if s.Err() != nil {
+			break
+		}
+		// The server closed its output: it should be exiting.
+		t := time.NewTimer(s.c.opts.Drain)
+		select {
+		case <-settled:
+			s.exitReason()
+		case <-s.dying:
+		case <-t.C:
+			s.fail(&CloseError{Reason: ReasonExited, Message: "the server closed its output without exiting", Err: err})
+		}
+		t.Stop()
+	case <-settled:
+		// The sandbox session delivered what the server wrote before it
+		// exited (bounded by its drain) before it settled.
+		s.exitReason()
 	}
+	s.teardown()
 }
 
-// exitReason ends the session with the server's exit.
+// exitReason ends the session with the way the sandbox session settled.
 func (s *Session) exitReason() {
-	exit, err := s.exec.Wait()
-	if err != nil {
+	exit, err := s.sess.Wait()
+	var ce *sandbox.CommandError
+	switch {
+	case errors.Is(err, sandbox.ErrHeartbeat):
+		s.fail(&CloseError{Reason: ReasonHeartbeat, Message: "lease heartbeat failed: " + unwrapCause(err).Error(), Err: err})
+		return
+	case errors.As(err, &ce) && ce.Kind == sandbox.KindCleanup:
+		// The server exited; releasing its lease failed (teardown says so).
+		s.fail(&CloseError{Reason: ReasonExited, Message: "the server exited", Err: err})
+		return
+	case err != nil:
 		s.fail(&CloseError{Reason: ReasonTransport, Message: "the server's session failed: " + err.Error(), Err: err})
 		return
 	}
@@ -343,36 +320,27 @@ func (s *Session) exitReason() {
 	s.fail(&CloseError{Reason: ReasonExited, Message: msg, Exit: &exit})
 }
 
-// teardown cancels the server unless it exited, waits for it (bounded),
-// closes its streams, releases the lease and closes done.
-func (s *Session) teardown(readerEnded bool) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+// unwrapCause is a CommandError's cause (its message without the kind).
+func unwrapCause(err error) error {
+	var ce *sandbox.CommandError
+	if errors.As(err, &ce) && ce.Cause != nil {
+		return ce.Cause
+	}
+	return err
+}
+
+// teardown closes the sandbox session (cancelling the server unless it
+// exited, releasing the lease), waits for the readers and closes done.
+func (s *Session) teardown() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
-	select {
-	case <-s.exec.Done():
-	default:
-		if err := s.prep.Cancel(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("lsp: cancel: %w", err))
-		}
-		t := time.NewTimer(s.c.opts.CancelWait)
-		select {
-		case <-s.exec.Done():
-		case <-t.C:
-			errs = append(errs, errors.New("lsp: the server did not end after cancel"))
-		}
-		t.Stop()
+	if err := s.sess.Close(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("lsp: %w", err))
 	}
-	_ = s.exec.Stdin.Close()
-	_ = s.exec.Stdout.Close()
-	_ = s.exec.Stderr.Close()
-	if !readerEnded {
-		<-s.readerDone
-	}
+	s.stop()
+	<-s.readerDone
 	<-s.stderrDone
-	if err := s.lease.Release(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("lsp: release lease %s: %w", s.lease.ID(), err))
-	}
 	s.cleanup = errors.Join(errs...)
 	reason := s.Err().(*CloseError)
 	if s.cleanup != nil {

@@ -143,6 +143,9 @@ func newFixture(t *testing.T, opts lspplugin.Options, disabled ...string) *fixtu
 		StorePath: filepath.Join(dir, "corral.db"),
 		Migrate:   true,
 		Logger:    opts.Logger,
+		// The sandbox control owns the session lifecycle: a short
+		// heartbeat for the tests that watch it.
+		Control: sandbox.ControlOptions{HeartbeatInterval: 10 * time.Millisecond},
 		Plugins: []core.PluginFactory{
 			core.Plugin(func(core.Deps) plugin.Registration {
 				return plugin.Registration{
@@ -220,7 +223,7 @@ func read(t *testing.T, s *lspplugin.Session) map[string]any {
 }
 
 func TestSessionRoundTrip(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{HeartbeatInterval: 10 * time.Millisecond})
+	f := newFixture(t, lspplugin.Options{})
 	s := f.open(t, "echo")
 	if calls := f.sandbox.Calls(); calls != 1 {
 		t.Fatalf("preparations: %d", calls)
@@ -366,7 +369,7 @@ func TestSessionClientProtocol(t *testing.T) {
 // TestSessionHeartbeatFailure: a failed heartbeat tears the server down:
 // cancelled, lease released, no process left.
 func TestSessionHeartbeatFailure(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{HeartbeatInterval: 20 * time.Millisecond})
+	f := newFixture(t, lspplugin.Options{})
 	s := f.open(t, "echo")
 	if err := s.Send([]byte(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)); err != nil {
 		t.Fatal(err)

@@ -37,6 +37,9 @@ type Target struct {
 	HostPath, DisplayPath string
 	// LiveLeases reports the project's live leases. Nil skips lease checks.
 	LiveLeases func(t *testing.T) int
+	// Terminal says the provider runs sessions on a terminal
+	// (SessionOptions.TTY); false skips the terminal checks.
+	Terminal bool
 }
 
 func (tg Target) input(argv ...string) sandbox.ExecInput {
@@ -184,13 +187,24 @@ func Run(t *testing.T, tg Target) {
 	})
 
 	t.Run("AbortAfterStart", func(t *testing.T) {
+		// Cancelled once the command has written (not after a fixed delay:
+		// on a loaded host the start alone can outlast any delay).
 		actx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		go func() { time.Sleep(300 * time.Millisecond); cancel() }()
-		_, err := tg.run(actx, nil, "sh", "-c", "echo started; exec sleep 100")
+		var seen strings.Builder
+		opts := &sandbox.RunOptions{OnOutput: func(s sandbox.Stream, p []byte) {
+			if s != sandbox.Stdout {
+				return
+			}
+			seen.Write(p) // one stream: calls are never concurrent
+			if strings.Contains(seen.String(), "started\n") {
+				cancel()
+			}
+		}}
+		_, err := tg.run(actx, opts, "sh", "-c", "echo started; exec sleep 100")
 		ce := wantKind(t, err, sandbox.KindAbort)
 		if ce.Stdout != "started\n" {
-			t.Errorf("partial stdout = %q", ce.Stdout)
+			t.Errorf("partial stdout = %q (%v)", ce.Stdout, ce)
 		}
 		tg.noLiveLeases(t)
 	})
@@ -466,6 +480,93 @@ func Run(t *testing.T, tg Target) {
 		}
 	})
 
+	t.Run("SessionStreamsAndExit", func(t *testing.T) {
+		a := tg.Actor
+		s, err := tg.Control.Open(ctx, tg.input("sh", "-c", "cat; echo err >&2; exit 3"), &a, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		out, errOut := readAsync(s.Stdout), readAsync(s.Stderr)
+		if _, err := io.WriteString(s.Stdin, "ping\n"); err != nil {
+			t.Fatal(err)
+		}
+		s.Stdin.Close()
+		exit, err := s.Wait()
+		if err != nil || exit.Code == nil || *exit.Code != 3 {
+			t.Fatalf("Wait = %+v, %v; want code 3", exit, err)
+		}
+		if o, e := <-out, <-errOut; o != "ping\n" || e != "err\n" {
+			t.Errorf("stdout %q stderr %q", o, e)
+		}
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("SessionCallerGoesAway", func(t *testing.T) {
+		// The caller stops reading a flood and closes: nothing of the
+		// tree survives, no lease either.
+		a := tg.Actor
+		token := SleepToken()
+		s, err := tg.Control.Open(ctx, tg.input("sh", "-c", "sleep "+token+" & while :; do echo flood; done"), &a, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 64)
+		if _, err := io.ReadFull(s.Stdout, buf); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Close(ctx); err != nil {
+			t.Fatalf("Close: %v", err)
+		}
+		wantKind(t, second(s.Wait()), sandbox.KindAbort)
+		AssertNoProcesses(t, token)
+		tg.noLiveLeases(t)
+	})
+
+	t.Run("SessionTerminal", func(t *testing.T) {
+		if !tg.Terminal {
+			t.Skip("the target has no terminals")
+		}
+		a := tg.Actor
+		s, err := tg.Control.Open(ctx, tg.input("sh", "-c", "test -t 0 && test -t 1 && test -t 2 && echo is-tty; stty size; read x; stty size; exit 4"), &a,
+			&sandbox.SessionOptions{TTY: &sandbox.TTYSize{Rows: 30, Cols: 100}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(ctx)
+		errOut := readAsync(s.Stderr)
+		var got strings.Builder
+		buf := make([]byte, 4096)
+		await := func(want string) {
+			t.Helper()
+			for !strings.Contains(got.String(), want) {
+				n, err := s.Stdout.Read(buf)
+				got.Write(buf[:n])
+				if err != nil {
+					t.Fatalf("waiting for %q in %q: %v", want, got.String(), err)
+				}
+			}
+		}
+		await("30 100")
+		if !strings.Contains(got.String(), "is-tty") {
+			t.Fatalf("terminal output %q", got.String())
+		}
+		if err := s.Resize(40, 120); err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(s.Stdin, "go\r")
+		await("40 120")
+		go io.Copy(io.Discard, s.Stdout)
+		exit, err := s.Wait()
+		if err != nil || exit.Code == nil || *exit.Code != 4 {
+			t.Fatalf("Wait = %+v, %v; want code 4", exit, err)
+		}
+		if e := <-errOut; e != "" {
+			t.Errorf("a terminal session's stderr: %q", e)
+		}
+		tg.noLiveLeases(t)
+	})
+
 	t.Run("WrongProjectKindRefused", func(t *testing.T) {
 		in := tg.input("true")
 		if in.Project.Kind == sandbox.ProjectHost {
@@ -494,3 +595,16 @@ func (p *pattern) Read(b []byte) (int, error) {
 	}
 	return len(b), nil
 }
+
+// readAsync reads r to its end on a goroutine of its own.
+func readAsync(r io.Reader) <-chan string {
+	c := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		_, _ = io.Copy(&b, r)
+		c <- b.String()
+	}()
+	return c
+}
+
+func second[T any](_ T, err error) error { return err }

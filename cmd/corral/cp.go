@@ -1,0 +1,382 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/store"
+)
+
+type cpFlags struct {
+	project, state, workerSocket string
+	daemon, token                string
+	projectID                    int64
+	user                         string
+}
+
+func newCpCmd() *cobra.Command {
+	var f cpFlags
+	cmd := &cobra.Command{
+		Use:   "cp [-u USER] (--project DIR | --daemon ADDR --project-id N) SRC DST",
+		Short: "Copy files and directories between the host and a project",
+		Long: `Copy a file or a directory tree between the host and a project, like
+docker cp. Exactly one of SRC and DST names the project's side, written with a
+leading colon: ":/workspace/x", ":/home/corral/y", or ":x" (relative to the
+workspace). The other is a host path; "-" is standard input or output (one
+file).
+
+A project path is resolved inside the project (a managed project's machine,
+as -u USER or its default user; a host project's workspace, as its own user):
+no symlink leads out of it. Copying onto an existing directory copies into it,
+as cp -r does; files keep their permission bits; each file is replaced
+atomically. Symlinks are not copied (they are reported and skipped).
+
+Through a daemon (--daemon ADDR --project-id N) any project of the account
+(--token, default $CORRAL_TOKEN); with --project DIR a managed project run by
+a private worker, as corral run does (root).`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if status := cpMain(cmd, &f, args[0], args[1]); status != 0 {
+				return exitError{status}
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.user, "user", "u", "", "act as `NAME|UID` of the machine")
+	fl.StringVar(&f.project, "project", "", "the managed project whose workspace is `DIR` (root)")
+	fl.StringVar(&f.state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
+	fl.StringVar(&f.workerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one (--project)")
+	fl.StringVar(&f.daemon, "daemon", "", "through the corral daemon at `ADDR` (a Unix socket path or host:port)")
+	fl.StringVar(&f.token, "token", "", "bearer token for --daemon (default $CORRAL_TOKEN)")
+	fl.Int64Var(&f.projectID, "project-id", 0, "the daemon's project `ID` (with --daemon)")
+	return cmd
+}
+
+// remoteFiles is a project's files, whichever way they are reached.
+type remoteFiles interface {
+	read(ctx context.Context, p string) (io.ReadCloser, error)
+	write(ctx context.Context, p string, mode uint32, r io.Reader) error
+	stat(ctx context.Context, p string) (client.FileInfo, error)
+	list(ctx context.Context, p string) ([]client.FileInfo, error)
+	mkdir(ctx context.Context, p string, mode uint32) error
+}
+
+// errNotFound marks a missing remote file.
+var errNotFound = errors.New("no such file")
+
+func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) int {
+	stderr := cmd.ErrOrStderr()
+	fail := func(err error) int {
+		fmt.Fprintf(stderr, "corral: cp: %v\n", err)
+		return 1
+	}
+	srcRemote, dstRemote := strings.HasPrefix(src, ":"), strings.HasPrefix(dst, ":")
+	if srcRemote == dstRemote {
+		return fail(errors.New("exactly one of SRC and DST must be a project path (\":/path\")"))
+	}
+	ctx := cmd.Context()
+	var rf remoteFiles
+	switch {
+	case f.daemon != "":
+		if f.project != "" || f.projectID <= 0 {
+			return fail(errors.New("--daemon takes --project-id ID, not --project"))
+		}
+		tok := f.token
+		if tok == "" {
+			tok = os.Getenv("CORRAL_TOKEN")
+		}
+		c, err := client.New(f.daemon, tok)
+		if err != nil {
+			return fail(err)
+		}
+		rf = &daemonFiles{c: c, id: f.projectID, user: f.user}
+	case f.project != "":
+		env, err := openRunEnv(ctx, &runFlags{project: f.project, state: f.state, workerSocket: f.workerSocket})
+		if err != nil {
+			return fail(err)
+		}
+		defer env.close()
+		proj, err := env.core.Store().GetProject(ctx, env.project.ProjectID)
+		if err != nil {
+			return fail(err)
+		}
+		rf = &gatewayFiles{gw: env.core.Gateway(), p: cpMachineProject(proj), user: f.user}
+	default:
+		return fail(errors.New("give --project DIR or --daemon ADDR --project-id N"))
+	}
+	var err error
+	if srcRemote {
+		err = cpFromProject(ctx, rf, remotePath(src), dst, cmd.OutOrStdout(), stderr)
+	} else {
+		err = cpToProject(ctx, rf, src, remotePath(dst), cmd.InOrStdin(), stderr)
+	}
+	if err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// remotePath turns ":x" into a guest path (relative ones are the
+// workspace's).
+func remotePath(s string) string {
+	p := strings.TrimPrefix(s, ":")
+	if p == "" {
+		return "/workspace"
+	}
+	if !path.IsAbs(p) {
+		p = path.Join("/workspace", p)
+	}
+	return path.Clean(p)
+}
+
+// cpFromProject copies remote src to host dst.
+func cpFromProject(ctx context.Context, rf remoteFiles, src, dst string, stdout, stderr io.Writer) error {
+	fi, err := rf.stat(ctx, src)
+	if err != nil {
+		return err
+	}
+	if dst == "-" {
+		if fi.IsDir() {
+			return fmt.Errorf("%s is a directory: it cannot go to standard output", src)
+		}
+		return readTo(ctx, rf, src, stdout)
+	}
+	if st, err := os.Stat(dst); err == nil && st.IsDir() {
+		dst = filepath.Join(dst, path.Base(src))
+	}
+	return pullTree(ctx, rf, fi, dst, stderr)
+}
+
+func readTo(ctx context.Context, rf remoteFiles, src string, w io.Writer) error {
+	r, err := rf.read(ctx, src)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	_, err = io.Copy(w, r)
+	return err
+}
+
+func pullTree(ctx context.Context, rf remoteFiles, fi client.FileInfo, dst string, stderr io.Writer) error {
+	switch fi.Type {
+	case "file":
+		tmp, err := os.CreateTemp(filepath.Dir(dst), ".corral-cp-*")
+		if err != nil {
+			return err
+		}
+		err = readTo(ctx, rf, fi.Path, tmp)
+		if err == nil {
+			err = tmp.Chmod(fs.FileMode(fi.Perm() & 0o777))
+		}
+		if cerr := tmp.Close(); err == nil {
+			err = cerr
+		}
+		if err == nil {
+			err = os.Rename(tmp.Name(), dst)
+		}
+		if err != nil {
+			os.Remove(tmp.Name())
+		}
+		return err
+	case "dir":
+		if err := os.Mkdir(dst, fs.FileMode(fi.Perm()&0o777|0o700)); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
+		}
+		entries, err := rf.list(ctx, fi.Path)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			if err := pullTree(ctx, rf, e, filepath.Join(dst, e.Name), stderr); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		fmt.Fprintf(stderr, "corral: cp: skipping %s (%s)\n", fi.Path, fi.Type)
+		return nil
+	}
+}
+
+// cpToProject copies host src to remote dst.
+func cpToProject(ctx context.Context, rf remoteFiles, src, dst string, stdin io.Reader, stderr io.Writer) error {
+	if src == "-" {
+		if fi, err := rf.stat(ctx, dst); err == nil && fi.IsDir() {
+			return fmt.Errorf("%s is a directory: name the file to write", dst)
+		}
+		return rf.write(ctx, dst, 0, stdin)
+	}
+	st, err := os.Lstat(src)
+	if err != nil {
+		return err
+	}
+	if fi, err := rf.stat(ctx, dst); err == nil && fi.IsDir() {
+		dst = path.Join(dst, filepath.Base(src))
+	} else if err != nil && !errors.Is(err, errNotFound) {
+		return err
+	}
+	return pushTree(ctx, rf, src, st, dst, stderr)
+}
+
+func pushTree(ctx context.Context, rf remoteFiles, src string, st fs.FileInfo, dst string, stderr io.Writer) error {
+	switch {
+	case st.Mode().IsRegular():
+		f, err := os.Open(src)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		return rf.write(ctx, dst, uint32(st.Mode().Perm()), f)
+	case st.IsDir():
+		if err := rf.mkdir(ctx, dst, uint32(st.Mode().Perm())); err != nil {
+			return err
+		}
+		entries, err := os.ReadDir(src)
+		if err != nil {
+			return err
+		}
+		for _, e := range entries {
+			info, err := e.Info()
+			if err != nil {
+				return err
+			}
+			if err := pushTree(ctx, rf, filepath.Join(src, e.Name()), info, path.Join(dst, e.Name()), stderr); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		fmt.Fprintf(stderr, "corral: cp: skipping %s (not a regular file or directory)\n", src)
+		return nil
+	}
+}
+
+// daemonFiles reaches a project through a daemon.
+type daemonFiles struct {
+	c    *client.Client
+	id   int64
+	user string
+}
+
+func daemonErr(err error) error {
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Status == 404 {
+		return fmt.Errorf("%w: %s", errNotFound, ce.Message)
+	}
+	return err
+}
+
+func (d *daemonFiles) read(ctx context.Context, p string) (io.ReadCloser, error) {
+	r, _, err := d.c.ReadFile(ctx, d.id, p, d.user)
+	return r, daemonErr(err)
+}
+
+func (d *daemonFiles) write(ctx context.Context, p string, mode uint32, r io.Reader) error {
+	_, err := d.c.WriteFile(ctx, d.id, p, d.user, mode, r)
+	return daemonErr(err)
+}
+
+func (d *daemonFiles) stat(ctx context.Context, p string) (client.FileInfo, error) {
+	fi, err := d.c.StatFile(ctx, d.id, p, d.user)
+	return fi, daemonErr(err)
+}
+
+func (d *daemonFiles) list(ctx context.Context, p string) ([]client.FileInfo, error) {
+	l, err := d.c.ListFiles(ctx, d.id, p, d.user, 1, 0)
+	if err != nil {
+		return nil, daemonErr(err)
+	}
+	if l.Truncated {
+		return nil, fmt.Errorf("%s has more entries than one listing holds", p)
+	}
+	return l.Entries, nil
+}
+
+func (d *daemonFiles) mkdir(ctx context.Context, p string, mode uint32) error {
+	_, err := d.c.Mkdir(ctx, d.id, p, d.user, mode, true)
+	return daemonErr(err)
+}
+
+// gatewayFiles reaches a managed project's machine through a worker.
+type gatewayFiles struct {
+	gw   *machine.Gateway
+	p    machine.Project
+	user string
+}
+
+func cpMachineProject(proj store.Project) machine.Project {
+	mp := machine.Project{ID: proj.ID, Workspace: proj.Root}
+	if proj.Image != store.DefaultImage {
+		mp.Image = proj.Image
+	}
+	l := proj.Limits
+	mp.Limits = machine.Limits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}
+	return mp
+}
+
+func (g *gatewayFiles) req(p string) machine.FileRequest {
+	return machine.FileRequest{Project: g.p, User: g.user, Path: p}
+}
+
+func gatewayErr(err error) error {
+	var rej *machine.RejectedError
+	if errors.As(err, &rej) && rej.Code == "not-found" {
+		return fmt.Errorf("%w: %s", errNotFound, rej.Message)
+	}
+	return err
+}
+
+func (g *gatewayFiles) read(ctx context.Context, p string) (io.ReadCloser, error) {
+	f, _, err := g.gw.OpenFile(ctx, g.req(p))
+	if err != nil {
+		return nil, gatewayErr(err)
+	}
+	return f, nil
+}
+
+func (g *gatewayFiles) write(ctx context.Context, p string, mode uint32, r io.Reader) error {
+	_, err := g.gw.WriteFile(ctx, g.req(p), mode, r)
+	return gatewayErr(err)
+}
+
+func toClientInfo(fi machine.FileInfo) client.FileInfo {
+	return client.FileInfo{Name: fi.Name, Path: fi.Path, Type: fi.Type, Size: fi.Size,
+		Mode: fmt.Sprintf("%04o", fi.Mode), MTime: fi.MTime, Target: fi.Target}
+}
+
+func (g *gatewayFiles) stat(ctx context.Context, p string) (client.FileInfo, error) {
+	fi, err := g.gw.StatFile(ctx, g.req(p))
+	return toClientInfo(fi), gatewayErr(err)
+}
+
+func (g *gatewayFiles) list(ctx context.Context, p string) ([]client.FileInfo, error) {
+	_, es, trunc, err := g.gw.ListFiles(ctx, g.req(p), 1, 0)
+	if err != nil {
+		return nil, gatewayErr(err)
+	}
+	if trunc {
+		return nil, fmt.Errorf("%s has more entries than one listing holds", p)
+	}
+	out := make([]client.FileInfo, len(es))
+	for i, e := range es {
+		out[i] = toClientInfo(e)
+	}
+	return out, nil
+}
+
+func (g *gatewayFiles) mkdir(ctx context.Context, p string, mode uint32) error {
+	_, err := g.gw.Mkdir(ctx, g.req(p), mode, true)
+	return gatewayErr(err)
+}

@@ -1,0 +1,757 @@
+package daemon
+
+// The files API: a project's files, read, written and watched as a user of
+// the project (a managed project's machine user, a host project's
+// confined user).
+//
+//	GET    /v1/projects/{id}/files?path=&user=          the bytes (streamed)
+//	PUT    /v1/projects/{id}/files?path=&mode=&user=    replace atomically
+//	GET    /v1/projects/{id}/files/stat?path=&user=     FileJSON
+//	GET    /v1/projects/{id}/files/list?path=&depth=&limit=&user=
+//	POST   /v1/projects/{id}/files/mkdir   {path, mode, parents, user}
+//	POST   /v1/projects/{id}/files/remove  {path, recursive, user}
+//	POST   /v1/projects/{id}/files/rename  {from, to, user}
+//	GET    /v1/projects/{id}/files/watch?path=&recursive=1&user=  WebSocket
+//
+// Members only (401 anonymous, 403 others), checked against the store
+// before anything else. Each call holds a lease of kind "files" while it
+// runs; PUT, mkdir, remove and rename are journaled.
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/coder/websocket"
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/fsop"
+	"github.com/corral-sandbox/corral/lease"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/provider"
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// File API bounds.
+const (
+	// MaxListEntries bounds a list's entries (a request's limit may be
+	// lower).
+	MaxListEntries = 10000
+	// MaxListDepth bounds a list's depth.
+	MaxListDepth = 32
+	// maxFilePath bounds a path parameter.
+	maxFilePath = 4096
+)
+
+// FileJSON describes a file in the files API.
+type FileJSON struct {
+	Name string `json:"name"`
+	// Path is the file's guest path (/workspace/...).
+	Path string `json:"path"`
+	// Type is "file", "dir", "symlink" or "other".
+	Type string `json:"type"`
+	Size int64  `json:"size"`
+	// Mode is the permission bits, with set-id and sticky bits, as an
+	// octal string ("0644").
+	Mode   string    `json:"mode"`
+	MTime  time.Time `json:"mtime"`
+	Target string    `json:"target,omitempty"`
+}
+
+// FileListJSON answers GET …/files/list.
+type FileListJSON struct {
+	Dir       FileJSON   `json:"dir"`
+	Entries   []FileJSON `json:"entries"`
+	Truncated bool       `json:"truncated"`
+}
+
+// FileMkdirRequest is the body of POST …/files/mkdir.
+type FileMkdirRequest struct {
+	Path string `json:"path"`
+	// Mode is octal ("0755", the default).
+	Mode    string `json:"mode,omitempty"`
+	Parents bool   `json:"parents,omitempty"`
+	User    string `json:"user,omitempty"`
+}
+
+// FileRemoveRequest is the body of POST …/files/remove.
+type FileRemoveRequest struct {
+	Path      string `json:"path"`
+	Recursive bool   `json:"recursive,omitempty"`
+	User      string `json:"user,omitempty"`
+}
+
+// FileRenameRequest is the body of POST …/files/rename.
+type FileRenameRequest struct {
+	From string `json:"from"`
+	To   string `json:"to"`
+	User string `json:"user,omitempty"`
+}
+
+// FileEvent is one message of the watch WebSocket: Type is "create",
+// "modify", "delete", "rename" (From is the old path) or "overflow" (the
+// kernel dropped events).
+type FileEvent struct {
+	Type  string `json:"type"`
+	Path  string `json:"path,omitempty"`
+	From  string `json:"from,omitempty"`
+	IsDir bool   `json:"isDir,omitempty"`
+}
+
+// fileInfo is what both targets report of a file.
+type fileInfo = machine.FileInfo
+
+// fileTarget is a project's files: a managed machine's or a host
+// workspace's.
+type fileTarget interface {
+	open(ctx context.Context, p string) (*os.File, fileInfo, error)
+	write(ctx context.Context, p string, mode uint32, src io.Reader) (int64, error)
+	stat(ctx context.Context, p string) (fileInfo, error)
+	list(ctx context.Context, p string, depth, limit int) (fileInfo, []fileInfo, bool, error)
+	mkdir(ctx context.Context, p string, mode uint32, parents bool) (fileInfo, error)
+	remove(ctx context.Context, p string, recursive bool) error
+	rename(ctx context.Context, from, to string) error
+	watch(ctx context.Context, p string, recursive bool) (*os.File, []fileInfo, error)
+	addWatch(ctx context.Context, ino *os.File, p string) ([]fileInfo, error)
+}
+
+// checkFilePath refuses a path parameter that is not a clean guest path:
+// 400, before anything is contacted.
+func checkFilePath(p string) error {
+	if p == "" {
+		return apiErr(http.StatusBadRequest, KindInvalid, "a path is required")
+	}
+	if len(p) > maxFilePath || strings.IndexByte(p, 0) >= 0 {
+		return apiErr(http.StatusBadRequest, KindInvalid, "path is too long or holds a NUL byte")
+	}
+	rel := strings.TrimPrefix(p, "/")
+	if p != "/" && (path.Clean(p) != p || strings.HasSuffix(p, "/")) {
+		return apiErr(http.StatusBadRequest, KindInvalid, "path %q is not clean (no \".\", \"..\", empty components or trailing slash)", p)
+	}
+	for _, c := range strings.Split(rel, "/") {
+		if c == ".." || c == "." {
+			return apiErr(http.StatusBadRequest, KindInvalid, "path %q has a %q component: paths may not climb", p, c)
+		}
+	}
+	return nil
+}
+
+// fileAPIError translates a file operation's failure.
+func fileAPIError(err error) error {
+	var rej *machine.RejectedError
+	code := ""
+	msg := err.Error()
+	if errors.As(err, &rej) {
+		code, msg = rej.Code, rej.Message
+	} else if c := fsop.Code(err); c != fsop.CodeFileFailed {
+		code = c
+	}
+	switch code {
+	case fsop.CodeNotFound:
+		return apiErr(http.StatusNotFound, KindNotFound, "%s", msg)
+	case fsop.CodePermission:
+		return apiErr(http.StatusForbidden, KindForbidden, "%s", msg)
+	case fsop.CodeExists, fsop.CodeNotEmpty:
+		return apiErr(http.StatusConflict, KindConflict, "%s", msg)
+	case fsop.CodeNotDirectory, fsop.CodeIsDirectory, fsop.CodeBadPath, "bad-user", "bad-field":
+		return apiErr(http.StatusBadRequest, KindInvalid, "%s", msg)
+	case fsop.CodeNoSpace:
+		return apiErr(http.StatusInsufficientStorage, KindNoSpace, "%s", msg)
+	}
+	return err
+}
+
+// KindNoSpace is the kind of 507: the project's disk is full.
+const KindNoSpace = "noSpace"
+
+// fileCall is one authorized files request: its project, target, lease
+// and the journal row of a write.
+type fileCall struct {
+	a       *App
+	acct    store.Account
+	proj    store.Project
+	target  fileTarget
+	lease   *lease.Lease
+	stop    func()
+	journal int64
+	// ctx is the request's, cancelled when the lease's heartbeat fails:
+	// no transfer outlives its lease.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// beginFiles authorizes the request (member of the {id} project), then
+// acquires a "files" lease and resolves the project's target. A write
+// (verb and paths journaled) gets a journal row.
+func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...string) (*fileCall, error) {
+	acct, proj, _, err := a.projectMember(r)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range paths {
+		if err := checkFilePath(p); err != nil {
+			return nil, err
+		}
+	}
+	if len(user) > 256 || strings.ContainsAny(user, "\x00\n/:") {
+		return nil, apiErr(http.StatusBadRequest, KindInvalid, "user %.40q is not a user name or uid", user)
+	}
+	ctx := r.Context()
+	l, err := a.core.Leases().Acquire(ctx, lease.AcquireRequest{Account: acct.ID, Project: proj.ID, Kind: sandbox.LeaseFiles})
+	if err != nil {
+		return nil, err
+	}
+	fc := &fileCall{a: a, acct: acct, proj: proj, lease: l}
+	fc.ctx, fc.cancel = context.WithCancelCause(ctx)
+	fc.stop = l.KeepAlive(0, func(err error) {
+		a.log.Warn("files: lease heartbeat failed: the transfer ends", "lease", l.ID(), "err", err)
+		fc.cancel(fmt.Errorf("the files lease was lost: %w", err))
+	})
+	switch proj.Kind {
+	case store.ProjectManaged:
+		fc.target = &managedFiles{gw: a.core.Gateway(), p: managedProject(proj), user: user}
+	default:
+		if user != "" {
+			fc.end(errors.New("user refused"))
+			return nil, apiErr(http.StatusBadRequest, KindInvalid, "a host project's files are reached as its own user: user is not accepted")
+		}
+		ctl, err := a.core.Sandbox()
+		if err != nil {
+			fc.end(err)
+			return nil, err
+		}
+		hf, err := ctl.HostFiles(ctx, proj.ID, sandbox.Actor{AccountUserID: acct.ID})
+		if err != nil {
+			fc.end(err)
+			return nil, err
+		}
+		fc.target = &hostFiles{hf: hf}
+	}
+	if verb != "" {
+		id, err := a.store.JournalStart(ctx, store.JournalCommand{
+			Account: acct.ID, Project: proj.ID, Lease: l.ID(), LeaseKind: string(sandbox.LeaseFiles),
+			Argv: append([]string{"files", verb}, paths...),
+		})
+		if err != nil {
+			fc.end(err)
+			return nil, err
+		}
+		fc.journal = id
+	}
+	return fc, nil
+}
+
+// end journals the outcome of a write, stops the heartbeat and releases
+// the lease.
+func (fc *fileCall) end(err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if fc.journal != 0 {
+		end := store.JournalEnd{Outcome: store.OutcomeExit, Code: new(int)}
+		if err != nil {
+			end = store.JournalEnd{Outcome: store.OutcomeError, ErrorKind: "files", Message: truncateMsg(err.Error())}
+		}
+		if jerr := fc.a.store.JournalFinish(ctx, fc.journal, end); jerr != nil {
+			fc.a.log.Warn("files: journal", "err", jerr)
+		}
+	}
+	fc.stop()
+	fc.cancel(nil)
+	if rerr := fc.lease.Release(ctx); rerr != nil {
+		fc.a.log.Warn("files: release lease", "lease", fc.lease.ID(), "err", rerr)
+	}
+}
+
+func truncateMsg(s string) string {
+	if len(s) > 512 {
+		return s[:512]
+	}
+	return s
+}
+
+// managedProject is the machine of a managed project (as the provider
+// sends it).
+func managedProject(p store.Project) machine.Project {
+	mp := machine.Project{ID: p.ID, Workspace: p.Root}
+	if p.Image != store.DefaultImage {
+		mp.Image = p.Image
+	}
+	l := p.Limits
+	mp.Limits = machine.Limits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}
+	return mp
+}
+
+func fileJSON(fi fileInfo) FileJSON {
+	return FileJSON{Name: fi.Name, Path: fi.Path, Type: fi.Type, Size: fi.Size,
+		Mode: fmt.Sprintf("%04o", fi.Mode), MTime: fi.MTime.UTC(), Target: fi.Target}
+}
+
+// parseMode parses an octal mode ("0644"); empty is 0 (the default).
+func parseMode(s string, mask uint32) (uint32, error) {
+	if s == "" {
+		return 0, nil
+	}
+	v, err := strconv.ParseUint(s, 8, 32)
+	if err != nil || uint32(v)&^mask != 0 {
+		return 0, apiErr(http.StatusBadRequest, KindInvalid, "mode %q is not an octal mode within %04o", s, mask)
+	}
+	return uint32(v), nil
+}
+
+// getFile serves GET …/files: the file's bytes, streamed.
+func (a *App) getFile(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	p := q.Get("path")
+	fc, err := a.beginFiles(r, q.Get("user"), "", p)
+	if err != nil {
+		return err
+	}
+	f, fi, err := fc.target.open(fc.ctx, p)
+	if err != nil {
+		fc.end(err)
+		return fileAPIError(err)
+	}
+	defer fc.end(nil)
+	defer f.Close()
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+	h.Set("Last-Modified", fi.MTime.UTC().Format(http.TimeFormat))
+	h.Set("X-Corral-Mode", fmt.Sprintf("%04o", fi.Mode))
+	// Exactly the size announced: a file that grew meanwhile is cut there,
+	// one that shrank ends the response short (the client sees it).
+	if _, onUnix := r.Context().Value(http.LocalAddrContextKey).(*net.UnixAddr); onUnix && fi.Size >= sendfileMin {
+		if sendfileBody(fc.ctx, w, f, fi.Size) {
+			return nil
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+	// In large writes (measured: the ResponseWriter's ReadFrom moves a
+	// file in small steps on a Unix socket; on TCP it would sendfile, but
+	// TLS and proxies in front make that moot).
+	_, _ = io.CopyBuffer(writerOnly{w}, ctxReader{fc.ctx, io.LimitReader(f, fi.Size)}, make([]byte, fileCopyBuffer))
+	return nil
+}
+
+// sendfileMin is the size from which a GET on the Unix socket is sent with
+// sendfile(2) on the hijacked connection.
+const sendfileMin = 1 << 20
+
+// sendfileBody answers a GET on a Unix socket with sendfile(2): Go's
+// UnixConn has no ReadFrom, so the ResponseWriter would copy every byte
+// through user space twice. It hijacks the connection, writes the status
+// line and w's headers with "Connection: close", sends size bytes of f
+// and closes the connection. It reports false, having written nothing,
+// when the connection cannot be hijacked.
+func sendfileBody(ctx context.Context, w http.ResponseWriter, f *os.File, size int64) bool {
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	h := w.Header().Clone()
+	h.Set("Connection", "close")
+	if _, err := io.WriteString(brw, "HTTP/1.1 200 OK\r\n"); err != nil {
+		return true
+	}
+	if h.Write(brw) != nil {
+		return true
+	}
+	if _, err := brw.WriteString("\r\n"); err != nil || brw.Flush() != nil {
+		return true
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		_, _ = io.CopyBuffer(conn, io.LimitReader(f, size), make([]byte, fileCopyBuffer))
+		return true
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	in := int(f.Fd())
+	for sent := int64(0); sent < size && ctx.Err() == nil; {
+		var n int
+		var serr error
+		werr := raw.Write(func(out uintptr) bool {
+			n, serr = unix.Sendfile(int(out), in, nil, int(min(size-sent, fileCopyBuffer*4)))
+			return serr != unix.EAGAIN
+		})
+		if werr != nil || serr != nil || n == 0 {
+			return true
+		}
+		sent += int64(n)
+	}
+	return true
+}
+
+// fileCopyBuffer is the buffer of a GET's copy.
+const fileCopyBuffer = 1 << 20
+
+// ctxReader ends a transfer once ctx is done (its lease lost).
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, context.Cause(c.ctx)
+	}
+	return c.r.Read(p)
+}
+
+// writerOnly hides everything of a Writer but Write (io.CopyBuffer then
+// uses the buffer it is given).
+type writerOnly struct{ io.Writer }
+
+// putFile serves PUT …/files: the body replaces the file atomically.
+func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	p := q.Get("path")
+	mode, err := parseMode(q.Get("mode"), 0o777)
+	if err != nil {
+		return err
+	}
+	fc, err := a.beginFiles(r, q.Get("user"), "put", p)
+	if err != nil {
+		return err
+	}
+	_, err = fc.target.write(fc.ctx, p, mode, ctxReader{fc.ctx, r.Body})
+	if err == nil {
+		var fi fileInfo
+		if fi, err = fc.target.stat(fc.ctx, p); err == nil {
+			fc.end(nil)
+			writeJSON(w, http.StatusOK, fileJSON(fi))
+			return nil
+		}
+	}
+	fc.end(err)
+	return fileAPIError(err)
+}
+
+// statFile serves GET …/files/stat.
+func (a *App) statFile(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	p := q.Get("path")
+	fc, err := a.beginFiles(r, q.Get("user"), "", p)
+	if err != nil {
+		return err
+	}
+	fi, err := fc.target.stat(fc.ctx, p)
+	fc.end(nil)
+	if err != nil {
+		return fileAPIError(err)
+	}
+	writeJSON(w, http.StatusOK, fileJSON(fi))
+	return nil
+}
+
+// listFiles serves GET …/files/list.
+func (a *App) listFiles(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	p := q.Get("path")
+	if p == "" {
+		p = provider.DisplayRoot
+	}
+	depth, limit := 1, MaxListEntries
+	if s := q.Get("depth"); s != "" {
+		d, err := strconv.Atoi(s)
+		if err != nil || d < 1 || d > MaxListDepth {
+			return apiErr(http.StatusBadRequest, KindInvalid, "depth %q is not between 1 and %d", s, MaxListDepth)
+		}
+		depth = d
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxListEntries {
+			return apiErr(http.StatusBadRequest, KindInvalid, "limit %q is not between 1 and %d", s, MaxListEntries)
+		}
+		limit = n
+	}
+	fc, err := a.beginFiles(r, q.Get("user"), "", p)
+	if err != nil {
+		return err
+	}
+	dir, entries, trunc, err := fc.target.list(fc.ctx, p, depth, limit)
+	fc.end(nil)
+	if err != nil {
+		return fileAPIError(err)
+	}
+	out := FileListJSON{Dir: fileJSON(dir), Entries: make([]FileJSON, len(entries)), Truncated: trunc}
+	for i, e := range entries {
+		out.Entries[i] = fileJSON(e)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+// makeDirectory serves POST …/files/mkdir.
+func (a *App) makeDirectory(w http.ResponseWriter, r *http.Request) error {
+	if _, _, _, err := a.projectMember(r); err != nil {
+		return err
+	}
+	var req FileMkdirRequest
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	mode, err := parseMode(req.Mode, 0o1777)
+	if err != nil {
+		return err
+	}
+	fc, err := a.beginFiles(r, req.User, "mkdir", req.Path)
+	if err != nil {
+		return err
+	}
+	fi, err := fc.target.mkdir(fc.ctx, req.Path, mode, req.Parents)
+	fc.end(err)
+	if err != nil {
+		return fileAPIError(err)
+	}
+	writeJSON(w, http.StatusOK, fileJSON(fi))
+	return nil
+}
+
+// removeFile serves POST …/files/remove.
+func (a *App) removeFile(w http.ResponseWriter, r *http.Request) error {
+	if _, _, _, err := a.projectMember(r); err != nil {
+		return err
+	}
+	var req FileRemoveRequest
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	fc, err := a.beginFiles(r, req.User, "remove", req.Path)
+	if err != nil {
+		return err
+	}
+	err = fc.target.remove(fc.ctx, req.Path, req.Recursive)
+	fc.end(err)
+	if err != nil {
+		return fileAPIError(err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// renameFile serves POST …/files/rename.
+func (a *App) renameFile(w http.ResponseWriter, r *http.Request) error {
+	if _, _, _, err := a.projectMember(r); err != nil {
+		return err
+	}
+	var req FileRenameRequest
+	if err := a.decodeBody(w, r, &req); err != nil {
+		return err
+	}
+	fc, err := a.beginFiles(r, req.User, "rename", req.From, req.To)
+	if err != nil {
+		return err
+	}
+	err = fc.target.rename(fc.ctx, req.From, req.To)
+	fc.end(err)
+	if err != nil {
+		return fileAPIError(err)
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+// watchFiles serves GET …/files/watch: a WebSocket of FileEvent text
+// messages, in the kernel's order, until the client closes it (or the
+// watched directory goes).
+func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
+	q := r.URL.Query()
+	p := q.Get("path")
+	if p == "" {
+		p = provider.DisplayRoot
+	}
+	recursive := q.Get("recursive") == "1" || q.Get("recursive") == "true"
+	fc, err := a.beginFiles(r, q.Get("user"), "", p)
+	if err != nil {
+		return err
+	}
+	ino, watches, err := fc.target.watch(fc.ctx, p, recursive)
+	if err != nil {
+		fc.end(err)
+		return fileAPIError(err)
+	}
+	defer ino.Close()
+	conn, err := websocket.Accept(w, r, nil)
+	if err != nil {
+		fc.end(err)
+		return &APIError{Status: http.StatusBadRequest, Kind: KindInvalid, Message: "WebSocket upgrade failed", Cause: err}
+	}
+	defer fc.end(nil)
+	if !a.enterSession() { // Close waits for watches as for sessions
+		conn.Close(websocket.StatusGoingAway, "the daemon is shutting down")
+		return nil
+	}
+	defer a.wg.Done()
+	dirs := make(map[int32]string, len(watches))
+	for _, wi := range watches {
+		dirs[int32(wi.WD)] = wi.Path
+	}
+	ctx, cancel := context.WithCancel(a.ctx)
+	defer cancel()
+	stopLease := context.AfterFunc(fc.ctx, cancel)
+	defer stopLease()
+	go func() {
+		// The client's messages are not read for anything but its close.
+		_, _, _ = conn.Read(ctx)
+		cancel()
+		ino.Close()
+	}()
+	send := func(ev FileEvent) bool {
+		b, _ := json.Marshal(ev)
+		return conn.Write(ctx, websocket.MessageText, b) == nil
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := ino.Read(buf)
+		if err != nil {
+			break
+		}
+		var pendingFrom string
+		var pendingCookie uint32
+		var pendingDir bool
+		flush := func() bool {
+			if pendingFrom != "" {
+				ok := send(FileEvent{Type: "delete", Path: pendingFrom, IsDir: pendingDir})
+				pendingFrom = ""
+				return ok
+			}
+			return true
+		}
+		for off := 0; off+unix.SizeofInotifyEvent <= n; {
+			wd := int32(binary.NativeEndian.Uint32(buf[off:]))
+			mask := binary.NativeEndian.Uint32(buf[off+4:])
+			cookie := binary.NativeEndian.Uint32(buf[off+8:])
+			nl := int(binary.NativeEndian.Uint32(buf[off+12:]))
+			name := strings.TrimRight(string(buf[off+unix.SizeofInotifyEvent:off+unix.SizeofInotifyEvent+nl]), "\x00")
+			off += unix.SizeofInotifyEvent + nl
+			dir, known := dirs[wd]
+			if mask&unix.IN_Q_OVERFLOW != 0 {
+				if !send(FileEvent{Type: "overflow"}) {
+					return nil
+				}
+				continue
+			}
+			if !known {
+				continue
+			}
+			if mask&unix.IN_IGNORED != 0 {
+				delete(dirs, wd)
+				continue
+			}
+			full := path.Join(dir, name)
+			isDir := mask&unix.IN_ISDIR != 0
+			var ev FileEvent
+			switch {
+			case mask&unix.IN_MOVED_TO != 0 && pendingFrom != "" && cookie == pendingCookie:
+				ev = FileEvent{Type: "rename", From: pendingFrom, Path: full, IsDir: isDir}
+				pendingFrom = ""
+			case mask&unix.IN_MOVED_FROM != 0:
+				if !flush() {
+					return nil
+				}
+				pendingFrom, pendingCookie, pendingDir = full, cookie, isDir
+				continue
+			case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
+				ev = FileEvent{Type: "create", Path: full, IsDir: isDir}
+			case mask&unix.IN_MODIFY != 0:
+				ev = FileEvent{Type: "modify", Path: full}
+			case mask&unix.IN_DELETE != 0:
+				ev = FileEvent{Type: "delete", Path: full, IsDir: isDir}
+			case mask&(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
+				continue
+			default:
+				continue
+			}
+			if !flush() || !send(ev) {
+				return nil
+			}
+			if recursive && isDir && (ev.Type == "create" || ev.Type == "rename") {
+				added, err := fc.target.addWatch(ctx, ino, ev.Path)
+				if err != nil {
+					a.log.Debug("files: watch a new directory", "path", ev.Path, "err", err)
+				}
+				for _, wi := range added {
+					// Directories made inside it before its watch began
+					// had no event: they are reported now.
+					if _, known := dirs[int32(wi.WD)]; !known && wi.Path != ev.Path {
+						if !send(FileEvent{Type: "create", Path: wi.Path, IsDir: true}) {
+							return nil
+						}
+					}
+					dirs[int32(wi.WD)] = wi.Path
+				}
+			}
+		}
+		if !flush() {
+			return nil
+		}
+	}
+	conn.Close(websocket.StatusNormalClosure, "")
+	return nil
+}
+
+// managedFiles is a managed project's machine.
+type managedFiles struct {
+	gw   *machine.Gateway
+	p    machine.Project
+	user string
+}
+
+func (m *managedFiles) req(p string) machine.FileRequest {
+	return machine.FileRequest{Project: m.p, User: m.user, Path: p}
+}
+
+func (m *managedFiles) open(ctx context.Context, p string) (*os.File, fileInfo, error) {
+	return m.gw.OpenFile(ctx, m.req(p))
+}
+
+func (m *managedFiles) write(ctx context.Context, p string, mode uint32, src io.Reader) (int64, error) {
+	return m.gw.WriteFile(ctx, m.req(p), mode, src)
+}
+
+func (m *managedFiles) stat(ctx context.Context, p string) (fileInfo, error) {
+	return m.gw.StatFile(ctx, m.req(p))
+}
+
+func (m *managedFiles) list(ctx context.Context, p string, depth, limit int) (fileInfo, []fileInfo, bool, error) {
+	return m.gw.ListFiles(ctx, m.req(p), depth, limit)
+}
+
+func (m *managedFiles) mkdir(ctx context.Context, p string, mode uint32, parents bool) (fileInfo, error) {
+	return m.gw.Mkdir(ctx, m.req(p), mode, parents)
+}
+
+func (m *managedFiles) remove(ctx context.Context, p string, recursive bool) error {
+	return m.gw.RemoveFile(ctx, m.req(p), recursive)
+}
+
+func (m *managedFiles) rename(ctx context.Context, from, to string) error {
+	return m.gw.RenameFile(ctx, m.req(from), to)
+}
+
+func (m *managedFiles) watch(ctx context.Context, p string, recursive bool) (*os.File, []fileInfo, error) {
+	f, ws, _, err := m.gw.WatchFiles(ctx, m.req(p), recursive)
+	return f, ws, err
+}
+
+func (m *managedFiles) addWatch(ctx context.Context, ino *os.File, p string) ([]fileInfo, error) {
+	ws, _, err := m.gw.AddWatch(ctx, m.req(p), ino, true)
+	return ws, err
+}

@@ -1,0 +1,202 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/corral-sandbox/corral/internal/fsop"
+	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/provider"
+	"github.com/corral-sandbox/corral/sandbox"
+)
+
+// hostFiles is a host project's workspace, reached as the project's
+// confined user (hf.User) under its root: the same resolution as a
+// machine's (package fsop), with the workspace as the root and its guest
+// name, /workspace, as the only absolute prefix.
+type hostFiles struct {
+	hf sandbox.HostFiles
+}
+
+// rel maps a guest path to one relative to the workspace.
+func (h *hostFiles) rel(p string) (string, error) {
+	if !path.IsAbs(p) {
+		return p, fsop.Clean(p)
+	}
+	root := provider.DisplayRoot
+	switch {
+	case p == root:
+		return "", nil
+	case strings.HasPrefix(p, root+"/"):
+		rel := p[len(root)+1:]
+		return rel, fsop.Clean(rel)
+	}
+	return "", fmt.Errorf("%w: a host project's paths are under %s", fsop.ErrBadPath, root)
+}
+
+func (h *hostFiles) info(s fsop.Stat) fileInfo {
+	p := provider.DisplayRoot
+	if s.Rel != "" {
+		p += "/" + s.Rel
+	}
+	name := s.Name
+	if s.Rel == "" {
+		name = path.Base(provider.DisplayRoot)
+	}
+	return fileInfo{Name: name, Path: p, Type: s.Type, Size: s.Size, Mode: s.Mode, MTime: time.Unix(0, s.MTime), Target: s.Target}
+}
+
+// run resolves p and runs f as the project's user with a root of the
+// workspace.
+func (h *hostFiles) run(p string, f func(root *fsop.Root, rel string) error) error {
+	rel, err := h.rel(p)
+	if err != nil {
+		return err
+	}
+	root, err := fsop.OpenRoot(h.hf.Root)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	var cred *fsop.Cred
+	if u := h.hf.User; u != nil {
+		cred = &fsop.Cred{UID: u.UID, GID: u.GID}
+	}
+	return fsop.Run(cred, func() error { return f(root, rel) })
+}
+
+func (h *hostFiles) open(_ context.Context, p string) (f *os.File, fi fileInfo, err error) {
+	err = h.run(p, func(root *fsop.Root, rel string) error {
+		var st fsop.Stat
+		f, st, err = root.Read(rel)
+		fi = h.info(st)
+		return err
+	})
+	return f, fi, err
+}
+
+func (h *hostFiles) write(_ context.Context, p string, mode uint32, src io.Reader) (int64, error) {
+	if mode == 0 {
+		mode = 0o644
+	}
+	var f *os.File
+	var tmp string
+	err := h.run(p, func(root *fsop.Root, rel string) error {
+		var err error
+		if f, tmp, err = root.Create(rel); err != nil {
+			return err
+		}
+		if err := fsop.Chmod(f, mode); err != nil {
+			f.Close()
+			_ = root.Remove(tmp, false)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	n, err := machine.CopyInto(f, src)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = h.run(p, func(root *fsop.Root, rel string) error { return root.Rename(tmp, rel) })
+	}
+	if err != nil {
+		_ = h.run(p, func(root *fsop.Root, _ string) error { return root.Remove(tmp, false) })
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			return n, &machine.RejectedError{Code: fsop.CodeNoSpace, Message: fmt.Sprintf("writing %s: the disk is full", p)}
+		}
+	}
+	return n, err
+}
+
+func (h *hostFiles) stat(_ context.Context, p string) (fi fileInfo, err error) {
+	err = h.run(p, func(root *fsop.Root, rel string) error {
+		st, err := root.Stat(rel)
+		fi = h.info(st)
+		return err
+	})
+	return fi, err
+}
+
+func (h *hostFiles) list(_ context.Context, p string, depth, limit int) (dir fileInfo, es []fileInfo, trunc bool, err error) {
+	err = h.run(p, func(root *fsop.Root, rel string) error {
+		st, err := root.Stat(rel)
+		if err != nil {
+			return err
+		}
+		dir = h.info(st)
+		trunc, err = root.List(rel, depth, limit, func(s fsop.Stat) error {
+			es = append(es, h.info(s))
+			return nil
+		})
+		return err
+	})
+	return dir, es, trunc, err
+}
+
+func (h *hostFiles) mkdir(_ context.Context, p string, mode uint32, parents bool) (fi fileInfo, err error) {
+	err = h.run(p, func(root *fsop.Root, rel string) error {
+		if err := root.Mkdir(rel, mode, parents); err != nil {
+			return err
+		}
+		st, err := root.Stat(rel)
+		fi = h.info(st)
+		return err
+	})
+	return fi, err
+}
+
+func (h *hostFiles) remove(_ context.Context, p string, recursive bool) error {
+	return h.run(p, func(root *fsop.Root, rel string) error { return root.Remove(rel, recursive) })
+}
+
+func (h *hostFiles) rename(_ context.Context, from, to string) error {
+	toRel, err := h.rel(to)
+	if err != nil {
+		return err
+	}
+	return h.run(from, func(root *fsop.Root, rel string) error { return root.Rename(rel, toRel) })
+}
+
+func (h *hostFiles) watch(_ context.Context, p string, recursive bool) (*os.File, []fileInfo, error) {
+	ino, err := fsop.NewInotify()
+	if err != nil {
+		return nil, nil, err
+	}
+	ws, err := h.addWatches(ino, p, recursive)
+	if err != nil {
+		ino.Close()
+		return nil, nil, err
+	}
+	return ino, ws, nil
+}
+
+func (h *hostFiles) addWatch(_ context.Context, ino *os.File, p string) ([]fileInfo, error) {
+	return h.addWatches(ino, p, true)
+}
+
+func (h *hostFiles) addWatches(ino *os.File, p string, recursive bool) (ws []fileInfo, err error) {
+	err = h.run(p, func(root *fsop.Root, rel string) error {
+		_, err := root.Watch(int(ino.Fd()), rel, recursive, 8192, func(wd int, r string) error {
+			fi := h.info(fsop.Stat{Rel: r, Name: path.Base("/" + r), Type: "dir"})
+			fi.WD = wd
+			ws = append(ws, fi)
+			return nil
+		})
+		return err
+	})
+	return ws, err
+}
