@@ -104,6 +104,14 @@ type AppOptions struct {
 	// ExportSweep tunes the sweeper that deletes export bundles left in
 	// machines; it runs until Close. The zero value means its defaults.
 	ExportSweep export.SweepOptions
+	// OwnerLimits are the largest machine limits a project owner who is
+	// not an admin may set (PUT /v1/projects/{id}/machine): the machines'
+	// defaults, so that an owner may lower a limit but never lift one,
+	// nor remove one (a negative value), which only admins may. A zero
+	// field means the worker's default (DefaultOwnerLimits); a negative
+	// one no ceiling (the defaults are unlimited); Disk zero means any
+	// size (the default disk is none).
+	OwnerLimits LimitsJSON
 }
 
 // App is the daemon's HTTP application over one core. It is an

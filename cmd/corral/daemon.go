@@ -101,6 +101,8 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 			if disk.set {
 				cfg.WorkerArgs = append(cfg.WorkerArgs, "--disk", disk.String())
 			}
+			// Owners may lower them, not lift them.
+			cfg.OwnerLimits = daemon.LimitsJSON{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)
