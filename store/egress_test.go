@@ -64,3 +64,48 @@ func TestEgress(t *testing.T) {
 		t.Errorf("the journal did not survive its project: %d rows", len(log))
 	}
 }
+
+// TestEgressJournalBounded is an attack: a machine in proxy mode opening
+// denied connections in a loop (about 2,000 a second from one Python
+// loop) wrote one row each, so that one guest grew the daemon's database,
+// outside every machine limit, by gigabytes an hour. A project keeps its
+// newest rows only (maxEgressRows, checked every egressPruneEvery
+// appends); other projects' rows are untouched.
+func TestEgressJournalBounded(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	defer func(n int64) { maxEgressRows = n }(maxEgressRows)
+	maxEgressRows = 100
+	quiet := EgressEntry{Account: 1, Project: 1, Protocol: "http", Name: "a.b", Verdict: "allowed"}
+	for range 10 {
+		if _, err := s.AppendEgress(ctx, quiet); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var last int64
+	for i := range 1000 {
+		id, err := s.AppendEgress(ctx, EgressEntry{Account: 2, Project: 2, Protocol: "http", Name: "denied.example",
+			Port: i, Verdict: "denied", Rule: "no allow rule"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = id
+	}
+	var n int64
+	if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM egress_log WHERE project = 2").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n < maxEgressRows || n > maxEgressRows+egressPruneEvery {
+		t.Errorf("the spamming project keeps %d rows; want %d to %d", n, maxEgressRows, maxEgressRows+egressPruneEvery)
+	}
+	if log, err := s.EgressLog(ctx, 2, 1); err != nil || len(log) != 1 || log[0].ID != last {
+		t.Errorf("newest row %+v, %v; want id %d", log, err, last)
+	}
+	if log, err := s.EgressLog(ctx, 1, 100); err != nil || len(log) != 10 {
+		t.Errorf("the quiet project's rows: %d, %v", len(log), err)
+	}
+}

@@ -1,0 +1,83 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
+	"github.com/corral-sandbox/corral/store"
+)
+
+// TestEveryProjectRouteRefusesOutsiders walks every registered
+// /v1/projects/{id}/… route with a token of another account: each refuses
+// it, and answers exactly as for a project that does not exist (no route
+// tells an outsider which ids exist). A member who is not an owner is
+// refused every route that changes the project for everyone.
+func TestEveryProjectRouteRefusesOutsiders(t *testing.T) {
+	fake := &sandboxtest.Provider{Dir: t.TempDir(), Kind: sandbox.ProjectManaged}
+	e := newEnv(t, envOpts{fake: fake})
+	ctx := context.Background()
+	alice, _ := e.account("alice")
+	bob, bobTok := e.account("bob")
+	_, stranger := e.account("mallory")
+	p := e.managedProject("box", alice)
+	if _, err := e.st.AddMember(ctx, store.Member{Project: p.ID, Account: bob.ID, Role: store.RoleMember}); err != nil {
+		t.Fatal(err)
+	}
+	missing := p.ID + 1000
+	ownerOnly := map[string]bool{
+		"DELETE /v1/projects/{id}":       true,
+		"PUT /v1/projects/{id}/machine":  true,
+		"POST /v1/projects/{id}/reset":   true,
+		"POST /v1/projects/{id}/members": true,
+		"PUT /v1/projects/{id}/egress":   true,
+	}
+	bodies := map[string]any{
+		"POST /v1/projects/{id}/commands":    cmdBody("true"),
+		"POST /v1/projects/{id}/members":     MemberRequest{Account: "mallory"},
+		"PUT /v1/projects/{id}/machine":      MachineJSON{Limits: LimitsJSON{Pids: -1}},
+		"PUT /v1/projects/{id}/egress":       EgressPolicyJSON{Mode: "proxy", Allow: []string{"example.com"}},
+		"PUT /v1/projects/{id}/sites/{name}": map[string]any{"port": 8080},
+		"POST /v1/projects/{id}/export":      map[string]any{"branch": "main", "remote": "https://github.com/a/b"},
+	}
+	path := func(pattern string, id int64) string {
+		s := strings.ReplaceAll(pattern, "{id}", strconv.FormatInt(id, 10))
+		s = strings.ReplaceAll(s, "{name}", "web")
+		s = strings.ReplaceAll(s, "{server}", "gopls")
+		return strings.ReplaceAll(s, "{path...}", "")
+	}
+	var walked int
+	for _, rt := range e.app.Routes() {
+		if !strings.HasPrefix(rt.Pattern, "/v1/projects/{id}") {
+			continue
+		}
+		walked++
+		key := rt.Method + " " + rt.Pattern
+		body := bodies[key]
+		s1, b1 := e.do(ctx, rt.Method, path(rt.Pattern, p.ID), stranger, body)
+		s2, b2 := e.do(ctx, rt.Method, path(rt.Pattern, missing), stranger, body)
+		b2 = bytes.ReplaceAll(b2, []byte(strconv.FormatInt(missing, 10)), []byte(strconv.FormatInt(p.ID, 10)))
+		if s1 < 400 || s1 != s2 || !bytes.Equal(b1, b2) {
+			t.Errorf("%s as an outsider: existing %d %s, missing %d %s", key, s1, b1, s2, b2)
+		}
+		if ownerOnly[key] {
+			if s, b := e.do(ctx, rt.Method, path(rt.Pattern, p.ID), bobTok, body); s != http.StatusForbidden {
+				t.Errorf("%s as a member: %d %s", key, s, b)
+			}
+		}
+	}
+	if walked < 15 {
+		t.Fatalf("walked %d project routes", walked)
+	}
+	if got, err := e.st.GetProject(ctx, p.ID); err != nil || got.Limits != (store.MachineLimits{}) {
+		t.Errorf("project after the walk: %+v %v", got, err)
+	}
+	if ms, err := e.st.ListMembers(ctx, p.ID); err != nil || len(ms) != 2 {
+		t.Errorf("members after the walk: %+v %v", ms, err)
+	}
+}
