@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -107,5 +108,52 @@ func TestEgressJournalBounded(t *testing.T) {
 	}
 	if log, err := s.EgressLog(ctx, 1, 100); err != nil || len(log) != 10 {
 		t.Errorf("the quiet project's rows: %d, %v", len(log), err)
+	}
+}
+
+// TestJournalArgvBounded is an attack: a command's argv was journaled
+// whole, so that an account sending commands with a megabyte of arguments
+// (a request body's worth, split into arguments under the kernel's 128 KiB
+// per string) grew the daemon's database by a megabyte per command, as
+// fast as its commands start. A row keeps at most MaxJournalArgv bytes of
+// argv, its cut marked.
+func TestJournalArgvBounded(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	big := []string{"echo"}
+	for range 10 {
+		big = append(big, strings.Repeat("A", 100<<10))
+	}
+	many := append([]string{"true"}, make([]string, 300000)...) // empty strings
+	for name, argv := range map[string][]string{"long": big, "many": many} {
+		if _, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: 1, Lease: name, LeaseKind: "terminal", Argv: argv}); err != nil {
+			t.Fatal(err)
+		}
+		var stored string
+		if err := s.r.QueryRowContext(ctx, "SELECT argv FROM journal WHERE lease = ?", name).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if len(stored) > MaxJournalArgv+256 {
+			t.Errorf("%s: journaled %d bytes of argv", name, len(stored))
+		}
+		list, err := s.ListJournal(ctx, JournalFilter{Lease: name})
+		if err != nil || len(list) != 1 {
+			t.Fatalf("%s: %+v, %v", name, list, err)
+		}
+		got := list[0].Argv
+		if got[0] != argv[0] || !strings.Contains(got[len(got)-1], "not journaled") {
+			t.Errorf("%s: argv starts %q, ends %.80q", name, got[0], got[len(got)-1])
+		}
+	}
+	small := []string{"git", "status"}
+	if _, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: 1, Lease: "small", LeaseKind: "terminal", Argv: small}); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := s.ListJournal(ctx, JournalFilter{Lease: "small"}); err != nil || len(list) != 1 || strings.Join(list[0].Argv, " ") != "git status" {
+		t.Errorf("small argv: %+v, %v", list, err)
 	}
 }
