@@ -112,7 +112,17 @@ type AppOptions struct {
 	// one no ceiling (the defaults are unlimited); Disk zero means any
 	// size (the default disk is none).
 	OwnerLimits LimitsJSON
+	// MaxAccountProjects bounds the projects an account that is not an
+	// admin may own (POST /v1/projects answers 403 beyond): each managed
+	// project takes one of the worker's host id ranges, which all
+	// accounts share. Zero means DefaultMaxAccountProjects; negative, no
+	// bound.
+	MaxAccountProjects int
 }
+
+// DefaultMaxAccountProjects is AppOptions.MaxAccountProjects' default:
+// a tenth of the worker's id ranges (worker.DefaultMaxProjects).
+const DefaultMaxAccountProjects = 100
 
 // App is the daemon's HTTP application over one core. It is an
 // http.Handler; Close it when done (after the server stopped).
@@ -166,6 +176,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	}
 	if opts.MaxTimeout <= 0 {
 		opts.MaxTimeout = DefaultMaxTimeout
+	}
+	if opts.MaxAccountProjects == 0 {
+		opts.MaxAccountProjects = DefaultMaxAccountProjects
 	}
 	if opts.MaxOutput <= 0 {
 		opts.MaxOutput = DefaultMaxOutput

@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -79,5 +80,38 @@ func TestEveryProjectRouteRefusesOutsiders(t *testing.T) {
 	}
 	if ms, err := e.st.ListMembers(ctx, p.ID); err != nil || len(ms) != 2 {
 		t.Errorf("members after the walk: %+v %v", ms, err)
+	}
+}
+
+// TestAccountProjectQuota is an attack: any account could create projects
+// without bound, and each managed project takes one of the worker's host
+// id ranges at its first command (worker.DefaultMaxProjects, 1024, for
+// every account together): one account creating 1024 projects and running
+// `true` in each leaves every other tenant's new projects failing with
+// "too many projects", besides growing the state directory at will. An
+// account that is not an admin owns at most AppOptions.MaxAccountProjects
+// projects; beyond, POST /v1/projects is 403 and nothing is created.
+func TestAccountProjectQuota(t *testing.T) {
+	e := newEnv(t, envOpts{app: AppOptions{Admins: []string{"root"}, MaxAccountProjects: 3}})
+	ctx := context.Background()
+	_, tok := e.account("mallory")
+	_, rootTok := e.account("root")
+	for i := range 3 {
+		if status, body := e.do(ctx, "POST", "/v1/projects", tok, ProjectRequest{Name: fmt.Sprintf("p%d", i)}); status != http.StatusCreated {
+			t.Fatalf("project %d within the quota: %d %s", i, status, body)
+		}
+	}
+	status, body := e.do(ctx, "POST", "/v1/projects", tok, ProjectRequest{Name: "one-too-many"})
+	if status != http.StatusForbidden || !strings.Contains(string(body), "3 projects") {
+		t.Errorf("project beyond the quota: %d %s", status, body)
+	}
+	all, err := e.st.ListProjects(ctx)
+	if err != nil || len(all) != 3 {
+		t.Errorf("projects: %d, %v", len(all), err)
+	}
+	for i := range 4 {
+		if status, body := e.do(ctx, "POST", "/v1/projects", rootTok, ProjectRequest{Name: fmt.Sprintf("r%d", i)}); status != http.StatusCreated {
+			t.Errorf("admin's project %d: %d %s", i, status, body)
+		}
 	}
 }

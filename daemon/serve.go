@@ -154,6 +154,8 @@ type Config struct {
 	// give the supervised worker): the most a project owner who is not an
 	// admin may set (AppOptions.OwnerLimits).
 	OwnerLimits LimitsJSON
+	// MaxAccountProjects is AppOptions.MaxAccountProjects.
+	MaxAccountProjects int
 	// Export configures GitHub export (the host-side push credential, the
 	// allowed remotes).
 	Export export.Options
@@ -331,7 +333,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, OwnerLimits: cfg.OwnerLimits, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, MaxSessionLifetime: cfg.MaxSessionLifetime})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, OwnerLimits: cfg.OwnerLimits, MaxAccountProjects: cfg.MaxAccountProjects, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, MaxSessionLifetime: cfg.MaxSessionLifetime})
 	if err != nil {
 		return err
 	}

@@ -284,6 +284,15 @@ func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (P
 	return p, m, nil
 }
 
+// OwnedProjects returns how many projects account is an owner of.
+func (s *Store) OwnedProjects(ctx context.Context, account int64) (int, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM members WHERE account = ? AND role = ?", account, RoleOwner).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: owned projects: %w", err)
+	}
+	return n, nil
+}
+
 // ListMembers returns a project's members, by account ID.
 func (s *Store) ListMembers(ctx context.Context, project int64) ([]Member, error) {
 	rows, err := s.r.QueryContext(ctx,
