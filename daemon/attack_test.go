@@ -115,3 +115,26 @@ func TestAccountProjectQuota(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenMintingBounded is an attack: an account may mint tokens for
+// itself, and a token's name was stored whole (a request body's worth, a
+// megabyte a request) with no bound on how many: one account grew the
+// database at will. Names are at most MaxTokenName bytes and an account
+// that is not an admin holds at most MaxAccountTokens live tokens.
+func TestTokenMintingBounded(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	ctx := context.Background()
+	_, tok := e.account("mallory") // one live token already
+	path := "/v1/accounts/mallory/tokens"
+	if status, body := e.do(ctx, "POST", path, tok, map[string]string{"name": strings.Repeat("x", 512<<10)}); status != http.StatusBadRequest {
+		t.Errorf("a token with a huge name: %d %.200s", status, body)
+	}
+	for i := 1; i < MaxAccountTokens; i++ {
+		if status, body := e.do(ctx, "POST", path, tok, map[string]string{"name": fmt.Sprint(i)}); status != http.StatusCreated {
+			t.Fatalf("token %d: %d %s", i, status, body)
+		}
+	}
+	if status, body := e.do(ctx, "POST", path, tok, map[string]string{"name": "one-too-many"}); status != http.StatusForbidden {
+		t.Errorf("a token beyond the bound: %d %s", status, body)
+	}
+}
