@@ -188,12 +188,12 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if max := a.opts.MaxAccountProjects; max > 0 && !a.isAdmin(acct) {
-		n, err := a.store.OwnedProjects(r.Context(), acct.ID)
+		n, err := a.store.CreatedProjects(r.Context(), acct.ID)
 		if err != nil {
 			return err
 		}
 		if n >= max {
-			return apiErr(http.StatusForbidden, KindForbidden, "account %s owns %d projects, the most this daemon allows (delete one, or ask an admin)", acct.Name, n)
+			return apiErr(http.StatusForbidden, KindForbidden, "account %s created %d projects, the most this daemon allows (delete one, or ask an admin)", acct.Name, n)
 		}
 	}
 	p, err := a.proj.Create(r.Context(), spec)

@@ -113,7 +113,8 @@ type AppOptions struct {
 	// size (the default disk is none).
 	OwnerLimits LimitsJSON
 	// MaxAccountProjects bounds the projects an account that is not an
-	// admin may own (POST /v1/projects answers 403 beyond): each managed
+	// admin may have created and not deleted (POST /v1/projects answers
+	// 403 beyond; projects others made it an owner of do not count): each managed
 	// project takes one of the worker's host id ranges, which all
 	// accounts share. Zero means DefaultMaxAccountProjects; negative, no
 	// bound.

@@ -89,24 +89,34 @@ func TestEveryProjectRouteRefusesOutsiders(t *testing.T) {
 // every account together): one account creating 1024 projects and running
 // `true` in each leaves every other tenant's new projects failing with
 // "too many projects", besides growing the state directory at will. An
-// account that is not an admin owns at most AppOptions.MaxAccountProjects
-// projects; beyond, POST /v1/projects is 403 and nothing is created.
+// account that is not an admin creates at most
+// AppOptions.MaxAccountProjects projects; beyond, POST /v1/projects is 403
+// and nothing is created.
 func TestAccountProjectQuota(t *testing.T) {
 	e := newEnv(t, envOpts{app: AppOptions{Admins: []string{"root"}, MaxAccountProjects: 3}})
 	ctx := context.Background()
-	_, tok := e.account("mallory")
+	mallory, tok := e.account("mallory")
 	_, rootTok := e.account("root")
+	// Projects others made mallory an owner of do not count: anyone
+	// could otherwise use up another account's quota.
+	alice, _ := e.account("alice")
+	for i := range 3 {
+		p := e.managedProject(fmt.Sprintf("a%d", i), alice)
+		if _, err := e.st.AddMember(ctx, store.Member{Project: p.ID, Account: mallory.ID, Role: store.RoleOwner}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for i := range 3 {
 		if status, body := e.do(ctx, "POST", "/v1/projects", tok, ProjectRequest{Name: fmt.Sprintf("p%d", i)}); status != http.StatusCreated {
 			t.Fatalf("project %d within the quota: %d %s", i, status, body)
 		}
 	}
 	status, body := e.do(ctx, "POST", "/v1/projects", tok, ProjectRequest{Name: "one-too-many"})
-	if status != http.StatusForbidden || !strings.Contains(string(body), "3 projects") {
+	if status != http.StatusForbidden || !strings.Contains(string(body), "created 3 projects") {
 		t.Errorf("project beyond the quota: %d %s", status, body)
 	}
 	all, err := e.st.ListProjects(ctx)
-	if err != nil || len(all) != 3 {
+	if err != nil || len(all) != 6 {
 		t.Errorf("projects: %d, %v", len(all), err)
 	}
 	for i := range 4 {
