@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -146,5 +147,39 @@ func TestTokenMintingBounded(t *testing.T) {
 	}
 	if status, body := e.do(ctx, "POST", path, tok, map[string]string{"name": "one-too-many"}); status != http.StatusForbidden {
 		t.Errorf("a token beyond the bound: %d %s", status, body)
+	}
+}
+
+// TestCommandInputAdmitted is an attack: a command request may carry 16
+// MiB of stdin (as about 21 MiB of base64 JSON), which the daemon read and
+// decoded before any admission, and kept while the command ran; the
+// budget counted only output limits, so one account's concurrent uploads
+// took the daemon's memory past every budget. A body that may carry stdin
+// reserves twice its size against the captured-bytes budget before it is
+// read: over the budget it is 429, its body unread.
+func TestCommandInputAdmitted(t *testing.T) {
+	fake := &sandboxtest.Provider{Dir: t.TempDir(), Kind: sandbox.ProjectManaged}
+	lim := sandbox.NewLimiter(sandbox.Budget{}, sandbox.Budget{CapturedBytes: 24 << 20})
+	e := newEnv(t, envOpts{fake: fake, control: sandbox.ControlOptions{Admitter: lim}})
+	alice, tok := e.account("alice")
+	p := e.managedProject("box", alice)
+	ctx := context.Background()
+	// 12 MiB of stdin, 16 MiB of base64: 32 MiB to reserve.
+	stdin := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("x"), 12<<20))
+	body := map[string]any{"command": map[string]any{"type": "argv", "file": "true"}, "stdin": stdin}
+	status, resp := e.do(ctx, "POST", commandsPath(p.ID), tok, body)
+	if status != http.StatusTooManyRequests || !strings.Contains(string(resp), "input") {
+		t.Fatalf("12 MiB of stdin under a 24 MiB budget: %d %.300s", status, resp)
+	}
+	if fake.Calls() != 0 {
+		t.Error("a refused command reached the provider")
+	}
+	if _, u := lim.Usage(alice.ID); u.CapturedBytes != 0 {
+		t.Errorf("reserved after the refusal: %+v", u)
+	}
+	// A small input fits.
+	body["stdin"] = base64.StdEncoding.EncodeToString([]byte("hello"))
+	if status, resp := e.do(ctx, "POST", commandsPath(p.ID), tok, body); status != http.StatusOK {
+		t.Errorf("small stdin: %d %s", status, resp)
 	}
 }
