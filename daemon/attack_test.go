@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -181,5 +185,75 @@ func TestCommandInputAdmitted(t *testing.T) {
 	body["stdin"] = base64.StdEncoding.EncodeToString([]byte("hello"))
 	if status, resp := e.do(ctx, "POST", commandsPath(p.ID), tok, body); status != http.StatusOK {
 		t.Errorf("small stdin: %d %s", status, resp)
+	}
+}
+
+// TestGitImportBombRefused is an attack: a project created from a git URL
+// (any account may, from a public server) was checked out whole on the
+// host, outside every machine's limits: a "git bomb" of a few objects (a
+// tree of trees of the same blob) expands to billions of files and fills
+// the host's disk and inodes. The clone is checked before its checkout:
+// beyond GitImportOptions.MaxFiles files (or MaxBytes bytes) the import is
+// refused and nothing is left.
+func TestGitImportBombRefused(t *testing.T) {
+	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	state := t.TempDir()
+	ps := &Projects{Store: st, StateDir: state, Logger: testLogger(t), GitImport: GitImportOptions{MaxFiles: 1000, MaxBytes: 1 << 20}}
+	ctx := context.Background()
+	repo := t.TempDir()
+	git := func(stdin string, args ...string) string {
+		t.Helper()
+		cmd := exec.Command("git", append([]string{"-C", repo, "-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...)
+		cmd.Stdin = strings.NewReader(stdin)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("git %v: %v", args, err)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	git("", "init", "-q")
+	obj, mode, typ := git("boom\n", "hash-object", "-w", "--stdin"), "100644", "blob"
+	for range 4 { // 10^4 files from 5 objects
+		var tree strings.Builder
+		for i := range 10 {
+			fmt.Fprintf(&tree, "%s %s %s\td%d\n", mode, typ, obj, i)
+		}
+		obj, mode, typ = git(tree.String(), "mktree"), "040000", "tree"
+	}
+	git("", "update-ref", "refs/heads/main", git("", "commit-tree", obj, "-m", "bomb"))
+	git("", "symbolic-ref", "HEAD", "refs/heads/main")
+
+	_, err = ps.Create(ctx, ProjectSpec{Name: "bomb", Kind: store.ProjectManaged, Git: "file://" + repo})
+	if !errors.Is(err, ErrGitImport) || !strings.Contains(err.Error(), "more than 1000 files") {
+		t.Fatalf("git bomb import: %v", err)
+	}
+	if left, _ := os.ReadDir(WorkspacesDir(state)); len(left) != 0 {
+		t.Errorf("left in the workspaces: %v", left)
+	}
+	// A repository within the bounds imports.
+	small := t.TempDir()
+	for _, args := range [][]string{{"init", "-q"}, {"commit", "-q", "--allow-empty", "-m", "x"}} {
+		if out, err := exec.Command("git", append([]string{"-C", small, "-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(small, "README"), []byte("ok"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"add", "README"}, {"commit", "-q", "-m", "readme"}} {
+		if out, err := exec.Command("git", append([]string{"-C", small, "-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	p, err := ps.Create(ctx, ProjectSpec{Name: "small", Kind: store.ProjectManaged, Git: "file://" + small})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(p.Root, "README")); err != nil || string(b) != "ok" {
+		t.Errorf("checked out: %q %v", b, err)
 	}
 }
