@@ -196,6 +196,13 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 			return apiErr(http.StatusForbidden, KindForbidden, "account %s created %d projects, the most this daemon allows (delete one, or ask an admin)", acct.Name, n)
 		}
 	}
+	if req.Git != "" {
+		done, err := a.startImport(acct)
+		if err != nil {
+			return err
+		}
+		defer done()
+	}
 	p, err := a.proj.Create(r.Context(), spec)
 	if err != nil {
 		return err

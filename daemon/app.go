@@ -150,6 +150,43 @@ type App struct {
 
 	followDone chan struct{} // closed when followSessions returned
 	once       sync.Once
+
+	importMu sync.Mutex
+	imports  map[int64]int // git imports in flight, by account
+	importN  int           // all git imports in flight
+}
+
+// Bounds of git imports (POST /v1/projects with a git URL) running at
+// once: each is a clone on the host for up to CloneTimeout.
+const (
+	MaxAccountImports = 2 // per account that is not an admin
+	MaxImports        = 8 // for the whole daemon
+)
+
+// startImport reserves a git import for acct, or answers 429; the
+// returned function gives it back.
+func (a *App) startImport(acct store.Account) (func(), error) {
+	a.importMu.Lock()
+	defer a.importMu.Unlock()
+	if a.importN >= MaxImports {
+		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "the daemon runs %d git imports, the most at once; retry later", a.importN)
+	}
+	if n := a.imports[acct.ID]; n >= MaxAccountImports && !a.isAdmin(acct) {
+		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "account %s runs %d git imports, the most at once; retry later", acct.Name, n)
+	}
+	if a.imports == nil {
+		a.imports = make(map[int64]int)
+	}
+	a.imports[acct.ID]++
+	a.importN++
+	return func() {
+		a.importMu.Lock()
+		defer a.importMu.Unlock()
+		if a.imports[acct.ID]--; a.imports[acct.ID] == 0 {
+			delete(a.imports, acct.ID)
+		}
+		a.importN--
+	}, nil
 }
 
 // Route is one registered route: Method is empty for routes that accept

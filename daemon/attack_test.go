@@ -6,13 +6,16 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
@@ -256,4 +259,73 @@ func TestGitImportBombRefused(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(p.Root, "README")); err != nil || string(b) != "ok" {
 		t.Errorf("checked out: %q %v", b, err)
 	}
+}
+
+// TestGitImportsBounded is an attack: every POST /v1/projects with a git
+// URL ran a clone on the host (as the daemon's user, in no cgroup) for up
+// to CloneTimeout, with no bound on how many at once: one account naming a
+// server that answers slowly ran a thousand git processes on the host. An
+// account that is not an admin runs at most MaxAccountImports imports at
+// once (and the daemon MaxImports); beyond, 429 with Retry-After.
+func TestGitImportsBounded(t *testing.T) {
+	// A "git server" that accepts and never answers.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	e := newEnv(t, envOpts{app: AppOptions{GitImport: GitImportOptions{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}}})
+	_, tok := e.account("mallory")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	url := "http://" + ln.Addr().String() + "/x.git"
+	// post is e.do for a goroutine: the request's error is the
+	// cancellation below.
+	post := func(name string) {
+		req, _ := http.NewRequestWithContext(ctx, "POST", "http://corral/v1/projects",
+			strings.NewReader(fmt.Sprintf(`{"name":%q,"git":%q}`, name, url)))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		if resp, err := e.http.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}
+	first := make(chan struct{})
+	go func() {
+		defer close(first)
+		post("slow0")
+	}()
+	select {
+	case c := <-accepted: // the first clone is under way
+		defer c.Close()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first import never connected")
+	}
+	for i := 1; i < MaxAccountImports; i++ {
+		go post(fmt.Sprintf("slow%d", i))
+		select {
+		case c := <-accepted:
+			defer c.Close()
+		case <-time.After(10 * time.Second):
+			t.Fatalf("import %d never connected", i)
+		}
+	}
+	// Without the bound this one hangs like the others: 10 s fail it.
+	bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer bcancel()
+	status, body := e.do(bctx, "POST", "/v1/projects", tok, ProjectRequest{Name: "one-too-many", Git: url})
+	if status != http.StatusTooManyRequests || !strings.Contains(string(body), "imports") {
+		t.Errorf("an import beyond the bound: %d %s", status, body)
+	}
+	cancel()
+	<-first
 }

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -269,6 +271,7 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string, progress func(
 	// Checked out only once its size is known (checkout, below).
 	args = append(args, "--no-checkout", "--no-recurse-submodules", "--", src, dir)
 	cmd := exec.CommandContext(ctx, "git", args...)
+	groupKill(cmd)
 	cmd.Env = []string{
 		"HOME=" + empty,
 		"XDG_CONFIG_HOME=" + empty,
@@ -300,6 +303,16 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string, progress func(
 	return p.checkout(ctx, dir, shown, config, cmd.Env)
 }
 
+// groupKill makes cmd's cancellation kill its whole process group (git
+// runs its transport in a remote helper, git-remote-http, which would
+// otherwise keep talking to a server that never answers, and keep Wait
+// waiting for the pipes it holds), and bounds that wait.
+func groupKill(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+}
+
 // checkout checks out the clone at dir if its HEAD's tree holds no more
 // than the import's bounds, reading the tree's listing only as far as the
 // bounds (a git bomb lists billions of entries). config and env are the
@@ -314,6 +327,7 @@ func (p *Projects) checkout(ctx context.Context, dir, shown string, config, env 
 	}
 	git := func(ctx context.Context, args ...string) *exec.Cmd {
 		cmd := exec.CommandContext(ctx, "git", append(append(append([]string{}, config...), "-C", dir), args...)...)
+		groupKill(cmd)
 		cmd.Env = env
 		return cmd
 	}
