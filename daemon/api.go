@@ -92,6 +92,13 @@ func (a *App) createAccount(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// Bounds of tokens minted over HTTP: a name's bytes, and the live tokens
+// an account that is not an admin may mint itself.
+const (
+	MaxTokenName     = 128
+	MaxAccountTokens = 64
+)
+
 // createToken serves POST /v1/accounts/{name}/tokens {"name":N}: an
 // administrator mints a token for any account, an account for itself.
 func (a *App) createToken(w http.ResponseWriter, r *http.Request) error {
@@ -108,9 +115,27 @@ func (a *App) createToken(w http.ResponseWriter, r *http.Request) error {
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
+	if len(req.Name) > MaxTokenName {
+		return apiErr(http.StatusBadRequest, KindInvalid, "a token's name has at most %d bytes", MaxTokenName)
+	}
 	acct, err := a.store.AccountByName(r.Context(), name)
 	if err != nil {
 		return err
+	}
+	if !a.isAdmin(caller) {
+		toks, err := a.store.ListTokens(r.Context(), acct.ID)
+		if err != nil {
+			return err
+		}
+		live := 0
+		for _, t := range toks {
+			if t.Revoked.IsZero() {
+				live++
+			}
+		}
+		if live >= MaxAccountTokens {
+			return apiErr(http.StatusForbidden, KindForbidden, "account %s has %d live tokens, the most it may mint itself (revoke some)", acct.Name, live)
+		}
 	}
 	tok, t, err := a.store.CreateToken(r.Context(), acct.ID, req.Name)
 	if err != nil {
@@ -161,6 +186,22 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 		if err := a.requireHostPaths(r.Context(), acct); err != nil {
 			return err
 		}
+	}
+	if max := a.opts.MaxAccountProjects; max > 0 && !a.isAdmin(acct) {
+		n, err := a.store.CreatedProjects(r.Context(), acct.ID)
+		if err != nil {
+			return err
+		}
+		if n >= max {
+			return apiErr(http.StatusForbidden, KindForbidden, "account %s created %d projects, the most this daemon allows (delete one, or ask an admin)", acct.Name, n)
+		}
+	}
+	if req.Git != "" {
+		done, err := a.startImport(acct)
+		if err != nil {
+			return err
+		}
+		defer done()
 	}
 	p, err := a.proj.Create(r.Context(), spec)
 	if err != nil {

@@ -123,7 +123,26 @@ type AppOptions struct {
 	ProcessRetention       time.Duration
 	MaxProcessesPerProject int
 	MaxProcessesPerAccount int
+	// OwnerLimits are the largest machine limits a project owner who is
+	// not an admin may set (PUT /v1/projects/{id}/machine): the machines'
+	// defaults, so that an owner may lower a limit but never lift one,
+	// nor remove one (a negative value), which only admins may. A zero
+	// field means the worker's default (DefaultOwnerLimits); a negative
+	// one no ceiling (the defaults are unlimited); Disk zero means any
+	// size (the default disk is none).
+	OwnerLimits LimitsJSON
+	// MaxAccountProjects bounds the projects an account that is not an
+	// admin may have created and not deleted (POST /v1/projects answers
+	// 403 beyond; projects others made it an owner of do not count): each managed
+	// project takes one of the worker's host id ranges, which all
+	// accounts share. Zero means DefaultMaxAccountProjects; negative, no
+	// bound.
+	MaxAccountProjects int
 }
+
+// DefaultMaxAccountProjects is AppOptions.MaxAccountProjects' default:
+// a tenth of the worker's id ranges (worker.DefaultMaxProjects).
+const DefaultMaxAccountProjects = 100
 
 // App is the daemon's HTTP application over one core. It is an
 // http.Handler; Close it when done (after the server stopped).
@@ -151,6 +170,43 @@ type App struct {
 
 	followDone chan struct{} // closed when followSessions returned
 	once       sync.Once
+
+	importMu sync.Mutex
+	imports  map[int64]int // git imports in flight, by account
+	importN  int           // all git imports in flight
+}
+
+// Bounds of git imports (POST /v1/projects with a git URL) running at
+// once: each is a clone on the host for up to CloneTimeout.
+const (
+	MaxAccountImports = 2 // per account that is not an admin
+	MaxImports        = 8 // for the whole daemon
+)
+
+// startImport reserves a git import for acct, or answers 429; the
+// returned function gives it back.
+func (a *App) startImport(acct store.Account) (func(), error) {
+	a.importMu.Lock()
+	defer a.importMu.Unlock()
+	if a.importN >= MaxImports {
+		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "the daemon runs %d git imports, the most at once; retry later", a.importN)
+	}
+	if n := a.imports[acct.ID]; n >= MaxAccountImports && !a.isAdmin(acct) {
+		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "account %s runs %d git imports, the most at once; retry later", acct.Name, n)
+	}
+	if a.imports == nil {
+		a.imports = make(map[int64]int)
+	}
+	a.imports[acct.ID]++
+	a.importN++
+	return func() {
+		a.importMu.Lock()
+		defer a.importMu.Unlock()
+		if a.imports[acct.ID]--; a.imports[acct.ID] == 0 {
+			delete(a.imports, acct.ID)
+		}
+		a.importN--
+	}, nil
 }
 
 // Route is one registered route: Method is empty for routes that accept
@@ -178,6 +234,9 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 	}
 	if opts.MaxTimeout <= 0 {
 		opts.MaxTimeout = DefaultMaxTimeout
+	}
+	if opts.MaxAccountProjects == 0 {
+		opts.MaxAccountProjects = DefaultMaxAccountProjects
 	}
 	if opts.MaxOutput <= 0 {
 		opts.MaxOutput = DefaultMaxOutput

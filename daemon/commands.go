@@ -88,6 +88,23 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	// The body may carry MaxStdin bytes of input (as base64) beyond
 	// MaxBody; everything else stays under MaxBody.
 	limit := a.opts.MaxBody + int64(base64.StdEncoding.EncodedLen(int(a.opts.MaxStdin)))
+	// A body that may be larger than MaxBody is held in memory about
+	// twice (the JSON text, then the decoded stdin): reserve that before
+	// reading it, so that concurrent uploads stay within the budget.
+	if n := r.ContentLength; n < 0 || n > a.opts.MaxBody {
+		if n < 0 || n > limit {
+			n = limit
+		}
+		ctl, err := a.core.Sandbox()
+		if err != nil {
+			return err
+		}
+		input, err := ctl.Admit(r.Context(), sandbox.Admission{Kind: sandbox.AdmitInput, Account: acct.ID, Bytes: 2 * n})
+		if err != nil {
+			return err
+		}
+		defer input.Release()
+	}
 	body := &countingBody{ReadCloser: r.Body}
 	r.Body = body
 	if err := a.decodeBodyLimit(w, r, &req, limit); err != nil {

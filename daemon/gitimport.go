@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -13,6 +14,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -59,7 +62,20 @@ type GitImportOptions struct {
 	AllowCIDRs []netip.Prefix
 	// Resolver resolves host names; nil means net.DefaultResolver.
 	Resolver Resolver
+	// MaxFiles and MaxBytes bound the checkout of a clone (files, and
+	// bytes of their content): the clone is checked before it is checked
+	// out, and one beyond is refused (ErrGitImport), so that a "git bomb"
+	// of a few objects cannot fill the host. Zero means
+	// DefaultImportMaxFiles and DefaultImportMaxBytes; negative, no bound.
+	MaxFiles int
+	MaxBytes int64
 }
+
+// The default bounds of a git import's checkout.
+const (
+	DefaultImportMaxFiles = 200_000
+	DefaultImportMaxBytes = 4 << 30
+)
 
 // Resolver resolves host names, as *net.Resolver does.
 type Resolver interface {
@@ -246,13 +262,16 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string, progress func(
 			args = append(args, "-c", "http.curloptResolve="+u.Hostname()+":"+strconv.Itoa(port)+":"+a)
 		}
 	}
+	config := args
 	clone := []string{"clone", "--quiet"}
 	if progress != nil {
 		clone = []string{"clone", "--progress"}
 	}
 	args = append(args, clone...)
-	args = append(args, "--no-recurse-submodules", "--", src, dir)
+	// Checked out only once its size is known (checkout, below).
+	args = append(args, "--no-checkout", "--no-recurse-submodules", "--", src, dir)
 	cmd := exec.CommandContext(ctx, "git", args...)
+	groupKill(cmd)
 	cmd.Env = []string{
 		"HOME=" + empty,
 		"XDG_CONFIG_HOME=" + empty,
@@ -280,6 +299,91 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string, progress func(
 		msg := strings.TrimSpace(stderr.String())
 		p.logger().Debug("git import failed", "url", shown, "err", err, "stderr", redact.String(msg))
 		return fmt.Errorf("%w: cannot clone %s: %s", ErrInvalidProject, shown, cloneFailure(msg))
+	}
+	return p.checkout(ctx, dir, shown, config, cmd.Env)
+}
+
+// groupKill makes cmd's cancellation kill its whole process group (git
+// runs its transport in a remote helper, git-remote-http, which would
+// otherwise keep talking to a server that never answers, and keep Wait
+// waiting for the pipes it holds), and bounds that wait.
+func groupKill(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+}
+
+// checkout checks out the clone at dir if its HEAD's tree holds no more
+// than the import's bounds, reading the tree's listing only as far as the
+// bounds (a git bomb lists billions of entries). config and env are the
+// clone's.
+func (p *Projects) checkout(ctx context.Context, dir, shown string, config, env []string) error {
+	maxFiles, maxBytes := p.GitImport.MaxFiles, p.GitImport.MaxBytes
+	if maxFiles == 0 {
+		maxFiles = DefaultImportMaxFiles
+	}
+	if maxBytes == 0 {
+		maxBytes = DefaultImportMaxBytes
+	}
+	git := func(ctx context.Context, args ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, "git", append(append(append([]string{}, config...), "-C", dir), args...)...)
+		groupKill(cmd)
+		cmd.Env = env
+		return cmd
+	}
+	if err := git(ctx, "rev-parse", "-q", "--verify", "HEAD^{tree}").Run(); err != nil {
+		return nil // an empty repository: nothing to check out
+	}
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ls := git(lctx, "ls-tree", "-r", "-l", "-z", "HEAD")
+	out, err := ls.StdoutPipe()
+	if err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	if err := ls.Start(); err != nil {
+		return fmt.Errorf("daemon: %w", err)
+	}
+	var files int
+	var size int64
+	over := ""
+	r := bufio.NewReader(out)
+	for over == "" {
+		entry, err := r.ReadString(0)
+		if err != nil {
+			break
+		}
+		// <mode> SP <type> SP <object> SP+ <size> TAB <path>
+		meta, _, _ := strings.Cut(entry, "\t")
+		f := strings.Fields(meta)
+		if len(f) != 4 || f[1] != "blob" {
+			continue
+		}
+		files++
+		n, _ := strconv.ParseInt(f[3], 10, 64)
+		size += n
+		switch {
+		case maxFiles > 0 && files > maxFiles:
+			over = fmt.Sprintf("more than %d files", maxFiles)
+		case maxBytes > 0 && size > maxBytes:
+			over = fmt.Sprintf("more than %d bytes", maxBytes)
+		}
+	}
+	if over != "" {
+		cancel() // the rest of the listing is not read
+	}
+	werr := ls.Wait()
+	if over != "" {
+		return fmt.Errorf("%w: %s: its checkout would hold %s, more than a git import may (%d files, %d bytes)", ErrGitImport, shown, over, maxFiles, maxBytes)
+	}
+	if werr != nil {
+		return fmt.Errorf("%w: cannot list %s: %v", ErrInvalidProject, shown, werr)
+	}
+	var stderr bytes.Buffer
+	co := git(ctx, "checkout", "-q")
+	co.Stderr = &limitedBuffer{b: &stderr, n: 64 << 10}
+	if err := co.Run(); err != nil {
+		return fmt.Errorf("%w: cannot check out %s: %s", ErrInvalidProject, shown, cloneFailure(strings.TrimSpace(stderr.String())))
 	}
 	return nil
 }

@@ -44,6 +44,39 @@ func machineJSON(p store.Project) *MachineJSON {
 	return &MachineJSON{Image: p.Image, Limits: LimitsJSON{l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp}}
 }
 
+// DefaultOwnerLimits are the ceilings of AppOptions.OwnerLimits' zero
+// fields: the worker's default limits (worker.DefaultMemory, DefaultPids,
+// DefaultCPUMillis, DefaultTmp).
+var DefaultOwnerLimits = LimitsJSON{Memory: 1 << 30, Pids: 512, CPUMillis: 1000, Tmp: 256 << 20}
+
+// allows returns a 403 error unless a project owner who is not an admin
+// may ask for l under the ceilings c (AppOptions.OwnerLimits).
+func (c LimitsJSON) allows(l LimitsJSON) error {
+	for _, f := range []struct {
+		name           string
+		v, ceil, deflt int64
+	}{
+		{"memory", l.Memory, c.Memory, DefaultOwnerLimits.Memory},
+		{"pids", l.Pids, c.Pids, DefaultOwnerLimits.Pids},
+		{"cpuMillis", l.CPUMillis, c.CPUMillis, DefaultOwnerLimits.CPUMillis},
+		{"tmp", l.Tmp, c.Tmp, DefaultOwnerLimits.Tmp},
+		{"disk", l.Disk, c.Disk, DefaultOwnerLimits.Disk},
+	} {
+		ceil := f.ceil
+		if ceil == 0 {
+			ceil = f.deflt
+		}
+		switch {
+		case ceil < 0:
+		case f.v < 0:
+			return apiErr(http.StatusForbidden, KindForbidden, "only a daemon admin may remove the %s limit of a machine", f.name)
+		case ceil > 0 && f.v > ceil:
+			return apiErr(http.StatusForbidden, KindForbidden, "%s limit %d is above %d, the most a project owner may set (a daemon admin may set more)", f.name, f.v, ceil)
+		}
+	}
+	return nil
+}
+
 // imageName is the syntax of image names (package image's).
 var imageName = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
 
@@ -97,6 +130,11 @@ func (a *App) setMachine(w http.ResponseWriter, r *http.Request) error {
 		return apiErr(http.StatusBadRequest, KindInvalid, "invalid image name %q", req.Image)
 	}
 	l := req.Limits
+	if acct, _ := accountFrom(r.Context()); !a.isAdmin(acct) {
+		if err := a.opts.OwnerLimits.allows(l); err != nil {
+			return err
+		}
+	}
 	if err := a.store.SetProjectMachine(r.Context(), p.ID, req.Image,
 		store.MachineLimits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}); err != nil {
 		return err

@@ -38,9 +38,9 @@ func TestMachineSpecAndReset(t *testing.T) {
 	if status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Image: "../etc"}); status != http.StatusBadRequest {
 		t.Errorf("bad image name: %d %s", status, body)
 	}
-	status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Image: "nosuch", Limits: LimitsJSON{Memory: 300 << 20, CPUMillis: 1500}})
+	status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Image: "nosuch", Limits: LimitsJSON{Memory: 300 << 20, CPUMillis: 500}})
 	var got MachineJSON
-	if status != 200 || json.Unmarshal(body, &got) != nil || got.Image != "nosuch" || got.Limits.Memory != 300<<20 || got.Limits.CPUMillis != 1500 {
+	if status != 200 || json.Unmarshal(body, &got) != nil || got.Image != "nosuch" || got.Limits.Memory != 300<<20 || got.Limits.CPUMillis != 500 {
 		t.Fatalf("set machine: %d %s", status, body)
 	}
 	status, body = e.do(ctx, "POST", commandsPath(p.ID), tok, cmdBody("true"))
@@ -84,5 +84,40 @@ func TestMachineSpecAndReset(t *testing.T) {
 	}
 	if status, body := e.do(ctx, "POST", commandsPath(p.ID), tok, cmdBody("test", "-e", "/var/tmp/mark")); status != 200 || !strings.Contains(string(body), `"code":1`) {
 		t.Fatalf("the change survived the reset: %d %s", status, body)
+	}
+}
+
+// TestOwnerCannotLiftMachineLimits is an attack: every account may create
+// a project and so owns one; an owner that is not a daemon admin asking
+// for no limit (negative) or for more than the daemon's ceiling
+// (AppOptions.OwnerLimits, the machines' defaults) would take the host's
+// memory, tasks, CPU and disk for one tenant. It is refused with 403 and
+// the stored limits are unchanged; lowering a limit is allowed, and an
+// admin may lift any.
+func TestOwnerCannotLiftMachineLimits(t *testing.T) {
+	e := newEnv(t, envOpts{app: AppOptions{Admins: []string{"root"}, OwnerLimits: LimitsJSON{Disk: 1 << 30}}})
+	ctx := context.Background()
+	alice, tok := e.account("alice")
+	_, rootTok := e.account("root")
+	p := e.managedProject("box", alice)
+	path := fmt.Sprintf("/v1/projects/%d/machine", p.ID)
+	for _, l := range []LimitsJSON{
+		{Pids: -1}, {Memory: -1}, {CPUMillis: -1}, {Tmp: -1}, {Disk: -1},
+		{Memory: 1 << 40}, {Pids: 1 << 20}, {CPUMillis: 64000}, {Tmp: 1 << 40}, {Disk: 1 << 40},
+	} {
+		status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Limits: l})
+		if status != http.StatusForbidden || !strings.Contains(string(body), "admin") {
+			t.Errorf("owner sets %+v: %d %s", l, status, body)
+		}
+	}
+	if got, err := e.st.GetProject(ctx, p.ID); err != nil || got.Limits != (store.MachineLimits{}) {
+		t.Fatalf("stored limits after refusals: %+v %v", got.Limits, err)
+	}
+	lower := LimitsJSON{Memory: 300 << 20, Pids: 100, CPUMillis: 500, Tmp: 16 << 20, Disk: 64 << 20}
+	if status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Limits: lower}); status != http.StatusOK {
+		t.Errorf("owner lowers the limits: %d %s", status, body)
+	}
+	if status, body := e.do(ctx, "PUT", path, rootTok, MachineJSON{Limits: LimitsJSON{Pids: -1, Memory: 1 << 40}}); status != http.StatusOK {
+		t.Errorf("admin lifts the limits: %d %s", status, body)
 	}
 }

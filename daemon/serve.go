@@ -150,6 +150,12 @@ type Config struct {
 	// Admins and AllowHostPaths are passed to AppOptions.
 	Admins         []string
 	AllowHostPaths bool
+	// OwnerLimits are the machines' default limits (those WorkerArgs
+	// give the supervised worker): the most a project owner who is not an
+	// admin may set (AppOptions.OwnerLimits).
+	OwnerLimits LimitsJSON
+	// MaxAccountProjects is AppOptions.MaxAccountProjects.
+	MaxAccountProjects int
 	// Export configures GitHub export (the host-side push credential, the
 	// allowed remotes).
 	Export export.Options
@@ -327,7 +333,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, c.Close()) }()
-	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, MaxSessionLifetime: cfg.MaxSessionLifetime})
+	app, err := BuildApp(c, AppOptions{StateDir: state, Logger: log, Metrics: metrics, Admins: cfg.Admins, AllowHostPaths: cfg.AllowHostPaths, OwnerLimits: cfg.OwnerLimits, MaxAccountProjects: cfg.MaxAccountProjects, Export: cfg.Export, GitImport: cfg.GitImport, Sites: cfg.Sites, MaxSessionLifetime: cfg.MaxSessionLifetime})
 	if err != nil {
 		return err
 	}

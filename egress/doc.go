@@ -34,8 +34,10 @@
 //
 // # Bounds and audit
 //
-// Per machine: at most Options.MaxConns concurrent connections (64), an
-// optional byte rate for all of them together (Options.BytesPerSecond, both
+// Per machine: at most Options.MaxConns concurrent connections (64) and
+// twice as many accepted client connections (a connection accepted beyond
+// them is closed unserved: a guest's idle connections cannot exhaust the
+// serving process's descriptors), an optional byte rate for all of them together (Options.BytesPerSecond, both
 // directions), an idle timeout per connection (5 minutes). Every attempt
 // yields a [Record] (account, project, protocol, name, address, port,
 // verdict allowed/denied/failed, the deciding rule, bytes in and out,

@@ -39,6 +39,7 @@ func (m *Machine) ServeHTTP(ln net.Listener) error {
 
 // serveHTTP is ServeHTTP for a tracked listener.
 func (m *Machine) serveHTTP(ln net.Listener) error {
+	ln = bounded{ln, m}
 	p := goproxy.NewProxyHttpServer()
 	p.Logger = log.New(io.Discard, "", 0)
 	p.Tr = &http.Transport{

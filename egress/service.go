@@ -36,6 +36,8 @@ type Options struct {
 	// that long; 0 means 5 minutes.
 	IdleTimeout time.Duration
 	// MaxConns bounds a machine's concurrent connections; 0 means 64.
+	// Its proxies hold at most twice as many accepted client connections
+	// (tunnels and handshakes together); one beyond is closed unserved.
 	MaxConns int
 	// BytesPerSecond bounds a machine's traffic (both directions of all its
 	// connections together); 0 means unlimited.
@@ -122,6 +124,7 @@ type Machine struct {
 	account, project int64
 	rules            atomic.Pointer[Rules]
 	slots            chan struct{}
+	clients          chan struct{} // accepted client connections
 	limiter          *rate.Limiter // nil: unlimited
 
 	mu        sync.Mutex
@@ -136,6 +139,7 @@ type Machine struct {
 func (s *Service) NewMachine(account, project int64, p Policy) (*Machine, error) {
 	m := &Machine{s: s, account: account, project: project,
 		slots:     make(chan struct{}, s.opts.MaxConns),
+		clients:   make(chan struct{}, 2*s.opts.MaxConns),
 		listeners: make(map[net.Listener]struct{}), conns: make(map[*conn]struct{})}
 	if bps := s.opts.BytesPerSecond; bps > 0 {
 		m.limiter = rate.NewLimiter(rate.Limit(bps), max(bps, 32<<10))
@@ -185,6 +189,43 @@ func (m *Machine) track(ln net.Listener) bool {
 	m.listeners[ln] = struct{}{}
 	m.wg.Add(1)
 	return true
+}
+
+// bounded is ln whose accepted connections count against m's clients:
+// one accepted while they are all taken is closed at once, so that a
+// guest opening connections it never uses holds a bounded number of the
+// serving process's descriptors.
+type bounded struct {
+	net.Listener
+	m *Machine
+}
+
+func (b bounded) Accept() (net.Conn, error) {
+	for {
+		c, err := b.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case b.m.clients <- struct{}{}:
+			return &clientConn{Conn: c, m: b.m}, nil
+		default:
+			c.Close()
+		}
+	}
+}
+
+// clientConn is an accepted client connection; Close frees its place.
+type clientConn struct {
+	net.Conn
+	m    *Machine
+	once sync.Once
+}
+
+func (c *clientConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.m.clients })
+	return err
 }
 
 func (m *Machine) untrack(ln net.Listener) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -415,5 +417,56 @@ func TestHostHeaderIgnored(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	if want := fmt.Sprintf("up.test:%d", f.port); resp.StatusCode != 200 || string(b) != want {
 		t.Errorf("the upstream saw Host %q (%s), want %q", b, resp.Status, want)
+	}
+}
+
+// TestIdleClientsBounded is an attack: a guest opening connections to its
+// proxies and sending nothing held one accepted descriptor (and a
+// goroutine) each in the process that serves the egress — the daemon —
+// for the 30 s handshake deadline, again and again: twenty thousand of
+// them exhaust the daemon's descriptors, and every tenant's API calls and
+// database opens fail. A machine's proxies hold at most 2×MaxConns
+// accepted connections together; one beyond that is closed at once.
+func TestIdleClientsBounded(t *testing.T) {
+	f := newFixture(t, proxyPolicy("up.test"), func(o *Options) { o.MaxConns = 4 })
+	const limit = 8
+	greet := func(addr string) (net.Conn, error) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		c.Write([]byte{5, 1, 0})
+		var sel [2]byte
+		_, err = io.ReadFull(c, sel[:])
+		return c, err
+	}
+	// The limit's worth idle in SOCKS5 handshakes, each being served.
+	for range limit {
+		if _, err := greet(f.socksProxy); err != nil {
+			t.Fatalf("a connection within the limit: %v", err)
+		}
+	}
+	// Beyond it, connections to either proxy are closed unserved.
+	for i := range 20 {
+		addr := f.socksProxy
+		if i%2 == 1 {
+			addr = f.httpProxy
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if addr == f.socksProxy {
+			c.Write([]byte{5, 1, 0})
+		} else {
+			fmt.Fprintf(c, "GET http://up.test:%d/ HTTP/1.1\r\nHost: up.test\r\n\r\n", f.port)
+		}
+		if n, err := c.Read(make([]byte, 64)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("connection %d beyond the limit was served: %d bytes, %v", i, n, err)
+		}
 	}
 }

@@ -45,6 +45,7 @@ func (m *Machine) ServeSOCKS5(ln net.Listener) error {
 
 // serveSOCKS5 is ServeSOCKS5 for a tracked listener.
 func (m *Machine) serveSOCKS5(ln net.Listener) error {
+	ln = bounded{ln, m}
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {

@@ -32,6 +32,10 @@ type AdmissionKind string
 const (
 	AdmitCommand AdmissionKind = "command" // a RunCommand call
 	AdmitSession AdmissionKind = "session" // an Open or PrepareExecution call (a long-lived session)
+	// AdmitInput reserves Bytes of a request's input the caller holds in
+	// memory (the daemon's command stdin) against the captured-bytes
+	// budget; it counts no command.
+	AdmitInput AdmissionKind = "input"
 )
 
 // Admission is what a command or session asks for.
@@ -141,6 +145,8 @@ func add(u *Usage, a Admission, sign int) {
 		u.CapturedBytes += int64(sign) * a.Bytes
 	case AdmitSession:
 		u.Sessions += sign
+	case AdmitInput:
+		u.CapturedBytes += int64(sign) * a.Bytes
 	}
 }
 
@@ -160,6 +166,10 @@ func over(b Budget, u Usage, a Admission, whose string) error {
 	case AdmitSession:
 		if b.Sessions > 0 && u.Sessions+1 > b.Sessions {
 			return fmt.Errorf("%w: %s budget of %d concurrent sessions is exhausted; retry later", ErrBusy, whose, b.Sessions)
+		}
+	case AdmitInput:
+		if b.CapturedBytes > 0 && u.CapturedBytes+a.Bytes > b.CapturedBytes {
+			return fmt.Errorf("%w: %s budget of %d captured bytes cannot hold the request's input (%d in flight, this input reserves %d); retry later or send less", ErrBusy, whose, b.CapturedBytes, u.CapturedBytes, a.Bytes)
 		}
 	}
 	return nil

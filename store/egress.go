@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 )
 
@@ -59,7 +60,22 @@ type EgressEntry struct {
 	Duration          time.Duration
 }
 
-// AppendEgress journals one connection attempt and returns its id.
+// MaxEgressRows is how many egress journal rows a project keeps: its
+// older rows are deleted as it appends more (checked every
+// egressPruneEvery appends of the project, so it may briefly hold up to
+// that many more). A machine opening connections in a loop, thousands a
+// second, must not grow the daemon's database without bound.
+const MaxEgressRows = 10000
+
+// maxEgressRows is MaxEgressRows (tests lower it).
+var maxEgressRows int64 = MaxEgressRows
+
+// egressPruneEvery is how many appends of a project pass between two
+// deletions of its rows beyond maxEgressRows.
+const egressPruneEvery = 64
+
+// AppendEgress journals one connection attempt and returns its id. The
+// project's oldest rows beyond MaxEgressRows are deleted.
 func (s *Store) AppendEgress(ctx context.Context, e EgressEntry) (int64, error) {
 	res, err := s.w.ExecContext(ctx, `INSERT INTO egress_log (account, project, protocol, name, addr, port,
 		verdict, rule, error, bytes_in, bytes_out, started_at, duration_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -68,7 +84,18 @@ func (s *Store) AppendEgress(ctx context.Context, e EgressEntry) (int64, error) 
 	if err != nil {
 		return 0, classify(err, "append egress journal")
 	}
-	return res.LastInsertId()
+	id, err := res.LastInsertId()
+	if err != nil {
+		return 0, err
+	}
+	n, _ := s.egressAppends.LoadOrStore(e.Project, new(atomic.Int64))
+	if n.(*atomic.Int64).Add(1)%egressPruneEvery == 0 {
+		if _, err := s.w.ExecContext(ctx, `DELETE FROM egress_log WHERE project = ?1 AND id <=
+			(SELECT id FROM egress_log WHERE project = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`, e.Project, maxEgressRows); err != nil {
+			return id, classify(err, "prune egress journal")
+		}
+	}
+	return id, nil
 }
 
 // EgressLog returns project's most recent journal rows, newest first, at

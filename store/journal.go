@@ -79,10 +79,42 @@ const (
 		WHERE id = ? AND outcome IS NULL`
 )
 
+// MaxJournalArgv bounds what a journal row keeps of a command's argv, in
+// bytes (each argument counting 3 more, its JSON quotes and comma): an
+// account sending commands with megabytes of arguments must not grow the
+// database by as much per command. A longer argv is kept up to the bound
+// and ends with an argument saying how much was not journaled.
+const MaxJournalArgv = 16 << 10
+
+// boundArgv returns argv cut to MaxJournalArgv (argv itself when it fits).
+func boundArgv(argv []string) []string {
+	n := 0
+	for _, a := range argv {
+		n += len(a) + 3
+	}
+	if n <= MaxJournalArgv {
+		return argv
+	}
+	var out []string
+	left := MaxJournalArgv
+	for i, a := range argv {
+		if len(a)+3 > left {
+			if left > 3 {
+				out = append(out, strings.ToValidUTF8(a[:left-3], ""))
+			}
+			out = append(out, fmt.Sprintf("[corral: argv of %d bytes cut at %d, %d arguments not journaled]", n, MaxJournalArgv, len(argv)-i-1))
+			return out
+		}
+		out = append(out, a)
+		left -= len(a) + 3
+	}
+	return out
+}
+
 // JournalStart records that a command starts now and returns its entry's
 // ID, which JournalFinish takes.
 func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, error) {
-	argv := in.Argv
+	argv := boundArgv(in.Argv)
 	if argv == nil {
 		argv = []string{}
 	}

@@ -201,10 +201,15 @@ func (s *Store) AddMember(ctx context.Context, m Member) (Member, error) {
 	if m.Role != RoleOwner && m.Role != RoleMember {
 		return Member{}, fmt.Errorf("store: add member: invalid role %q", m.Role)
 	}
-	m.Created = s.stamp()
-	_, err := s.w.ExecContext(ctx,
-		"INSERT INTO members (project, account, role, trusted, created_at) VALUES (?, ?, ?, ?, ?)",
-		m.Project, m.Account, string(m.Role), m.Trusted, ms(m.Created))
+	// A membership is strictly younger than the project's earlier ones,
+	// so that the first (its creator's, see CreatedProjects) is the only
+	// one without an earlier.
+	var created int64
+	err := s.w.QueryRowContext(ctx,
+		`INSERT INTO members (project, account, role, trusted, created_at) VALUES (?1, ?2, ?3, ?4,
+			max(?5, coalesce((SELECT max(created_at) + 1 FROM members WHERE project = ?1), 0))) RETURNING created_at`,
+		m.Project, m.Account, string(m.Role), m.Trusted, ms(s.stamp())).Scan(&created)
+	m.Created = fromMS(created)
 	if err != nil {
 		return Member{}, classifyExists(err, fmt.Sprintf("the membership of account %d in project %d", m.Account, m.Project), fmt.Sprintf("add account %d to project %d", m.Account, m.Project))
 	}
@@ -282,6 +287,18 @@ func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (P
 	}
 	m := Member{Project: project, Account: account, Role: Role(role.String), Trusted: trusted.Int64 != 0, Created: fromMS(joined.Int64)}
 	return p, m, nil
+}
+
+// CreatedProjects returns how many projects account created: those it
+// is an owner of since before any other member joined (an owner added by
+// someone else does not count).
+func (s *Store) CreatedProjects(ctx context.Context, account int64) (int, error) {
+	var n int
+	if err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM members m WHERE m.account = ? AND m.role = ? AND NOT EXISTS
+		(SELECT 1 FROM members o WHERE o.project = m.project AND o.created_at < m.created_at)`, account, RoleOwner).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: created projects: %w", err)
+	}
+	return n, nil
 }
 
 // ListMembers returns a project's members, by account ID.

@@ -130,6 +130,8 @@ type Store struct {
 	rStmts map[string]*sql.Stmt
 
 	wr writer // the group commit of the hot writes (exec)
+
+	egressAppends sync.Map // project id → *atomic.Int64: AppendEgress calls
 }
 
 // Open opens (and with opts.Migrate, creates and migrates) the database at

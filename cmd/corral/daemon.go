@@ -101,6 +101,8 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 			if disk.set {
 				cfg.WorkerArgs = append(cfg.WorkerArgs, "--disk", disk.String())
 			}
+			// Owners may lower them, not lift them.
+			cfg.OwnerLimits = daemon.LimitsJSON{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)
@@ -129,6 +131,7 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	fl.Var(intLimit(&cfg.AccountBudget.Sessions), "account-max-sessions", "concurrent sessions of one account (`N`, default 128; unlimited)")
 	fl.Var(&limitFlag{p: &cfg.MemoryLimit, size: true}, "memory-limit", "Go soft memory `SIZE` limit (default: --max-captured + 256MiB unless GOMEMLIMIT is set; unlimited leaves it alone)")
 	fl.DurationVar(&cfg.MaxSessionLifetime, "max-session-lifetime", daemon.DefaultMaxSessionLifetime, "close sessions (WebSocket, LSP, proxied sites) this long after they opened (`DURATION`)")
+	fl.IntVar(&cfg.MaxAccountProjects, "account-max-projects", daemon.DefaultMaxAccountProjects, "projects one account that is not an admin may own (`N`; each managed project takes one of the worker's id ranges; negative: unlimited)")
 	fl.Var(&memory, "memory", "default memory limit per machine, for the supervised worker (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "default task limit per machine, for the supervised worker (default 512)")
 	fl.Float64Var(&cpus, "cpus", 0, "default CPU limit per machine in CPUs, for the supervised worker (default 1)")
