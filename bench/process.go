@@ -130,3 +130,19 @@ func measureProcessStart(ctx context.Context, cr *corral, n int) ([]latRow, erro
 	defer stop()
 	return measureLatency(subjects, n), nil
 }
+
+func init() {
+	registerPhase(extraPhase{
+		name:  "process",
+		title: "Background processes",
+		intro: "POST …/processes of `sh -c 'echo ready'` through the daemon's HTTP app, timed until its first output line arrives on GET …/output?follow=1 (a confined host project, and the warm managed project). Samples: a tenth of -n, at least 20.",
+		run: func(ctx context.Context, env *phaseEnv) []latRow {
+			n := max(env.cfg.n/10, 20)
+			rows, err := measureProcessStart(ctx, env.cr, n)
+			if err != nil {
+				return []latRow{{name: "background process start → first output", failures: 1, firstErr: err}}
+			}
+			return rows
+		},
+	})
+}
