@@ -5,39 +5,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/mountpin"
 	"github.com/corral-sandbox/corral/wire"
 )
-
-// loopsOf lists the loop devices backed by files under dir.
-func loopsOf(dir string) []string {
-	var left []string
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), dir+"/") {
-			left = append(left, f)
-		}
-	}
-	return left
-}
-
-// awaitNoLoops fails t unless the loop devices backed under dir detach
-// (autoclear, once their filesystems are gone) within a few seconds.
-func awaitNoLoops(t testing.TB, dir string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for len(loopsOf(dir)) > 0 {
-		if time.Now().After(deadline) {
-			t.Errorf("loop devices left attached: %v", loopsOf(dir))
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // allocated is what the project disks under state take on the host
 // filesystem (their blocks): what the machines' writes cost the host,
@@ -67,7 +40,7 @@ func TestDiskLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { awaitNoLoops(t, state) }) // after the workers' Shutdown
+	t.Cleanup(func() { mountpin.Await(t, state+"/") }) // after the workers' Shutdown
 	h := newHarness(t, func(c *Config) { c.StateDir = state; c.Limits.Disk = limit })
 	// A home made before disks existed (an upgrade).
 	old := filepath.Join(h.w.cfg.HomesRoot, "1")
@@ -136,7 +109,7 @@ func TestDiskLimit(t *testing.T) {
 	if err := h.w.Shutdown(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	awaitNoLoops(t, state)
+	mountpin.Await(t, state+"/")
 	h2 := newHarness(t, func(c *Config) { c.StateDir = state; c.ProjectsRoot = h.root; c.Limits.Disk = limit })
 	c2 := h2.dial(t)
 	if r := h2.run(t, c2, p, "cat", "/home/corral/small"); r.code() != 0 || r.stdout != "kept\n" {
@@ -152,7 +125,7 @@ func TestDiskMigrates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { awaitNoLoops(t, state) })
+	t.Cleanup(func() { mountpin.Await(t, state+"/") })
 	h := newHarness(t, func(c *Config) { c.StateDir = state })
 	c := h.dial(t)
 	p := h.project(t, 1)

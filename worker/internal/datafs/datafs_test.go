@@ -5,11 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/mountpin"
 )
 
 // openTemp opens a data filesystem of size bytes in a temporary
@@ -37,30 +37,7 @@ func openTemp(t *testing.T, size int64) *FS {
 // a few seconds (autoclear detaches it once the filesystem is gone).
 func AwaitDetached(t testing.TB, image string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		left := backed(image)
-		if len(left) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Errorf("loop devices still backed by %s: %v", image, left)
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func backed(image string) []string {
-	var left []string
-	files, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err == nil && strings.HasPrefix(strings.TrimSpace(string(b)), image) {
-			left = append(left, f)
-		}
-	}
-	return left
+	mountpin.Await(t, image)
 }
 
 // allocated is what the file at path takes on the host filesystem (its

@@ -1,0 +1,79 @@
+package mountpin
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHoldersFindsAnotherNamespace mounts an image on a loop device, lets
+// a process in a new mount namespace copy the mount, unmounts it here, and
+// expects Holders to name that process (and nothing once it is gone).
+func TestHoldersFindsAnotherNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (loop devices, mount)")
+	}
+	for _, tool := range []string{"mkfs.ext4", "unshare", "losetup"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("no %s", tool)
+		}
+	}
+	dir := t.TempDir()
+	img, mnt := filepath.Join(dir, "img"), filepath.Join(dir, "mnt")
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	run("truncate", "-s", "8M", img)
+	run("mkfs.ext4", "-q", img)
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	loop := run("losetup", "--find", "--show", img)
+	run("mount", loop, mnt)
+	run("losetup", "-d", loop) // autoclear: detached once unmounted everywhere
+
+	if pids, _ := Holders(img); len(pids) != 0 {
+		t.Fatalf("Holders = %v while only this namespace mounts it", pids)
+	}
+	holder := exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "60")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Process.Kill()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ns, _ := os.Readlink("/proc/" + strconv.Itoa(holder.Process.Pid) + "/ns/mnt")
+		self, _ := os.Readlink("/proc/self/ns/mnt")
+		if ns != "" && ns != self {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("unshare made no namespace")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	run("umount", mnt)
+	pids, devs := Holders(img)
+	if len(pids) != 1 || pids[0] != holder.Process.Pid || len(devs) != 1 {
+		t.Fatalf("Holders = %v %v, want [%d] and one device", pids, devs, holder.Process.Pid)
+	}
+	holder.Process.Kill()
+	holder.Wait()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if pids, devs := Holders(img); len(pids) == 0 && len(devs) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the loop device stayed attached after its holder exited")
+		}
+	}
+}
