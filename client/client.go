@@ -8,6 +8,21 @@
 // RunCommand returns the sandbox's own result type for every completed
 // command (a nonzero exit included) and a *Error, which carries the API's
 // kind, status and partial output, for everything else.
+//
+// Every operation of the daemon's OpenAPI document (docs/openapi.json) has
+// a method named after it (CreateProject for createProject, OpenSession
+// for openSession, …); Do and DialWebSocket reach any other path. Every
+// error answer is a *Error, which errors.Is matches against ErrForbidden,
+// ErrNotFound, ErrBusy and the other sentinels by status:
+//
+//	if _, err := c.Project(ctx, id); errors.Is(err, client.ErrForbidden) { … }
+//
+// OpenSession runs one command over a WebSocket with its standard streams
+// (and optionally a terminal):
+//
+//	s, err := c.OpenSession(ctx, id, client.SessionRequest{Argv: []string{"sh"}, Stdout: os.Stdout, Stderr: os.Stderr})
+//	go io.Copy(s.Stdin(), os.Stdin)
+//	exit, err := s.Wait()
 package client
 
 import (
@@ -201,8 +216,8 @@ const EncodingBase64 = "base64"
 // MediaNDJSON is the media type of a streamed command answer.
 const MediaNDJSON = "application/x-ndjson"
 
-// RunCommand runs one bounded command in project id (runCommand) and returns its
-// result: every completed command, whatever its exit code. Any other
+// RunCommand runs one bounded command in project id (runCommand) and
+// returns its result: every completed command, whatever its exit code. Any other
 // outcome is a *Error (with the partial output of a command that started),
 // or a transport error of the HTTP request. Cancelling ctx closes the
 // request, which makes the daemon abort the command.
