@@ -493,6 +493,7 @@ func with(m map[string]any, kv ...any) map[string]any {
 // operation to the document means adding its cases here.
 func specCases(f *specFixture) []specCase {
 	ndjson := map[string]string{"Accept": MediaNDJSON}
+	octets := map[string]string{"Content-Type": "application/octet-stream"}
 	cases := []specCase{
 		// Operators.
 		{op: "getHealth", method: "GET", path: "/healthz", status: 200},
@@ -649,6 +650,33 @@ func specCases(f *specFixture) []specCase {
 		{op: "getEgressLog", as: "bob", method: "GET", path: "/v1/projects/{box}/egress/log?limit=10", status: 200},
 		{op: "getEgressLog", as: "bob", method: "GET", path: "/v1/projects/{box}/egress/log?limit=0", status: 400, badRequest: true},
 		{op: "getEgressLog", as: "carol", method: "GET", path: "/v1/projects/{box}/egress/log", status: 403},
+
+		// Files (in box's machine).
+		{op: "putFile", as: "alice", method: "PUT", path: "/v1/projects/{box}/files?path=/workspace/f.txt&mode=0600", body: "hello\x00\xff", header: octets, status: 200},
+		{op: "putFile", as: "carol", method: "PUT", path: "/v1/projects/{box}/files?path=/workspace/f.txt", body: "x", header: octets, status: 403},
+		{op: "putFile", as: "alice", method: "PUT", path: "/v1/projects/{box}/files?path=/workspace/../../etc/x", body: "x", header: octets, status: 400},
+		{op: "getFile", as: "bob", method: "GET", path: "/v1/projects/{box}/files?path=/workspace/f.txt", status: 200,
+			check: func(t *testing.T, _ *specFixture, _ *http.Response, b []byte) {
+				if string(b) != "hello\x00\xff" {
+					t.Errorf("%q", b)
+				}
+			}},
+		{op: "getFile", as: "bob", method: "GET", path: "/v1/projects/{box}/files?path=/workspace/nosuch", status: 404},
+		{op: "getFile", as: "bob", method: "GET", path: "/v1/projects/{box}/files", status: 400, badRequest: true},
+		{op: "statFile", as: "bob", method: "GET", path: "/v1/projects/{box}/files/stat?path=/workspace/f.txt", status: 200},
+		{op: "statFile", as: "bob", method: "GET", path: "/v1/projects/{box}/files/stat?path=/workspace/nosuch", status: 404},
+		{op: "listFiles", as: "bob", method: "GET", path: "/v1/projects/{box}/files/list?path=/workspace", status: 200},
+		{op: "listFiles", as: "carol", method: "GET", path: "/v1/projects/{box}/files/list?path=/workspace", status: 403},
+		{op: "makeDirectory", as: "alice", method: "POST", path: "/v1/projects/{box}/files/mkdir", body: map[string]any{"path": "/workspace/d"}, status: 200},
+		{op: "makeDirectory", as: "alice", method: "POST", path: "/v1/projects/{box}/files/mkdir", body: map[string]any{"path": "/workspace/d"}, status: 409},
+		{op: "makeDirectory", as: "alice", method: "POST", path: "/v1/projects/{box}/files/mkdir", body: map[string]any{"dir": "/workspace/e"}, status: 400, badRequest: true},
+		{op: "renameFile", as: "alice", method: "POST", path: "/v1/projects/{box}/files/rename", body: map[string]any{"from": "/workspace/f.txt", "to": "/workspace/d/g.txt"}, status: 204},
+		{op: "renameFile", as: "alice", method: "POST", path: "/v1/projects/{box}/files/rename", body: map[string]any{"from": "/workspace/nosuch", "to": "/workspace/x"}, status: 404},
+		{op: "removeFile", as: "alice", method: "POST", path: "/v1/projects/{box}/files/remove", body: map[string]any{"path": "/workspace/d", "recursive": true}, status: 204},
+		{op: "removeFile", as: "alice", method: "POST", path: "/v1/projects/{box}/files/remove", body: map[string]any{"path": "/workspace/d"}, status: 404},
+		{op: "removeFile", as: "carol", method: "POST", path: "/v1/projects/{box}/files/remove", body: map[string]any{"path": "/workspace/site.py"}, status: 403},
+		{op: "watchFiles", as: "bob", method: "GET", path: "/v1/projects/{box}/files/watch?path=/workspace&recursive=1", ws: true, status: 101},
+		{op: "watchFiles", as: "carol", method: "GET", path: "/v1/projects/{box}/files/watch?path=/workspace", ws: true, status: 403},
 	}
 	// The Sites gateway, by path, for every method.
 	for _, m := range anyMethod {
