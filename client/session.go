@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,9 @@ type SessionRequest struct {
 	Cwd       string
 	User      string
 	LeaseKind sandbox.LeaseKind
+	// Env is merged over the sandbox's default environment, as
+	// CommandRequest.Env (names [A-Za-z_][A-Za-z0-9_]*: 400 otherwise).
+	Env map[string]string
 	// TTY, if non-nil, runs the command on a terminal of that size (zero
 	// fields: 24 × 80): all output then arrives on Stdout.
 	TTY *sandbox.TTYSize
@@ -88,6 +92,14 @@ func (r SessionRequest) query() url.Values {
 	}
 	if r.LeaseKind != "" {
 		q.Set("leaseKind", string(r.LeaseKind))
+	}
+	names := make([]string, 0, len(r.Env))
+	for k := range r.Env {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		q.Add("env", k+"="+r.Env[k])
 	}
 	if r.TTY != nil {
 		q.Set("tty", "1")

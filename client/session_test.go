@@ -86,7 +86,7 @@ func TestSession(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	s, err := c.OpenSession(context.Background(), 1, SessionRequest{
 		Argv: []string{"sh", "-c", "a&b?c"}, Cwd: "/w s", User: "root", LeaseKind: sandbox.LeaseTerminal,
-		TTY: &sandbox.TTYSize{Rows: 30, Cols: 100}, Stdout: &stdout, Stderr: &stderr,
+		TTY: &sandbox.TTYSize{Rows: 30, Cols: 100}, Env: map[string]string{"B": "2=x", "A": "1"}, Stdout: &stdout, Stderr: &stderr,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func TestSession(t *testing.T) {
 	if stdout.String() != "out1 out2" || stderr.String() != "err" {
 		t.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
 	}
-	want := "argv=sh&argv=-c&argv=a%26b%3Fc&cols=100&cwd=%2Fw+s&leaseKind=terminal&rows=30&tty=1&user=root"
+	want := "argv=sh&argv=-c&argv=a%26b%3Fc&cols=100&cwd=%2Fw+s&env=A%3D1&env=B%3D2%3Dx&leaseKind=terminal&rows=30&tty=1&user=root"
 	if query != want {
 		t.Errorf("query %q, want %q", query, want)
 	}

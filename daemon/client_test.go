@@ -30,7 +30,8 @@ func TestClientAgainstDaemon(t *testing.T) {
 	// stdin to stdout, a line on stderr, an exit status.
 	var stdout, stderr bytes.Buffer
 	s, err := c.OpenSession(ctx, p.ID, client.SessionRequest{
-		Argv:   []string{"sh", "-c", "cat; echo done >&2; exit 7"},
+		Argv:   []string{"sh", "-c", "cat; echo \"$GREETING\" >&2; exit 7"},
+		Env:    map[string]string{"GREETING": "done"},
 		Stdout: &stdout, Stderr: &stderr,
 	})
 	if err != nil {
