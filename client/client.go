@@ -8,6 +8,21 @@
 // RunCommand returns the sandbox's own result type for every completed
 // command (a nonzero exit included) and a *Error, which carries the API's
 // kind, status and partial output, for everything else.
+//
+// Every operation of the daemon's OpenAPI document (docs/openapi.json) has
+// a method named after it (CreateProject for createProject, OpenSession
+// for openSession, …); Do and DialWebSocket reach any other path. Every
+// error answer is a *Error, which errors.Is matches against ErrForbidden,
+// ErrNotFound, ErrBusy and the other sentinels by status:
+//
+//	if _, err := c.Project(ctx, id); errors.Is(err, client.ErrForbidden) { … }
+//
+// OpenSession runs one command over a WebSocket with its standard streams
+// (and optionally a terminal):
+//
+//	s, err := c.OpenSession(ctx, id, client.SessionRequest{Argv: []string{"sh"}, Stdout: os.Stdout, Stderr: os.Stderr})
+//	go io.Copy(s.Stdin(), os.Stdin)
+//	exit, err := s.Wait()
 package client
 
 import (
@@ -104,17 +119,63 @@ func (c *Client) Header() http.Header {
 // {"error":{"kind","message","stdout","stderr"}} and the HTTP status. Kind
 // is a sandbox.ErrorKind for a command that did not complete, otherwise
 // one of the daemon's kinds ("unauthorized", "forbidden", "notFound",
-// "invalid", "unavailable", ...).
+// "invalid", "unavailable", ...); an answer that is not a pinned error
+// body (a proxy's, say) has Kind "http" and the start of the body as its
+// Message.
+//
+// errors.Is matches an *Error against the sentinels ErrUnauthorized,
+// ErrForbidden, ErrNotFound, ErrInvalid, ErrRequestTooLarge, ErrConflict,
+// ErrBusy and ErrUnavailable by status (so that a 429 "prepare" is
+// ErrBusy and a 400 "prepare" is ErrInvalid), and any two *Error values
+// with the same Kind when the target has no status.
 type Error struct {
 	Status  int
 	Kind    string
 	Message string
 	Stdout  string
 	Stderr  string
+	// RetryAfter is the Retry-After of a 429 answer (zero otherwise).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("corral daemon: %d %s: %s", e.Status, e.Kind, e.Message)
+}
+
+// Is reports whether target is a sentinel of e's status (see Error), or
+// an *Error without a status whose Kind is e's.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	if !ok {
+		return false
+	}
+	if sentinelStatus, ok := sentinels[t]; ok {
+		return e.Status == sentinelStatus
+	}
+	return t.Status == 0 && t.Kind != "" && t.Kind == e.Kind
+}
+
+// Sentinels of the daemon's error statuses, for errors.Is.
+var (
+	ErrInvalid         = &Error{Kind: "invalid", Message: "400"}
+	ErrUnauthorized    = &Error{Kind: "unauthorized", Message: "401"}
+	ErrForbidden       = &Error{Kind: "forbidden", Message: "403"}
+	ErrNotFound        = &Error{Kind: "notFound", Message: "404"}
+	ErrConflict        = &Error{Kind: "conflict", Message: "409"}
+	ErrRequestTooLarge = &Error{Kind: "requestTooLarge", Message: "413"}
+	ErrBusy            = &Error{Kind: "busy", Message: "429"}
+	ErrUnavailable     = &Error{Kind: "unavailable", Message: "503"}
+)
+
+var sentinels = map[*Error]int{
+	ErrInvalid:         http.StatusBadRequest,
+	ErrUnauthorized:    http.StatusUnauthorized,
+	ErrForbidden:       http.StatusForbidden,
+	ErrNotFound:        http.StatusNotFound,
+	ErrConflict:        http.StatusConflict,
+	ErrRequestTooLarge: http.StatusRequestEntityTooLarge,
+	ErrBusy:            http.StatusTooManyRequests,
+	ErrUnavailable:     http.StatusServiceUnavailable,
 }
 
 // CommandRequest is the body of a command request; see the daemon's
@@ -155,8 +216,8 @@ const EncodingBase64 = "base64"
 // MediaNDJSON is the media type of a streamed command answer.
 const MediaNDJSON = "application/x-ndjson"
 
-// RunCommand runs one bounded command in project id and returns its
-// result: every completed command, whatever its exit code. Any other
+// RunCommand runs one bounded command in project id (runCommand) and
+// returns its result: every completed command, whatever its exit code. Any other
 // outcome is a *Error (with the partial output of a command that started),
 // or a transport error of the HTTP request. Cancelling ctx closes the
 // request, which makes the daemon abort the command.
@@ -221,7 +282,7 @@ func (c *Client) streamCommand(ctx context.Context, path string, creq CommandReq
 			return fmt.Errorf("client: POST %s: read answer: %w", path, err)
 		}
 		if resp.StatusCode/100 != 2 {
-			return decodeError(resp.StatusCode, data)
+			return decodeError(resp.StatusCode, resp.Header, data)
 		}
 		if err := json.Unmarshal(data, res); err != nil {
 			return fmt.Errorf("client: POST %s: decode answer: %w", path, err)
@@ -243,7 +304,7 @@ func (c *Client) streamCommand(ctx context.Context, path string, creq CommandReq
 			return fmt.Errorf("client: POST %s: decode streamed line: %w", path, err)
 		}
 		if _, ok := m["error"]; ok {
-			return decodeError(resp.StatusCode, line)
+			return decodeError(resp.StatusCode, nil, line)
 		}
 		if _, ok := m["code"]; ok {
 			if err := json.Unmarshal(line, res); err != nil {
@@ -305,7 +366,7 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("client: %s %s: read answer: %w", method, path, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		return decodeError(resp.StatusCode, data)
+		return decodeError(resp.StatusCode, resp.Header, data)
 	}
 	if out == nil || len(data) == 0 {
 		return nil
@@ -316,7 +377,19 @@ func (c *Client) Do(ctx context.Context, method, path string, body, out any) err
 	return nil
 }
 
-func decodeError(status int, data []byte) *Error {
+// decodeError decodes an error answer; h (may be nil) gives its
+// Retry-After.
+func decodeError(status int, h http.Header, data []byte) *Error {
+	out := decodeErrorBody(status, data)
+	if status == http.StatusTooManyRequests && h != nil {
+		if n, err := strconv.Atoi(h.Get("Retry-After")); err == nil && n >= 0 {
+			out.RetryAfter = time.Duration(n) * time.Second
+		}
+	}
+	return out
+}
+
+func decodeErrorBody(status int, data []byte) *Error {
 	var e sandbox.ErrorBody
 	if err := e.UnmarshalJSON(data); err != nil {
 		msg := strings.TrimSpace(string(data))
@@ -335,13 +408,19 @@ func decodeError(status int, data []byte) *Error {
 type Project struct {
 	ID   int64  `json:"id"`
 	Name string `json:"name"`
+	// Kind is "managed" or "host".
 	Kind string `json:"kind"`
-	Root string `json:"root,omitempty"`
+	// Root is a host project's directory (empty for managed projects).
+	Root    string    `json:"root,omitempty"`
+	Created time.Time `json:"created"`
+	// Role is the caller's role: "owner" or "member".
 	Role string `json:"role,omitempty"`
+	// Machine is a managed project's machine spec (nil for host projects).
+	Machine *Machine `json:"machine,omitempty"`
 }
 
-// CreateProject creates a project owned by the client's account. kind is
-// "managed" or "host"; see the daemon's ProjectRequest.
+// CreateProject creates a project owned by the client's account
+// (createProject); see ProjectRequest.
 func (c *Client) CreateProject(ctx context.Context, req ProjectRequest) (*Project, error) {
 	var p Project
 	if err := c.Do(ctx, http.MethodPost, "/v1/projects", req, &p); err != nil {
@@ -350,16 +429,22 @@ func (c *Client) CreateProject(ctx context.Context, req ProjectRequest) (*Projec
 	return &p, nil
 }
 
-// ProjectRequest is the body of CreateProject.
+// ProjectRequest is the body of CreateProject. Kind is "managed" (the
+// default) or "host"; a host project's Root, a managed project's From
+// (a host directory copied in) and local Git URLs are host paths, which
+// the daemon refuses (403) unless it allows them and an admin granted
+// them to the account. Git is a URL cloned into a new managed workspace.
+// ExportRemotes narrows the remotes the project may be exported to.
 type ProjectRequest struct {
-	Name string `json:"name"`
-	Kind string `json:"kind,omitempty"`
-	Root string `json:"root,omitempty"`
-	From string `json:"from,omitempty"`
-	Git  string `json:"git,omitempty"`
+	Name          string   `json:"name"`
+	Kind          string   `json:"kind,omitempty"`
+	Root          string   `json:"root,omitempty"`
+	From          string   `json:"from,omitempty"`
+	Git           string   `json:"git,omitempty"`
+	ExportRemotes []string `json:"exportRemotes,omitempty"`
 }
 
-// Projects lists the client's account's projects.
+// Projects lists the client's account's projects (listProjects).
 func (c *Client) Projects(ctx context.Context) ([]Project, error) {
 	var ps []Project
 	if err := c.Do(ctx, http.MethodGet, "/v1/projects", nil, &ps); err != nil {
@@ -368,7 +453,8 @@ func (c *Client) Projects(ctx context.Context) ([]Project, error) {
 	return ps, nil
 }
 
-// AddMember adds the named account to project id.
+// AddMember adds the named account to project id (addMember; owners
+// only), as an owner if owner is true, else as a member.
 func (c *Client) AddMember(ctx context.Context, projectID int64, account string, owner bool) error {
 	req := map[string]any{"account": account}
 	if owner {
@@ -377,7 +463,8 @@ func (c *Client) AddMember(ctx context.Context, projectID int64, account string,
 	return c.Do(ctx, http.MethodPost, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/members", req, nil)
 }
 
-// PublishSite publishes port of project id under name (/sites/{name}/).
+// PublishSite publishes port of project id under name (publishSite;
+// served at /sites/{name}/; 409 for a name another project holds).
 func (c *Client) PublishSite(ctx context.Context, projectID int64, name string, port int) error {
 	return c.Do(ctx, http.MethodPut, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/sites/"+url.PathEscape(name), map[string]int{"port": port}, nil)
 }

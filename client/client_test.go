@@ -23,6 +23,12 @@ func TestURL(t *testing.T) {
 		{"http://h:1", "/v1/projects/3/sites/" + url.PathEscape("a/b c"), "http://h:1/v1/projects/3/sites/a%2Fb%20c"},
 		{"http://h:1", "/v1/files?path=" + url.QueryEscape("/a b?c"), "http://h:1/v1/files?path=%2Fa+b%3Fc"},
 		{"/run/corral.sock", "/v1/projects?x=1", "http://corral/v1/projects?x=1"},
+		// A '?' escaped in a path segment stays in the path; the first bare
+		// '?' starts the query, later ones belong to it.
+		{"http://h:1", "/v1/projects/3/sites/" + url.PathEscape("a?b") + "/url", "http://h:1/v1/projects/3/sites/a%3Fb/url"},
+		{"http://h:1", "/v1/x?a=b?c", "http://h:1/v1/x?a=b?c"},
+		{"https://h/base%2Fx/", "/v1/y?z", "https://h/base%2Fx/v1/y?z"},
+		{"unix:/run/corral.sock", "/v1/projects/1/git/show?path=a%20b%3F", "http://corral/v1/projects/1/git/show?path=a%20b%3F"},
 	} {
 		c, err := New(tc.base, "")
 		if err != nil {

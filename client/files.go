@@ -90,7 +90,7 @@ func (c *Client) ReadFile(ctx context.Context, projectID int64, path, user strin
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return nil, FileInfo{}, decodeError(resp.StatusCode, data)
+		return nil, FileInfo{}, decodeError(resp.StatusCode, resp.Header, data)
 	}
 	info = FileInfo{Path: path, Type: "file", Size: resp.ContentLength, Mode: resp.Header.Get("X-Corral-Mode")}
 	if t, err := http.ParseTime(resp.Header.Get("Last-Modified")); err == nil {
@@ -123,7 +123,7 @@ func (c *Client) WriteFile(ctx context.Context, projectID int64, path, user stri
 		return FileInfo{}, fmt.Errorf("client: write %s: %w", path, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return FileInfo{}, decodeError(resp.StatusCode, data)
+		return FileInfo{}, decodeError(resp.StatusCode, resp.Header, data)
 	}
 	var fi FileInfo
 	if err := json.Unmarshal(data, &fi); err != nil {
@@ -207,7 +207,7 @@ func (c *Client) WatchFiles(ctx context.Context, projectID int64, path, user str
 	if err != nil {
 		if resp != nil && resp.StatusCode/100 != 2 && resp.StatusCode != http.StatusSwitchingProtocols {
 			data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-			return nil, decodeError(resp.StatusCode, data)
+			return nil, decodeError(resp.StatusCode, resp.Header, data)
 		}
 		return nil, fmt.Errorf("client: watch %s: %w", path, err)
 	}
