@@ -185,7 +185,7 @@ func (c *Client) ProcessOutput(ctx context.Context, projectID int64, id string, 
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		return nil, decodeError(resp.StatusCode, data)
+		return nil, decodeError(resp.StatusCode, resp.Header, data)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)

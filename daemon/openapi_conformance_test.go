@@ -138,13 +138,17 @@ type specFixture struct {
 	tokens   map[string]string
 	vars     *strings.Replacer
 	lspFound bool
+	// proc is the id of the background process the startProcess case
+	// started: the {proc} placeholder of the cases after it.
+	proc string
 }
 
 // specCase is one request of the conformance table. Its path may use the
 // placeholders {host} (a host project owned by alice), {box} (a managed
 // project owned by alice, bob a member, running the site "web"), {repo}
 // (a managed Git repository of alice's), {none} (an id no project has),
-// {remote} and {head} (the export remote and repo's head).
+// {remote} and {head} (the export remote and repo's head), {proc} (the
+// background process the first startProcess case started).
 type specCase struct {
 	op     string // the operationId the request must match
 	as     string // "alice", "bob" (member of box), "carol" (no project), "admin", "" (anonymous)
@@ -325,7 +329,7 @@ func (f *specFixture) run(t *testing.T, v validator.Validator, ops []specOp, c s
 	if c.op == "openLSPSession" && c.status == http.StatusSwitchingProtocols && !f.lspFound {
 		t.Skip("gopls is not installed where machines find it")
 	}
-	path := f.vars.Replace(c.path)
+	path := strings.ReplaceAll(f.vars.Replace(c.path), "{proc}", f.proc)
 	var body []byte
 	switch b := c.body.(type) {
 	case nil:
@@ -683,6 +687,32 @@ func specCases(f *specFixture) []specCase {
 		{op: "removeFile", as: "carol", method: "POST", path: "/v1/projects/{box}/files/remove", body: map[string]any{"path": "/workspace/site.py"}, status: 403},
 		{op: "watchFiles", as: "bob", method: "GET", path: "/v1/projects/{box}/files/watch?path=/workspace&recursive=1", ws: true, status: 101},
 		{op: "watchFiles", as: "carol", method: "GET", path: "/v1/projects/{box}/files/watch?path=/workspace", ws: true, status: 403},
+
+		// Background processes (in box's machine): one that prints and
+		// waits, followed, signalled, then deleted.
+		{op: "startProcess", as: "alice", method: "POST", path: "/v1/projects/{box}/processes",
+			body: map[string]any{"argv": []string{"sh", "-c", "echo up; exec sleep 300"}, "lifetime": 60}, status: 201,
+			check: func(t *testing.T, f *specFixture, _ *http.Response, b []byte) {
+				var p struct {
+					ID string `json:"id"`
+				}
+				if err := json.Unmarshal(b, &p); err != nil || p.ID == "" {
+					t.Fatalf("no process id in %s: %v", b, err)
+				}
+				f.proc = p.ID
+			}},
+		{op: "startProcess", as: "carol", method: "POST", path: "/v1/projects/{box}/processes", body: map[string]any{"argv": []string{"true"}}, status: 403},
+		{op: "startProcess", as: "alice", method: "POST", path: "/v1/projects/{box}/processes", body: map[string]any{"argv": []string{}}, status: 400, lenient: true},
+		{op: "listProcesses", as: "bob", method: "GET", path: "/v1/projects/{box}/processes", status: 200},
+		{op: "listProcesses", as: "carol", method: "GET", path: "/v1/projects/{box}/processes", status: 403},
+		{op: "getProcess", as: "bob", method: "GET", path: "/v1/projects/{box}/processes/{proc}", status: 200},
+		{op: "getProcess", as: "alice", method: "GET", path: "/v1/projects/{repo}/processes/{proc}", status: 404},
+		{op: "getProcessOutput", as: "bob", method: "GET", path: "/v1/projects/{box}/processes/{proc}/output?from=0&follow=0", status: 200},
+		{op: "getProcessOutput", as: "carol", method: "GET", path: "/v1/projects/{box}/processes/{proc}/output", status: 403},
+		{op: "signalProcess", as: "alice", method: "POST", path: "/v1/projects/{box}/processes/{proc}/signal", body: map[string]any{"signal": "CONT"}, status: 200},
+		{op: "signalProcess", as: "alice", method: "POST", path: "/v1/projects/{box}/processes/{proc}/signal", body: map[string]any{"signal": "NOSUCH"}, status: 400, lenient: true},
+		{op: "deleteProcess", as: "alice", method: "DELETE", path: "/v1/projects/{box}/processes/{proc}", status: 200},
+		{op: "deleteProcess", as: "alice", method: "DELETE", path: "/v1/projects/{box}/processes/{proc}", status: 404},
 	}
 	// The Sites gateway, by path, for every method.
 	for _, m := range anyMethod {
