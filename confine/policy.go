@@ -68,6 +68,19 @@ var SystemDirs = []string{"/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "
 // /run, which is granted (as a file) when the network is allowed.
 const resolvConf = "/etc/resolv.conf"
 
+// resolvConfTarget returns the file resolvConf is a symlink to, or an
+// error if it is none.
+func resolvConfTarget() (string, error) {
+	target, err := filepath.EvalSymlinks(resolvConf)
+	if err != nil {
+		return "", err
+	}
+	if target == resolvConf {
+		return "", errors.New("not a symlink")
+	}
+	return target, nil
+}
+
 // readFile is readExec for a rule on a file.
 const readFile = llsys.AccessFSExecute | llsys.AccessFSReadFile
 
@@ -129,7 +142,7 @@ func ruleset(p Policy) (int, error) {
 		rules = append(rules, landlock.PathAccess(readFile, p.Init))
 	}
 	if p.Network {
-		if target, err := filepath.EvalSymlinks(resolvConf); err == nil && target != resolvConf {
+		if target, err := resolvConfTarget(); err == nil {
 			rules = append(rules, landlock.PathAccess(llsys.AccessFSReadFile, target).IgnoreIfMissing())
 		}
 	}

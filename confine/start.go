@@ -47,6 +47,9 @@ import (
 // thread stays parked until the process has exited, because the kernel
 // sends the parent-death signal when the forking thread ends.
 func Start(cmd *exec.Cmd, p Policy) (*Tree, error) {
+	if p.User != nil {
+		return startUser(cmd, p, -1)
+	}
 	fd, err := ruleset(p)
 	if err != nil {
 		return nil, err
@@ -56,21 +59,12 @@ func Start(cmd *exec.Cmd, p Policy) (*Tree, error) {
 
 // startWith is Start with the ruleset already built; it closes fd.
 func startWith(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
-	started := make(chan startResult, 1)
-	go startOnConfinedThread(cmd, p, fd, started)
-	r := <-started
-	if r.err != nil {
-		// Killed from here, not from the confined thread: its Landlock
-		// domain may not signal the init, made by another.
-		_ = r.tree.Kill()
-		return nil, r.err
+	if p.User != nil {
+		return startUser(cmd, p, fd)
 	}
-	return r.tree, nil
-}
-
-type startResult struct {
-	tree *Tree
-	err  error
+	started := make(chan error, 1)
+	go startOnConfinedThread(cmd, fd, started)
+	return nil, <-started
 }
 
 // Tree is the pid namespace of a command Start started as a [User]: its
@@ -107,28 +101,26 @@ func (t *Tree) Done() <-chan struct{} {
 
 var closed = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
 
-func startOnConfinedThread(cmd *exec.Cmd, p Policy, fd int, started chan<- startResult) {
+// startOnConfinedThread restricts a thread of its own with ruleset fd
+// (closing it) and starts cmd from it.
+func startOnConfinedThread(cmd *exec.Cmd, fd int, started chan<- error) {
 	// Never unlocked: when this goroutine returns, the runtime ends the
-	// thread and its Landlock domain, capability sets and pid namespace
-	// for children with it. (Threads the runtime needs meanwhile are not
-	// cloned from a locked thread but from its template thread, so none of
-	// it spreads to anything but what this thread forks. Should this
-	// goroutine run on the main thread, the runtime parks that thread for
-	// good instead of ending it: it runs nothing else either.)
+	// thread and its Landlock domain with it (see runPrepared).
 	runtime.LockOSThread()
-	tree, err := confineAndStart(cmd, p, fd)
-	if err != nil || tree != nil || cmd.SysProcAttr == nil || cmd.SysProcAttr.Pdeathsig == 0 {
-		// On error, startWith kills the tree.
-		// A tree's processes have no parent-death signal (see
-		// confineAndStart): nothing hangs on this thread.
-		started <- startResult{tree: tree, err: err}
+	err := restrictThread(fd)
+	unix.Close(fd)
+	if err == nil {
+		err = cmd.Start()
+	}
+	if err != nil || cmd.SysProcAttr == nil || cmd.SysProcAttr.Pdeathsig == 0 {
+		started <- err
 		return
 	}
 	pid := cmd.Process.Pid
 	// Opened before the caller can Wait: the process cannot have been
 	// reaped yet, so the pidfd refers to it even if it already exited.
 	pidfd, perr := unix.PidfdOpen(pid, 0)
-	started <- startResult{}
+	started <- nil
 	if perr != nil {
 		// Without a pidfd, wait for the exit without reaping it (the
 		// caller's Wait does that).
@@ -150,86 +142,124 @@ func startOnConfinedThread(cmd *exec.Cmd, p Policy, fd int, started chan<- start
 	}
 }
 
-// confineAndStart restricts the calling (locked) thread and starts cmd
-// from it, in a new pid namespace as p.User if set. It closes fd.
+// startUser starts cmd as p.User in a new tree, from a prepared thread
+// (see onPrepared) whose capability sets are empty, that is in p's
+// network namespace and restricted by p's ruleset: fd if it is not -1
+// (startUser closes it, and the thread is discarded afterwards), else a
+// ruleset built for the thread. Per command, the thread only enters the
+// tree's pid namespace for its children (setns) and forks cmd as p.User
+// with no supplementary groups.
 //
 // Processes born in a pid namespace other than their parent's cannot have
 // Go's parent-death signal (Go's fork path checks that the parent is
 // still alive by comparing getppid, which is 0 there, with the parent's
-// pid, and kills the child). So cmd's Pdeathsig is dropped, and the tree
-// has a lifeline instead: the init reads a pipe whose only writer is the
-// Tree, and exits when it reads EOF, which happens when the calling
-// process dies; its death kills the namespace, cmd included.
-func confineAndStart(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
-	if p.User == nil {
-		err := restrictThread(fd)
-		unix.Close(fd)
-		if err != nil {
+// pid, and kills the child), nor could they on a prepared thread, which
+// ends when idle. So cmd's Pdeathsig is dropped, and the tree has a
+// lifeline instead: the init reads a pipe whose only writer is the Tree,
+// and exits when it reads EOF, which happens when the calling process
+// dies; its death kills the namespace, cmd included.
+func startUser(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
+	key := ""
+	if fd < 0 {
+		if _, err := Available(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
+		if err := p.check(); err != nil {
 			return nil, err
 		}
-		return nil, cmd.Start()
-	}
-	// The namespaces are entered before the Landlock restriction: a
-	// restricted thread may not setns into a process of another domain
-	// (the init, made by a thread of its own), as it may not ptrace it.
-	// On failure the tree is returned with the error, for the caller to
-	// kill (see startWith).
-	fail := func(tree *Tree, err error) (*Tree, error) {
-		unix.Close(fd)
-		return tree, err
-	}
-	if err := dropCapabilities(); err != nil {
-		return fail(nil, err)
-	}
-	if !p.Network {
-		net, err := offlineNetwork()
-		if err != nil {
-			return fail(nil, err)
-		}
-		if err := unix.Setns(net, unix.CLONE_NEWNET); err != nil {
-			return fail(nil, fmt.Errorf("confine: setns(CLONE_NEWNET): %w", err))
+		var err error
+		if key, err = threadKey("command", p); err != nil {
+			return nil, err
 		}
 	}
-	tree, initFD, err := takeInit(p.Init)
+	tree, nsfd, err := takeInit(p.Init)
 	if err != nil {
-		return fail(nil, err)
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return nil, err
 	}
-	// From now on this thread's children are born in the tree's namespace.
-	err = unix.Setns(initFD, unix.CLONE_NEWPID)
-	unix.Close(initFD)
+	defer unix.Close(nsfd)
+	var startErr error
+	err = onPrepared(key, func() error { return prepareUser(p, fd) }, func() bool {
+		// The pid namespace is entered by its descriptor, which the
+		// unrestricted caller opened: a restricted thread may not open
+		// it, nor setns by the init's pidfd (another domain's process, as
+		// it may not ptrace it).
+		if err := unix.Setns(nsfd, unix.CLONE_NEWPID); err != nil {
+			startErr = fmt.Errorf("confine: setns(CLONE_NEWPID): %w", err)
+			return false
+		}
+		attr := syscall.SysProcAttr{}
+		if cmd.SysProcAttr != nil {
+			attr = *cmd.SysProcAttr
+		}
+		attr.Credential = &syscall.Credential{Uid: p.User.UID, Gid: p.User.GID, Groups: []uint32{}}
+		attr.Pdeathsig = 0
+		cmd.SysProcAttr = &attr
+		startErr = cmd.Start()
+		return key != ""
+	})
+	if err == nil {
+		err = startErr
+	}
 	if err != nil {
-		return fail(tree, fmt.Errorf("confine: setns(CLONE_NEWPID): %w", err))
-	}
-	err = restrictThread(fd)
-	unix.Close(fd)
-	if err != nil {
-		return tree, err
-	}
-	attr := syscall.SysProcAttr{}
-	if cmd.SysProcAttr != nil {
-		attr = *cmd.SysProcAttr
-	}
-	attr.Credential = &syscall.Credential{Uid: p.User.UID, Gid: p.User.GID, Groups: []uint32{}}
-	attr.Pdeathsig = 0
-	cmd.SysProcAttr = &attr
-	if err := cmd.Start(); err != nil {
-		return tree, err
+		// Killed from here, not from the confined thread: its Landlock
+		// domain may not signal the init, made by another.
+		_ = tree.Kill()
+		return nil, err
 	}
 	return tree, nil
 }
 
+// prepareUser prepares the calling (locked) thread for starting p's
+// commands (see startUser): it empties the capability sets, enters the
+// offline network namespace unless p.Network, and restricts itself with
+// ruleset fd (closing it), or one built for p if fd is -1.
+func prepareUser(p Policy, fd int) error {
+	fail := func(err error) error {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+		return err
+	}
+	if err := dropCapabilities(); err != nil {
+		return fail(err)
+	}
+	if !p.Network {
+		net, err := offlineNetwork()
+		if err != nil {
+			return fail(err)
+		}
+		if err := unix.Setns(net, unix.CLONE_NEWNET); err != nil {
+			return fail(fmt.Errorf("confine: setns(CLONE_NEWNET): %w", err))
+		}
+	}
+	if fd < 0 {
+		var err error
+		if fd, err = ruleset(p); err != nil {
+			return err
+		}
+	}
+	err := restrictThread(fd)
+	unix.Close(fd)
+	return err
+}
+
 // initProc is a started init of a pid namespace, not yet a tree.
 type initProc struct {
-	cmd   *exec.Cmd
+	proc  *os.Process
 	lifeW *os.File // the lifeline's write end
 	pidfd int
+	nsfd  int // its pid namespace
 }
 
 // tree makes p a Tree: its reaper starts.
 func (p *initProc) tree() *Tree {
-	t := &Tree{init: p.cmd.Process, done: make(chan struct{})}
+	unix.Close(p.pidfd)
+	t := &Tree{init: p.proc, done: make(chan struct{})}
 	go func() {
-		_ = p.cmd.Wait()
+		_, _ = p.proc.Wait()
 		p.lifeW.Close()
 		close(t.done)
 	}()
@@ -238,7 +268,7 @@ func (p *initProc) tree() *Tree {
 
 // discard kills p and reaps it in the background.
 func (p *initProc) discard() {
-	unix.Close(p.pidfd)
+	unix.Close(p.nsfd)
 	_ = p.tree().Kill()
 }
 
@@ -250,10 +280,9 @@ func (p *initProc) exited() bool {
 }
 
 // spare is an init made ahead of time, so that starting a command costs
-// no init's start (a fork and an execve of corral's executable, and its
-// runtime's start, about a millisecond): the next command takes it, and
-// the next spare is made in the background. At most one is kept; it dies
-// with this process (its lifeline).
+// no init's start: the next command takes it, and the next spare is made
+// in the background. At most one is kept; it dies with this process (its
+// lifeline).
 var spare struct {
 	sync.Mutex
 	init    string
@@ -261,8 +290,9 @@ var spare struct {
 	filling bool
 }
 
-// takeInit returns an init for a new tree: the spare if there is a live
-// one for init, else a new one; and has the next spare made.
+// takeInit returns an init for a new tree and its pid namespace's
+// descriptor, which the caller closes: the spare if there is a live one
+// for init, else a new one; and has the next spare made.
 func takeInit(init string) (*Tree, int, error) {
 	spare.Lock()
 	p := spare.p
@@ -283,7 +313,7 @@ func takeInit(init string) (*Tree, int, error) {
 			return nil, -1, err
 		}
 	}
-	return p.tree(), p.pidfd, nil
+	return p.tree(), p.nsfd, nil
 }
 
 func fillSpare(init string) {
@@ -301,79 +331,118 @@ func fillSpare(init string) {
 	spare.p, spare.init = p, init
 }
 
-// newInit starts init (corral's executable) as the init of a new pid
-// namespace, from a thread of its own that empties its capability sets,
-// sets no_new_privs and restricts itself with Landlock to reading the
-// system directories and init: the init keeps uid 0 but executes with no
-// capability at all, and an unprivileged command can neither signal nor
-// trace it. Its standard input is the read end of the tree's lifeline, its
-// output /dev/null, and it holds no other descriptor, so it never keeps a
-// command's output open.
-func newInit(init string) (*initProc, error) {
-	type result struct {
-		p   *initProc
-		err error
+// minimalInit returns the program of a tree whose Policy names no init:
+// the static init (see staticInit), or where there is none, cat reading
+// the lifeline until EOF (its output is /dev/null), the cheapest program
+// that blocks for as long as the tree must live. Neither is corral: the
+// static init makes the kernel reap the command's orphans, cat reaps
+// nothing (they stay zombies until the tree is killed), which suits a
+// bounded command; long-lived ones name corral's init.
+func minimalInit() string {
+	if s := staticInit(); s != "" {
+		return s
 	}
-	c := make(chan result, 1)
-	go func() {
-		// Never unlocked (see startOnConfinedThread).
-		runtime.LockOSThread()
-		if err := dropCapabilities(); err != nil {
-			c <- result{nil, err}
-			return
-		}
-		exe := init
-		if exe == "" {
-			exe = minimalInit
-		}
-		fd, err := ruleset(Policy{Init: exe})
-		if err != nil {
-			c <- result{nil, err}
-			return
-		}
-		err = restrictThread(fd)
-		unix.Close(fd)
-		if err != nil {
-			c <- result{nil, err}
-			return
-		}
-		p, err := startInitProc(init)
-		c <- result{p, err}
-	}()
-	r := <-c
-	return r.p, r.err
+	return "/bin/cat"
 }
 
-func startInitProc(init string) (*initProc, error) {
+// newInit starts init (corral's executable; empty: minimalInit) as the
+// init of a new pid namespace, from a prepared thread (see onPrepared)
+// that emptied its capability sets, set no_new_privs and restricted
+// itself with Landlock to reading the system directories and init: the
+// init keeps uid 0 but executes with no capability at all, and an
+// unprivileged command can neither signal nor trace it. Its standard
+// input is the read end of the tree's lifeline, its output /dev/null (the
+// static init has none), and it holds no other descriptor, so it never
+// keeps a command's output open.
+func newInit(init string) (*initProc, error) {
+	exe, args := init, []string{init, InitArg}
+	if init == "" {
+		exe = minimalInit()
+		args = []string{"corral-init"}
+	}
+	rules := Policy{Init: exe}
+	if exe == staticInit() {
+		// A memfd: Landlock can name no rule for it, nor restricts it.
+		rules.Init = ""
+	}
+	key, err := threadKey("init", rules)
+	if err != nil {
+		return nil, err
+	}
+	var p *initProc
+	var startErr error
+	err = onPrepared(key, func() error { return prepareInit(rules) }, func() bool {
+		p, startErr = startInitProc(exe, args, exe != staticInit())
+		return true
+	})
+	if err == nil {
+		err = startErr
+	}
+	if err != nil {
+		return nil, err
+	}
+	// Opened here, by an unrestricted thread, before anything can reap
+	// the init (the pid is still its own): see startUser.
+	p.nsfd, err = unix.Open(fmt.Sprintf("/proc/%d/ns/pid", p.proc.Pid), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		p.nsfd = -1
+		p.discard()
+		return nil, fmt.Errorf("confine: open the pid namespace: %w", err)
+	}
+	return p, nil
+}
+
+// prepareInit prepares the calling (locked) thread for starting inits:
+// empty capability sets, restricted by the ruleset of rules.
+func prepareInit(rules Policy) error {
+	if err := dropCapabilities(); err != nil {
+		return err
+	}
+	fd, err := ruleset(rules)
+	if err != nil {
+		return err
+	}
+	err = restrictThread(fd)
+	unix.Close(fd)
+	return err
+}
+
+// devNull is /dev/null, opened once, the output of the inits that have one.
+var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.DevNull, os.O_RDWR, 0) })
+
+func startInitProc(exe string, args []string, withOutput bool) (*initProc, error) {
 	lifeR, lifeW, err := os.Pipe()
 	if err != nil {
 		return nil, fmt.Errorf("confine: lifeline: %w", err)
 	}
 	defer lifeR.Close()
-	args := []string{init, InitArg}
-	if init == "" {
-		init, args = minimalInit, []string{minimalInit}
+	files := []*os.File{lifeR}
+	if withOutput {
+		null, err := devNull()
+		if err != nil {
+			lifeW.Close()
+			return nil, fmt.Errorf("confine: lifeline: %w", err)
+		}
+		files = append(files, null, null)
 	}
-	c := &exec.Cmd{
-		Path:        init,
-		Args:        args,
-		Env:         []string{},
-		Stdin:       lifeR,
-		SysProcAttr: &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID},
-	}
-	if err := c.Start(); err != nil {
+	proc, err := os.StartProcess(exe, args, &os.ProcAttr{
+		Env:   []string{},
+		Files: files,
+		Sys:   &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWPID},
+	})
+	if err != nil {
 		lifeW.Close()
 		return nil, fmt.Errorf("confine: start the pid namespace's init: %w", err)
 	}
 	// Not reaped before Wait (initProc.tree): the pidfd refers to it.
-	pidfd, err := unix.PidfdOpen(c.Process.Pid, 0)
+	pidfd, err := unix.PidfdOpen(proc.Pid, 0)
 	if err != nil {
 		lifeW.Close()
-		_ = c.Process.Kill()
-		_ = c.Wait()
+		_ = proc.Kill()
+		_, _ = proc.Wait()
 		return nil, fmt.Errorf("confine: pidfd_open: %w", err)
 	}
-	return &initProc{cmd: c, lifeW: lifeW, pidfd: pidfd}, nil
+	return &initProc{proc: proc, lifeW: lifeW, pidfd: pidfd, nsfd: -1}, nil
 }
 
 var offline struct {
@@ -420,13 +489,6 @@ func offlineNetwork() (int, error) {
 	offline.fd = r.fd
 	return r.fd, nil
 }
-
-// minimalInit is the init of a tree whose Policy names none: cat, reading
-// the lifeline until EOF (its output is /dev/null), the cheapest program
-// that blocks for as long as the tree must live. It reaps nothing: the
-// command's orphans stay zombies until the tree is killed, which suits a
-// bounded command; long-lived ones name corral's init.
-const minimalInit = "/bin/cat"
 
 // InitArg is the first argument that turns corral into the init of a
 // confined command's pid namespace (see [Policy.User]); [MaybeRun] runs it.
