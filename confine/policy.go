@@ -39,10 +39,13 @@ type Policy struct {
 	// Init, if not empty, is corral's own executable, started as the init
 	// (PID 1) of the command's pid namespace with [InitArg] (its main must
 	// call [MaybeRun] first): it reaps the orphans the command leaves while
-	// it runs. Empty means a minimal init (/bin/cat reading its lifeline),
-	// which reaps nothing, so orphans stay zombies until the command's
-	// tree is killed, and which costs far less to start than a Go program:
-	// right for bounded commands, not for long-lived sessions.
+	// it runs. Empty means a minimal init: a static program of three
+	// system calls held in a sealed memfd, which makes the kernel reap
+	// the orphans and waits for its lifeline's end (on machines that
+	// cannot have it, /bin/cat reading its lifeline, which reaps nothing,
+	// so orphans stay zombies until the command's tree is killed). Either
+	// costs far less to start than a Go program: right for bounded
+	// commands, not for long-lived sessions.
 	Init string
 }
 

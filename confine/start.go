@@ -22,9 +22,11 @@ import (
 // command).
 //
 // With p.User (the caller must be root), the thread first empties its
-// capability bounding, ambient and inheritable sets, then starts p.Init as
-// the init of a new pid namespace, enters that namespace for its children
-// (setns), and forks cmd into it as p.User with no supplementary groups:
+// capability bounding, ambient and inheritable sets (a thread so prepared
+// serves the following starts of the same policy: see onPrepared), then
+// p.Init is started as the init of a new pid namespace (from a thread of
+// its own), the thread enters that namespace for its children (setns),
+// and forks cmd into it as p.User with no supplementary groups:
 // cmd is an ordinary process of the namespace (pid 2, not its init), so
 // signals behave as on the host (a shell's `kill $$` ends it). The
 // returned [Tree] kills the namespace, and with it every process cmd left

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -307,4 +308,96 @@ func processesWith(token string) []string {
 		}
 	}
 	return found
+}
+
+// TestUserMinimalInit: a tree whose policy names no init (RunCommand's)
+// has the minimal init: uid 0 with no capability and no_new_privs, immune
+// to the command, reaping its orphans, and the tree still dies whole.
+func TestUserMinimalInit(t *testing.T) {
+	e := newUserEnv(t)
+	p := e.policy()
+	p.Init = ""
+	out, err := e.run(t, p, "/bin/sh", "-c", "kill -KILL 1 2>/dev/null && echo killed-init; echo done")
+	if err != nil || out != "done\n" {
+		t.Errorf("kill its init: %v: %q", err, out)
+	}
+	var buf bytes.Buffer
+	cmd, tree := e.start(t, p, &buf, "/bin/sleep", "60")
+	status := initStatus(t, cmd.Process.Pid)
+	must(t, tree.Kill())
+	_ = cmd.Wait()
+	<-tree.Done()
+	for _, want := range []string{"Uid:\t0\t0\t0\t0", "CapEff:\t0000000000000000", "CapPrm:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("the init's status lacks %q:\n%s", want, status)
+		}
+	}
+
+	// An orphan (reparented to the init) is reaped while the command
+	// runs: it goes away (kill -0 fails) instead of staying a zombie.
+	if runtime.GOARCH == "amd64" {
+		out, err = e.run(t, p, "/bin/sh", "-c", `(/bin/true & echo $! > orphan); o=$(cat orphan); i=0
+while kill -0 $o 2>/dev/null && [ $i -lt 1000 ]; do i=$((i+1)); sleep 0.01; done
+kill -0 $o 2>/dev/null && echo zombie || echo reaped`)
+		if err != nil || out != "reaped\n" {
+			t.Errorf("orphan: %v: %q, want reaped", err, out)
+		}
+	}
+
+	token := fmt.Sprintf("300.%d", time.Now().UnixNano()%1e9)
+	out, err = e.run(t, p, "/bin/sh", "-c", "sleep "+token+" >/dev/null 2>&1 & setsid sleep "+token+" >/dev/null 2>&1 & echo started")
+	if err != nil || out != "started\n" {
+		t.Fatalf("%v: %q", err, out)
+	}
+	if left := processesWith(token); len(left) > 0 {
+		t.Fatalf("left running after the tree was killed: %v", left)
+	}
+}
+
+// TestUserRootReplaced: a root replaced between two commands of the same
+// policy (renamed away, a new directory made in its place) is the new
+// directory for the second command: it writes the new one, and the old
+// one, now elsewhere, is out of its reach, as if every command had its
+// ruleset built afresh.
+func TestUserRootReplaced(t *testing.T) {
+	e := newUserEnv(t)
+	p := e.policy()
+	p.Init = ""
+	if out, err := e.run(t, p, "/bin/sh", "-c", "echo one > "+e.root+"/one"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	moved := e.root + ".old"
+	must(t, os.Rename(e.root, moved))
+	must(t, os.Mkdir(e.root, 0o755))
+	must(t, os.Chown(e.root, int(testUser.UID), int(testUser.GID)))
+	if out, err := e.run(t, p, "/bin/sh", "-c", "echo two > "+e.root+"/two"); err != nil {
+		t.Fatalf("write the new root: %v: %s", err, out)
+	}
+	if out, err := e.run(t, p, "/bin/sh", "-c", "echo three > "+moved+"/three"); err == nil {
+		t.Fatalf("wrote the old root, renamed to %s: %s", moved, out)
+	}
+	if _, err := os.Stat(filepath.Join(moved, "three")); err == nil {
+		t.Fatal("the old root was written")
+	}
+}
+
+// initStatus returns /proc/PID/status of the init of pid's namespace.
+func initStatus(t *testing.T, pid int) string {
+	t.Helper()
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	must(t, err)
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if l, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid"); l != ns {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + e.Name() + "/status")
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == "NSpid:" && f[len(f)-1] == "1" {
+				return string(b)
+			}
+		}
+	}
+	t.Fatal("no init in the namespace")
+	return ""
 }
