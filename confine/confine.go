@@ -32,7 +32,8 @@
 //     and group with no supplementary groups and no capability in any set
 //     (the bounding set is emptied on the forking thread, which Go's own
 //     fork path cannot do), in a new pid namespace whose init is corral's
-//     own (see [InitArg]; the command itself is not the init, so signals
+//     own (see [InitArg]) or a minimal one ([Policy.Init]), uid 0 without
+//     any capability (the command itself is not the init, so signals
 //     behave as usual). Files the user cannot open by their permissions
 //     (/etc/shadow, the daemon's state, other users' /proc entries) stay
 //     closed, it cannot signal or trace processes it does not own, and
