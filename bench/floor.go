@@ -302,7 +302,8 @@ func captureFiles(stdout, stderr *os.File) ([]byte, []byte, error) {
 	go func() { _, err := eb.ReadFrom(stderr); errc <- err }()
 	var ob bytes.Buffer
 	_, oerr := ob.ReadFrom(stdout)
-	return ob.Bytes(), eb.Bytes(), errors.Join(oerr, <-errc)
+	eerr := <-errc // before eb is read: the goroutine writes it until then
+	return ob.Bytes(), eb.Bytes(), errors.Join(oerr, eerr)
 }
 
 // bareCaptureTrue is bare exec with corral's capture: stdin, stdout and

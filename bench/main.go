@@ -88,6 +88,7 @@ func main() {
 	flag.IntVar(&cfg.n, "n", 0, "latency samples per row (default 1000, 100 with -short)")
 	flag.StringVar(&cfg.out, "out", "", "markdown file whose generated section is rewritten (default docs/benchmarks.md, none with -short; \"-\" for none)")
 	flag.StringVar(&cfg.profile, "profile", "", "write pprof CPU profiles of each phase (and of the worker) into this directory")
+	capSamples := flag.Int("capture-samples", 0, "capture samples per row (default 3, 2 with -short)")
 	only := flag.String("only", "", "comma-separated phases to run (latency,cold,capture,concurrency,flood,leases, and the extra phases: "+extraNames()+"); implies -out \"\"")
 	flag.Parse()
 	switch {
@@ -114,6 +115,9 @@ func main() {
 	if cfg.short {
 		cfg.cold, cfg.captureBytes, cfg.captureSamples = 5, 256<<20, 2
 		cfg.concDuration, cfg.leaseRounds = time.Second, 1
+	}
+	if *capSamples > 0 {
+		cfg.captureSamples = *capSamples
 	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
 

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -321,7 +322,7 @@ func (r *report) markdown(w io.Writer) {
 	latTable(p, append(append([]latRow(nil), r.latency...), r.cold), bare)
 
 	p("\n### Capture throughput\n\n%s of zeros written by `dd bs=64K`; median of %d samples, the rows alternating; MB = 10⁶ bytes.\n\n", mib(r.cfg.captureBytes), r.cfg.captureSamples)
-	p("| Path | median MB/s | samples | ×floor |\n|---|---:|---:|---:|\n")
+	p("| Path | median MB/s | range MB/s | samples | ×floor |\n|---|---:|---:|---:|---:|\n")
 	floor := r.captureRow(capBare)
 	for _, c := range r.capture {
 		if c.skip != "" || len(c.mbps) == 0 {
@@ -329,14 +330,14 @@ func (r *report) markdown(w io.Writer) {
 			if c.failure != nil {
 				why = c.failure.Error()
 			}
-			p("| %s | – | 0 | – (skipped: %s) |\n", c.name, oneLine(why))
+			p("| %s | – | – | 0 | – (skipped: %s) |\n", c.name, oneLine(why))
 			continue
 		}
 		x := math.NaN()
 		if floor != nil {
 			x = ratio(median(c.mbps), median(floor.mbps))
 		}
-		p("| %s | %.0f | %d | %s |\n", c.name, median(c.mbps), len(c.mbps), fmtRatio(x))
+		p("| %s | %.0f | %.0f–%.0f | %d | %s |\n", c.name, median(c.mbps), slices.Min(c.mbps), slices.Max(c.mbps), len(c.mbps), fmtRatio(x))
 	}
 
 	p("\n### Concurrency (`true`, %v per subject and level, in %d alternating slices)\n\n", r.cfg.concDuration, concSlices)

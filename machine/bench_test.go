@@ -3,6 +3,7 @@ package machine_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,4 +237,83 @@ func procCPU(b *testing.B, pid int, children bool) time.Duration {
 		ticks += v
 	}
 	return time.Duration(ticks) * time.Second / 100 // USER_HZ
+}
+
+// BenchmarkGatewayCapture measures the throughput of a command's stdout
+// from a warm machine (dd of 64 MiB in 64 KiB writes, read to io.Discard
+// through a 64 KiB buffer) beside the same dd on the host writing into a
+// socketpair read the same way: the producer and the socket path, without
+// corral's capture. A third path is the host dd in a session of its own
+// (setsid), which puts it in a scheduling group of its own when the
+// kernel groups tasks by session (sched_autogroup_enabled), as a
+// machine's cgroup does: it separates the cost of the producer and the
+// consumer being in different scheduling groups from the machine's. The
+// paths alternate, one run each per iteration, and each reports its own
+// MB/s (10^6 bytes per second of its own time).
+//
+// The sub-benchmarks run the machine with the worker's default CPU limit
+// and with none.
+func BenchmarkGatewayCapture(b *testing.B) {
+	b.Run("cpu-limit", func(b *testing.B) { benchGatewayCapture(b, nil) })
+	b.Run("no-cpu-limit", func(b *testing.B) {
+		benchGatewayCapture(b, func(c *worker.Config) { c.Limits.CPUMillis = -1 })
+	})
+}
+
+func benchGatewayCapture(b *testing.B, mod func(*worker.Config)) {
+	const size = 64 << 20
+	argv := []string{"dd", "if=/dev/zero", "bs=65536", "count=" + strconv.Itoa(size/65536), "status=none"}
+	in, _ := newIntegrationWith(b, mod)
+	ctx := context.Background()
+	buf := make([]byte, 64<<10)
+	managed := func() {
+		s, err := in.g.Exec(ctx, in.req(argv...))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Close()
+		n, err := io.CopyBuffer(io.Discard, s.Stdout, buf)
+		exit, werr := s.Wait()
+		if err != nil || werr != nil || n != size || exit.Code == nil || *exit.Code != 0 {
+			b.Fatalf("copied %d, %v; Wait = %+v, %v", n, err, exit, werr)
+		}
+	}
+	bare := func(setsid bool) {
+		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		near, far := os.NewFile(uintptr(fds[0]), "near"), os.NewFile(uintptr(fds[1]), "far")
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.Stdout = far
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: setsid}
+		err = cmd.Start()
+		far.Close()
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, err := io.CopyBuffer(io.Discard, near, buf)
+		near.Close()
+		if werr := cmd.Wait(); err != nil || werr != nil || n != size {
+			b.Fatalf("copied %d, %v, %v", n, err, werr)
+		}
+	}
+	managed()
+	var dm, db, ds time.Duration
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		managed()
+		t1 := time.Now()
+		bare(false)
+		t2 := time.Now()
+		bare(true)
+		dm, db, ds = dm+t1.Sub(t0), db+t2.Sub(t1), ds+time.Since(t2)
+	}
+	b.StopTimer()
+	mbps := func(d time.Duration) float64 { return float64(size) * float64(b.N) / d.Seconds() / 1e6 }
+	b.ReportMetric(mbps(dm), "managed-MB/s")
+	b.ReportMetric(mbps(db), "bare-MB/s")
+	b.ReportMetric(mbps(ds), "bare-setsid-MB/s")
+	b.ReportMetric(float64(dm)/float64(db), "managed/bare")
 }
