@@ -3,6 +3,7 @@ package confine
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -229,12 +230,8 @@ func prepareUser(p Policy, fd int) error {
 		return fail(err)
 	}
 	if !p.Network {
-		net, err := offlineNetwork()
-		if err != nil {
+		if err := enterOffline(); err != nil {
 			return fail(err)
-		}
-		if err := unix.Setns(net, unix.CLONE_NEWNET); err != nil {
-			return fail(fmt.Errorf("confine: setns(CLONE_NEWNET): %w", err))
 		}
 	}
 	if fd < 0 {
@@ -449,21 +446,60 @@ func startInitProc(exe string, args []string, withOutput bool) (*initProc, error
 
 var offline struct {
 	sync.Mutex
-	fd int // 0: not made yet
+	fd  int // 0: not made yet
+	dev uint64
+	ino uint64 // the namespace's identity, to check fd and the result by
+}
+
+// offlineFDMin is the lowest descriptor number the offline namespace's
+// descriptor is moved to: far from the low numbers that the process's
+// ordinary opens and closes reuse all the time.
+const offlineFDMin = 1000
+
+// enterOffline moves the calling (locked) thread into the offline network
+// namespace (see offlineNetwork) and checks that it got there. The check
+// is what keeps a command off the host's network if the descriptor were
+// ever closed by code that did not own it and its number reused for
+// another namespace (the host's: a worker in the same process opens its
+// own): the thread's namespace must be the offline one, by identity, or
+// the start fails.
+func enterOffline() error {
+	fd, dev, ino, err := offlineNetwork()
+	if err != nil {
+		return err
+	}
+	if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("confine: setns(CLONE_NEWNET): %w", err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		return fmt.Errorf("confine: check the network namespace: %w", err)
+	}
+	if st.Dev != dev || st.Ino != ino {
+		return fmt.Errorf("confine: the offline network namespace's descriptor %d now names another namespace (closed by another owner?): refusing to start", fd)
+	}
+	return nil
 }
 
 // offlineNetwork returns a descriptor of the network namespace in which
-// the commands of a [User] without [Policy.Network] run: it has nothing but
-// a loopback interface that is down, so no socket of any protocol (TCP,
-// MPTCP, UDP, raw) reaches anything, and the host's abstract Unix sockets
-// are not in it. It is made once per process and shared by every such
-// command: what they could share there (abstract sockets) the Landlock
-// scope keeps apart.
-func offlineNetwork() (int, error) {
+// the commands of a [User] without [Policy.Network] run, and the
+// namespace's identity: it has nothing but a loopback interface that is
+// down, so no socket of any protocol (TCP, MPTCP, UDP, raw) reaches
+// anything, and the host's abstract Unix sockets are not in it. It is made
+// once per process and shared by every such command: what they could
+// share there (abstract sockets) the Landlock scope keeps apart. If the
+// descriptor no longer names that namespace (see enterOffline), a new
+// namespace is made.
+func offlineNetwork() (fd int, dev, ino uint64, err error) {
 	offline.Lock()
 	defer offline.Unlock()
 	if offline.fd > 0 {
-		return offline.fd, nil
+		var st unix.Stat_t
+		if unix.Fstat(offline.fd, &st) == nil && st.Dev == offline.dev && st.Ino == offline.ino {
+			return offline.fd, offline.dev, offline.ino, nil
+		}
+		slog.Error("confine: the offline network namespace's descriptor was closed or replaced by another owner; making a new namespace", "fd", offline.fd)
+		offline.fd = 0 // not ours any more: never closed here
 	}
 	type result struct {
 		fd  int
@@ -486,10 +522,19 @@ func offlineNetwork() (int, error) {
 	}()
 	r := <-c
 	if r.err != nil {
-		return -1, r.err
+		return -1, 0, 0, r.err
 	}
-	offline.fd = r.fd
-	return r.fd, nil
+	if high, err := unix.FcntlInt(uintptr(r.fd), unix.F_DUPFD_CLOEXEC, offlineFDMin); err == nil {
+		unix.Close(r.fd)
+		r.fd = high
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(r.fd, &st); err != nil {
+		unix.Close(r.fd)
+		return -1, 0, 0, fmt.Errorf("confine: the offline network namespace: %w", err)
+	}
+	offline.fd, offline.dev, offline.ino = r.fd, st.Dev, st.Ino
+	return offline.fd, offline.dev, offline.ino, nil
 }
 
 // InitArg is the first argument that turns corral into the init of a

@@ -1,0 +1,70 @@
+package confine
+
+import (
+	"os"
+	"runtime"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestOfflineDescriptorReplaced is an attack on the process, not the
+// command: code that closes a descriptor it does not own (a double close)
+// frees the offline network namespace's number, and an open of the host's
+// namespace takes it. A confined start must then still land in an offline
+// namespace, never the host's.
+func TestOfflineDescriptorReplaced(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	fd, _, ino, err := offlineNetwork()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fd < offlineFDMin {
+		t.Errorf("offline descriptor %d, want it moved to %d or above", fd, offlineFDMin)
+	}
+	host, err := unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hostSt unix.Stat_t
+	if err := unix.Fstat(host, &hostSt); err != nil {
+		t.Fatal(err)
+	}
+	// The "other owner" closes fd and the host's namespace reuses its number.
+	if err := unix.Dup3(host, fd, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(host)
+
+	type result struct {
+		ino uint64
+		err error
+	}
+	c := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread is discarded
+		if err := enterOffline(); err != nil {
+			c <- result{err: err}
+			return
+		}
+		var st unix.Stat_t
+		err := unix.Stat("/proc/thread-self/ns/net", &st)
+		c <- result{st.Ino, err}
+	}()
+	r := <-c
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.ino == hostSt.Ino {
+		t.Fatal("a confined thread entered the host's network namespace through a replaced descriptor")
+	}
+	if r.ino == ino {
+		t.Fatal("the thread is in the first offline namespace, which the test's descriptor no longer names")
+	}
+	unix.Close(fd) // the host namespace's copy, which nothing owns now
+	if _, _, now, _ := offlineNetwork(); now != r.ino {
+		t.Errorf("offlineNetwork names namespace %d, the thread is in %d", now, r.ino)
+	}
+}
