@@ -227,7 +227,11 @@ func (s *Store) JournalInterruptReleased(ctx context.Context, before time.Time, 
 type JournalFilter struct {
 	Project int64
 	Account int64
-	Lease   string
+	// Lease selects a lease's entries. No index serves it alone (schema
+	// 10 dropped it: every command paid for it, and no API lists by
+	// lease): with Project, the project's entries are scanned; alone,
+	// the journal.
+	Lease string
 	// Limit caps the number of entries (the newest are kept). If zero, 100.
 	Limit int
 }

@@ -96,7 +96,7 @@ const (
 
 var (
 	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
-	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate}
+	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy}
 )
 
 // scanLease scans leaseCols, then extra.
