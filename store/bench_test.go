@@ -429,3 +429,74 @@ func BenchmarkEgressPolicy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBatchTx is a batch of two (a command's lease released and its
+// journal entry finished) three ways: two commits of their own, one
+// database/sql transaction (how runBatch ran a batch until schema 10), and
+// runBatch (one transaction on the driver's connection). cpu-µs/op is the
+// process's CPU time of the two writes.
+func BenchmarkBatchTx(b *testing.B) {
+	for _, mode := range []string{"two-commits", "sql-tx", "runBatch"} {
+		b.Run(mode, func(b *testing.B) {
+			s, _ := benchLeases(b, 0)
+			ctx := context.Background()
+			p, err := s.ProjectByName(ctx, "p")
+			if err != nil {
+				b.Fatal(err)
+			}
+			code := 0
+			var cpu time.Duration
+			for b.Loop() {
+				l, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}, time.Now())
+				if err != nil {
+					b.Fatal(err)
+				}
+				id, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: p.ID, Lease: l.ID, LeaseKind: "terminal", Argv: []string{"true"}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				c0 := cpuTime(b)
+				now := ms(time.Now())
+				finish := []any{now, "exit", int64(0), "", false, "", int64(0), int64(0), "", id}
+				switch mode {
+				case "two-commits":
+					if err := s.ReleaseHeldLease(ctx, l.ID, fromMS(now)); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.JournalFinish(ctx, id, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
+						b.Fatal(err)
+					}
+				case "sql-tx":
+					tx, err := s.w.BeginTx(ctx, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					rel, _ := s.writeStmt(ctx, sqlRelease)
+					fin, _ := s.writeStmt(ctx, sqlJournalFinish)
+					if _, err := tx.StmtContext(ctx, rel).ExecContext(ctx, l.ID, now); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := tx.StmtContext(ctx, fin).ExecContext(ctx, finish...); err != nil {
+						b.Fatal(err)
+					}
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+				case "runBatch":
+					batch := []*writeReq{
+						{ctx: ctx, q: sqlRelease, args: []any{l.ID, now}, wake: make(chan struct{}, 1)},
+						{ctx: ctx, q: sqlJournalFinish, args: finish, wake: make(chan struct{}, 1)},
+					}
+					s.runBatch(batch)
+					for _, r := range batch {
+						if r.res.err != nil || r.res.rows != 1 {
+							b.Fatal(r.res)
+						}
+					}
+				}
+				cpu += cpuTime(b) - c0
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+		})
+	}
+}
