@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -57,7 +59,8 @@ const (
 // writeReq is one statement waiting in the queue.
 type writeReq struct {
 	ctx   context.Context
-	st    *sql.Stmt
+	q     string    // st's SQL
+	st    *sql.Stmt // q prepared on the write connection
 	args  []any
 	state atomic.Int32
 	// wake receives once: when the request's result is set, or when it is
@@ -111,7 +114,7 @@ func hot(ctx context.Context) (context.Context, error) {
 	return context.WithoutCancel(ctx), nil
 }
 
-// exec runs st, a statement prepared on the write connection, with args, as
+// exec runs q, a statement prepared on the write connection, with args, as
 // a transaction of its own or within a batch of other callers' statements.
 // Either way it is committed when exec returns nil (and its effects are
 // undone when it returns an error).
@@ -128,7 +131,11 @@ func hot(ctx context.Context) (context.Context, error) {
 //
 // Busy handling is unchanged: a batch's BEGIN IMMEDIATE waits for another
 // process's write lock up to the busy timeout, as a lone statement does.
-func (s *Store) exec(ctx context.Context, st *sql.Stmt, args ...any) execResult {
+func (s *Store) exec(ctx context.Context, q string, args ...any) execResult {
+	st, err := s.writeStmt(ctx, q)
+	if err != nil {
+		return execResult{err: err}
+	}
 	w := &s.wr
 	w.mu.Lock()
 	if !w.busy {
@@ -145,7 +152,7 @@ func (s *Store) exec(ctx context.Context, st *sql.Stmt, args ...any) execResult 
 	}
 	// A copy of args, so that the caller's stays on its stack on the path
 	// above.
-	req := &writeReq{ctx: ctx, st: st, args: append([]any(nil), args...), wake: make(chan struct{}, 1)}
+	req := &writeReq{ctx: ctx, q: q, st: st, args: append([]any(nil), args...), wake: make(chan struct{}, 1)}
 	w.queue = append(w.queue, req)
 	w.mu.Unlock()
 
@@ -228,29 +235,132 @@ func (s *Store) runBatch(batch []*writeReq) {
 	// The batch is its callers' together: no one caller's context ends it.
 	// Each statement checks its own caller's context before it runs.
 	ctx := context.Background()
-	tx, err := s.w.BeginTx(ctx, nil)
+	conn, err := s.w.Conn(ctx)
 	if err != nil {
 		for _, r := range batch {
 			r.res = execResult{err: fmt.Errorf("store: begin: %w", err)}
 		}
 		return
 	}
-	for _, r := range batch {
-		if err := r.ctx.Err(); err != nil {
-			r.res = execResult{err: err}
-			continue
+	defer conn.Close()
+	// The transaction runs on the driver's connection, with statements
+	// prepared on it once (BEGIN and COMMIT among them): a database/sql
+	// transaction starts a goroutine to watch its context, and parses
+	// BEGIN and COMMIT each time, which cost a batch of two more than two
+	// commits of their own (store BenchmarkBatchTx). conn keeps every
+	// other user of the write connection out meanwhile.
+	err = conn.Raw(func(dc any) error {
+		run := func(q string, args []any) execResult {
+			st, err := s.rawStmt(dc, q)
+			if err != nil {
+				return execResult{err: err}
+			}
+			nv, err := namedValues(args)
+			if err != nil {
+				return execResult{err: err}
+			}
+			return resultOf(st.ExecContext(ctx, nv))
 		}
-		r.res = resultOf(tx.StmtContext(ctx, r.st).ExecContext(ctx, r.args...))
-		if r.res.err != nil && !statementLevel(r.res.err) {
-			// The error may have ended the transaction: the batch fails.
-			_ = tx.Rollback()
-			s.failBatch(batch, r, fmt.Errorf("store: batch aborted by another statement: %w", r.res.err))
-			return
+		if r := run("BEGIN IMMEDIATE", nil); r.err != nil {
+			for _, req := range batch {
+				req.res = execResult{err: fmt.Errorf("store: begin: %w", r.err)}
+			}
+			return nil
+		}
+		for _, r := range batch {
+			if err := r.ctx.Err(); err != nil {
+				r.res = execResult{err: err}
+				continue
+			}
+			r.res = run(r.q, r.args)
+			if r.res.err != nil && !statementLevel(r.res.err) {
+				// The error may have ended the transaction: the batch
+				// fails. (ROLLBACK fails if SQLite ended it already.)
+				run("ROLLBACK", nil)
+				s.failBatch(batch, r, fmt.Errorf("store: batch aborted by another statement: %w", r.res.err))
+				return nil
+			}
+		}
+		if r := run("COMMIT", nil); r.err != nil {
+			// A failed COMMIT may leave the transaction open: end it, so
+			// that the connection's next user is not inside it.
+			run("ROLLBACK", nil)
+			s.failBatch(batch, nil, fmt.Errorf("store: commit: %w", r.err))
+		}
+		return nil
+	})
+	if err != nil { // conn was closed under it: nothing ran
+		for _, r := range batch {
+			r.res = execResult{err: fmt.Errorf("store: batch: %w", err)}
 		}
 	}
-	if err := tx.Commit(); err != nil {
-		s.failBatch(batch, nil, fmt.Errorf("store: commit: %w", err))
+}
+
+// rawStmts are the batch's statements prepared on the driver's write
+// connection, used only inside its Raw (which the write connection's
+// exclusive use orders), and dropped if the connection changes.
+type rawStmts struct {
+	dc any
+	m  map[string]driver.Stmt
+}
+
+// rawStmt returns q prepared on dc, the driver's write connection.
+func (s *Store) rawStmt(dc any, q string) (driver.StmtExecContext, error) {
+	rs := &s.raw
+	if rs.dc != dc {
+		// A new connection (database/sql replaced a broken one): the old
+		// one's statements went with it.
+		rs.dc, rs.m = dc, map[string]driver.Stmt{}
 	}
+	st := rs.m[q]
+	if st == nil {
+		pc, ok := dc.(driver.ConnPrepareContext)
+		if !ok {
+			return nil, errors.New("store: driver cannot prepare with a context")
+		}
+		var err error
+		if st, err = pc.PrepareContext(context.Background(), q); err != nil {
+			return nil, fmt.Errorf("store: prepare: %w", err)
+		}
+		rs.m[q] = st
+	}
+	ec, ok := st.(driver.StmtExecContext)
+	if !ok {
+		return nil, errors.New("store: driver statement cannot execute with a context")
+	}
+	return ec, nil
+}
+
+// closeRaw closes the raw statements (as the Store closes).
+func (s *Store) closeRaw() {
+	conn, err := s.w.Conn(context.Background())
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	_ = conn.Raw(func(dc any) error {
+		if s.raw.dc == dc {
+			for _, st := range s.raw.m {
+				st.Close()
+			}
+		}
+		s.raw = rawStmts{}
+		return nil
+	})
+}
+
+// namedValues converts args as database/sql does for a driver without a
+// converter of its own.
+func namedValues(args []any) ([]driver.NamedValue, error) {
+	nv := make([]driver.NamedValue, len(args))
+	for i, a := range args {
+		v, err := driver.DefaultParameterConverter.ConvertValue(a)
+		if err != nil {
+			return nil, fmt.Errorf("store: argument %d: %w", i+1, err)
+		}
+		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+	}
+	return nv, nil
 }
 
 // failBatch sets the result of every request of batch that succeeded or was

@@ -3,7 +3,9 @@ package store
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -408,5 +410,50 @@ func TestHotStatementContext(t *testing.T) {
 	}
 	if got, err := s.GetLease(context.Background(), l.ID); err != nil || got.State != LeaseReleased {
 		t.Fatalf("lease after release under a deadline: %+v, %v", got, err)
+	}
+}
+
+// TestBatchStatementsClosed: a batch runs on statements prepared on the
+// driver's write connection; closing the Store closes them, and with them
+// the database's files (SQLite keeps a connection with statements left
+// open, and its files, alive after close).
+func TestBatchStatementsClosed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "corral.db")
+	s, err := Open(context.Background(), path, Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	project := testProject(t, s)
+	batches := countBatches(t, nil)
+	release := holdWriter(t, s)
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			if _, err := s.CreateLease(ctx, NewLease{Project: project, Kind: "terminal", TTL: time.Hour}, time.Now()); err != nil {
+				t.Error(err)
+			}
+		})
+		waitWriter(t, s, i)
+	}
+	release()
+	wg.Wait()
+	if got := batches(); len(got) != 1 || got[0] != 2 {
+		t.Fatalf("batches %v, want one of 2", got)
+	}
+	if n, err := s.LiveLeaseCount(ctx); err != nil || n != 3 {
+		t.Fatalf("LiveLeaseCount = %d, %v; want 3", n, err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && strings.HasPrefix(target, path) {
+			t.Errorf("after Close, fd %s is still open on %s", fd.Name(), target)
+		}
 	}
 }

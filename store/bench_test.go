@@ -126,15 +126,19 @@ func BenchmarkJournal(b *testing.B) {
 	ctx := context.Background()
 	code := 0
 	b.ReportAllocs()
+	var start time.Duration
 	for b.Loop() {
+		c0 := cpuTime(b)
 		id, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: 1, Lease: "l", LeaseKind: "terminal", Argv: []string{"true"}})
 		if err != nil {
 			b.Fatal(err)
 		}
+		start += cpuTime(b) - c0
 		if err := s.JournalFinish(ctx, id, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
 			b.Fatal(err)
 		}
 	}
+	b.ReportMetric(float64(start.Microseconds())/float64(b.N), "start-cpu-µs/op")
 }
 
 // BenchmarkTenancy is the reads of one command's preparation: its project
@@ -382,5 +386,117 @@ func BenchmarkCommandContext(b *testing.B) {
 				b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 			})
 		}
+	}
+}
+
+// BenchmarkEgressPolicy is the policy read of every managed command's
+// preparation (package egress reads it as each session starts), with the
+// request's deadline on its context as core passes it, after a write.
+func BenchmarkEgressPolicy(b *testing.B) {
+	s, ids := benchLeases(b, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	p, err := s.ProjectByName(ctx, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name   string
+		policy string
+	}{{"none", ""}, {"set", `{"mode":"proxy","allow":["example.com"]}`}} {
+		b.Run(bc.name, func(b *testing.B) {
+			if bc.policy != "" {
+				if err := s.SetEgressPolicy(ctx, p.ID, bc.policy); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportAllocs()
+			var cpu time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				if err := s.HeartbeatLease(ctx, ids[0], time.Now()); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				c0 := cpuTime(b)
+				got, err := s.EgressPolicy(ctx, p.ID)
+				if err != nil || got != bc.policy {
+					b.Fatal(got, err)
+				}
+				cpu += cpuTime(b) - c0
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+		})
+	}
+}
+
+// BenchmarkBatchTx is a batch of two (a command's lease released and its
+// journal entry finished) three ways: two commits of their own, one
+// database/sql transaction (how runBatch ran a batch until schema 10), and
+// runBatch (one transaction on the driver's connection). cpu-µs/op is the
+// process's CPU time of the two writes.
+func BenchmarkBatchTx(b *testing.B) {
+	for _, mode := range []string{"two-commits", "sql-tx", "runBatch"} {
+		b.Run(mode, func(b *testing.B) {
+			s, _ := benchLeases(b, 0)
+			ctx := context.Background()
+			p, err := s.ProjectByName(ctx, "p")
+			if err != nil {
+				b.Fatal(err)
+			}
+			code := 0
+			var cpu time.Duration
+			for b.Loop() {
+				l, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}, time.Now())
+				if err != nil {
+					b.Fatal(err)
+				}
+				id, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: p.ID, Lease: l.ID, LeaseKind: "terminal", Argv: []string{"true"}})
+				if err != nil {
+					b.Fatal(err)
+				}
+				c0 := cpuTime(b)
+				now := ms(time.Now())
+				finish := []any{now, "exit", int64(0), "", false, "", int64(0), int64(0), "", id}
+				switch mode {
+				case "two-commits":
+					if err := s.ReleaseHeldLease(ctx, l.ID, fromMS(now)); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.JournalFinish(ctx, id, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
+						b.Fatal(err)
+					}
+				case "sql-tx":
+					tx, err := s.w.BeginTx(ctx, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					rel, _ := s.writeStmt(ctx, sqlRelease)
+					fin, _ := s.writeStmt(ctx, sqlJournalFinish)
+					if _, err := tx.StmtContext(ctx, rel).ExecContext(ctx, l.ID, now); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := tx.StmtContext(ctx, fin).ExecContext(ctx, finish...); err != nil {
+						b.Fatal(err)
+					}
+					if err := tx.Commit(); err != nil {
+						b.Fatal(err)
+					}
+				case "runBatch":
+					batch := []*writeReq{
+						{ctx: ctx, q: sqlRelease, args: []any{l.ID, now}, wake: make(chan struct{}, 1)},
+						{ctx: ctx, q: sqlJournalFinish, args: finish, wake: make(chan struct{}, 1)},
+					}
+					s.runBatch(batch)
+					for _, r := range batch {
+						if r.res.err != nil || r.res.rows != 1 {
+							b.Fatal(r.res)
+						}
+					}
+				}
+				cpu += cpuTime(b) - c0
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+		})
 	}
 }

@@ -13,6 +13,8 @@ import (
 // that package egress validates and reads, and the journal of outbound
 // connections.
 
+const sqlEgressPolicy = "SELECT policy FROM egress_policies WHERE project = ?"
+
 // SetEgressPolicy stores project's policy (JSON, validated by the caller:
 // package egress). An unknown project is ErrNotFound.
 func (s *Store) SetEgressPolicy(ctx context.Context, project int64, policyJSON string) error {
@@ -31,9 +33,21 @@ func (s *Store) SetEgressPolicy(ctx context.Context, project int64, policyJSON s
 
 // EgressPolicy returns project's stored policy JSON, "" when none was set
 // (mode none). It does not check that the project exists.
+//
+// Every managed command's preparation reads it (package egress, as each
+// session starts), so it runs as a hot read: a prepared statement, with
+// ctx's cancellation checked before and not watched during (see hot).
 func (s *Store) EgressPolicy(ctx context.Context, project int64) (string, error) {
+	st, err := s.readStmt(ctx, sqlEgressPolicy)
+	if err != nil {
+		return "", err
+	}
+	hctx, err := hot(ctx)
+	if err != nil {
+		return "", fmt.Errorf("store: egress policy of project %d: %w", project, err)
+	}
 	var v string
-	err := s.r.QueryRowContext(ctx, "SELECT policy FROM egress_policies WHERE project = ?", project).Scan(&v)
+	err = st.QueryRowContext(hctx, project).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
 		return "", nil
 	}

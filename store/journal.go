@@ -126,11 +126,7 @@ func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, err
 	if err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", err)
 	}
-	st, err := s.writeStmt(ctx, sqlJournalStart)
-	if err != nil {
-		return 0, err
-	}
-	r := s.exec(ctx, st,
+	r := s.exec(ctx, sqlJournalStart,
 		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, string(argvJSON), string(limitsJSON), ms(s.now()))
 	if r.err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", r.err)
@@ -148,11 +144,7 @@ func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) err
 	if end.Code != nil {
 		code = sql.NullInt64{Int64: int64(*end.Code), Valid: true}
 	}
-	st, err := s.writeStmt(ctx, sqlJournalFinish)
-	if err != nil {
-		return err
-	}
-	r := s.exec(ctx, st,
+	r := s.exec(ctx, sqlJournalFinish,
 		ms(s.now()), string(end.Outcome), code, end.Signal, end.OOMKilled, end.ErrorKind,
 		end.StdoutBytes, end.StderrBytes, end.Message, id)
 	if r.err != nil {
@@ -227,7 +219,11 @@ func (s *Store) JournalInterruptReleased(ctx context.Context, before time.Time, 
 type JournalFilter struct {
 	Project int64
 	Account int64
-	Lease   string
+	// Lease selects a lease's entries. No index serves it alone (schema
+	// 10 dropped it: every command paid for it, and no API lists by
+	// lease): with Project, the project's entries are scanned; alone,
+	// the journal.
+	Lease string
 	// Limit caps the number of entries (the newest are kept). If zero, 100.
 	Limit int
 }

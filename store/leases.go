@@ -96,7 +96,7 @@ const (
 
 var (
 	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
-	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate}
+	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy}
 )
 
 // scanLease scans leaseCols, then extra.
@@ -141,13 +141,9 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 		State: LeaseLive, TTL: time.Duration(ttl) * time.Millisecond,
 		Created: fromMS(now), HeartbeatAt: fromMS(now), ExpiresAt: fromMS(now + ttl),
 	}
-	ins, err := s.writeStmt(ctx, sqlInsertLease)
-	if err != nil {
-		return Lease{}, err
-	}
 	// One statement: SQLite runs it in a transaction of its own, which
 	// takes the write lock before it reads (no upgrade, as BEGIN IMMEDIATE).
-	if r := s.exec(ctx, ins, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
+	if r := s.exec(ctx, sqlInsertLease, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
 		return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
 	}
 	return l, nil
@@ -378,18 +374,14 @@ func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Leas
 // outcomes and errors, but does not return the lease's row: it is for the
 // lease's holder, who has it, and costs less.
 func (s *Store) ReleaseHeldLease(ctx context.Context, id string, at time.Time) error {
-	upd, err := s.writeStmt(ctx, sqlRelease)
-	if err != nil {
-		return err
-	}
-	r := s.exec(ctx, upd, id, ms(at))
+	r := s.exec(ctx, sqlRelease, id, ms(at))
 	if r.err != nil {
 		return fmt.Errorf("store: release lease %s: %w", id, r.err)
 	}
 	if r.rows == 1 {
 		return nil
 	}
-	_, err = s.releaseSlow(ctx, id, at)
+	_, err := s.releaseSlow(ctx, id, at)
 	return err
 }
 

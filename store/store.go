@@ -129,7 +129,8 @@ type Store struct {
 	wStmts map[string]*sql.Stmt
 	rStmts map[string]*sql.Stmt
 
-	wr writer // the group commit of the hot writes (exec)
+	wr  writer   // the group commit of the hot writes (exec)
+	raw rawStmts // its batches' statements (runBatch)
 
 	egressAppends sync.Map // project id → *atomic.Int64: AppendEgress calls
 }
@@ -295,6 +296,7 @@ func (s *Store) Close() error {
 		}
 	}
 	s.stmtMu.Unlock()
+	s.closeRaw()
 	return errors.Join(s.r.Close(), s.w.Close())
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -848,6 +849,54 @@ func TestJournalInterruptReleased(t *testing.T) {
 		want := map[int64]Outcome{orphanID: OutcomeInterrupted, liveID: "", doneID: OutcomeExit}[r.ID]
 		if r.End.Outcome != want {
 			t.Errorf("entry %v: outcome %q, want %q", r.Argv, r.End.Outcome, want)
+		}
+	}
+}
+
+// TestJournalIndexes: the journal's only index by lease is the partial one
+// of running entries (schema 10 dropped journal_lease, which every
+// JournalStart paid for), and both interrupt paths still look entries up
+// through it rather than scanning the journal.
+func TestJournalIndexes(t *testing.T) {
+	s, _ := newTestStore(t)
+	ctx := context.Background()
+	rows, err := s.r.QueryContext(ctx, "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'journal' AND sql IS NOT NULL ORDER BY name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
+	}
+	rows.Close()
+	if !slices.Equal(names, []string{"journal_project", "journal_running"}) {
+		t.Errorf("journal indexes = %v, want [journal_project journal_running]", names)
+	}
+	for _, q := range []string{
+		"UPDATE journal SET outcome = 'interrupted' WHERE lease = 'x' AND outcome IS NULL",
+		`UPDATE journal SET outcome = 'interrupted' WHERE outcome IS NULL AND EXISTS (SELECT 1 FROM leases l
+			WHERE l.id = journal.lease AND l.state = 'released' AND l.released_at < 1)`,
+	} {
+		plan, err := s.r.QueryContext(ctx, "EXPLAIN QUERY PLAN "+q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var steps []string
+		for plan.Next() {
+			var id, parent, unused int
+			var detail string
+			if err := plan.Scan(&id, &parent, &unused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			steps = append(steps, detail)
+		}
+		plan.Close()
+		if !strings.Contains(strings.Join(steps, "; "), "journal_running") {
+			t.Errorf("plan of %q = %q: does not use journal_running", q, steps)
 		}
 	}
 }
