@@ -199,6 +199,12 @@ func pullTree(ctx context.Context, rf remoteFiles, fi client.FileInfo, dst strin
 			return err
 		}
 		for _, e := range entries {
+			// The names come from the project: each must be one path
+			// element, or it would lead the copy out of dst on the host
+			// ("../x", "/x") or into itself forever (".").
+			if !validEntryName(e.Name) {
+				return fmt.Errorf("%s: the project listed an entry named %q: not copied", fi.Path, e.Name)
+			}
 			if err := pullTree(ctx, rf, e, filepath.Join(dst, e.Name), stderr); err != nil {
 				return err
 			}
@@ -208,6 +214,12 @@ func pullTree(ctx context.Context, rf remoteFiles, fi client.FileInfo, dst strin
 		fmt.Fprintf(stderr, "corral: cp: skipping %s (%s)\n", fi.Path, fi.Type)
 		return nil
 	}
+}
+
+// validEntryName reports whether name is a single path element, neither
+// "." nor "..".
+func validEntryName(name string) bool {
+	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\x00")
 }
 
 // cpToProject copies host src to remote dst.
