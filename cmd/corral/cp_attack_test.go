@@ -53,7 +53,7 @@ func TestCpFromHostileMachine(t *testing.T) {
 				typ = "dir"
 			}
 			h := &hostileFiles{lists: map[string][]client.FileInfo{
-				"/workspace/d": {{Name: name, Path: "/workspace/d/x", Type: typ, Mode: "0644"}},
+				"/workspace/d":   {{Name: name, Path: "/workspace/d/x", Type: typ, Mode: "0644"}},
 				"/workspace/d/x": {{Name: name, Path: "/workspace/d/x", Type: typ, Mode: "0644"}},
 			}}
 			var stderr bytes.Buffer
