@@ -172,7 +172,15 @@ func (h *hostFiles) rename(_ context.Context, from, to string) error {
 }
 
 func (h *hostFiles) watch(_ context.Context, p string, recursive bool) (*os.File, []fileInfo, error) {
-	ino, err := fsop.NewInotify()
+	// Made as the project's user, so that the kernel charges the instance
+	// (and its watches) to that user's fs.inotify quotas, never to host
+	// root's, which every root daemon of the host shares.
+	var ino *os.File
+	err := h.run(p, func(*fsop.Root, string) error {
+		var err error
+		ino, err = fsop.NewInotify()
+		return err
+	})
 	if err != nil {
 		return nil, nil, err
 	}
