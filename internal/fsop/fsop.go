@@ -12,8 +12,10 @@
 package fsop
 
 import (
+	"container/heap"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -455,11 +457,10 @@ func (r *Root) List(rel string, depth, limit int, fn func(Stat) error) (truncate
 func (r *Root) listDir(fd int, rel string, depth, limit int, n *int, fn func(Stat) error) (bool, error) {
 	f := os.NewFile(uintptr(fd), "/"+rel)
 	defer f.Close()
-	names, err := f.Readdirnames(-1)
+	names, more, err := smallestNames(f, limit-*n)
 	if err != nil {
 		return false, err
 	}
-	sort.Strings(names)
 	for _, name := range names {
 		if *n >= limit {
 			return true, nil
@@ -490,7 +491,60 @@ func (r *Root) listDir(fd int, rel string, depth, limit int, n *int, fn func(Sta
 			}
 		}
 	}
-	return false, nil
+	return more, nil
+}
+
+// namesChunk is how many names a directory read takes at once.
+const namesChunk = 1024
+
+// smallestNames returns, in order, the k smallest names of directory f's
+// entries, and whether it had more. It holds at most k names and one
+// chunk, whatever the directory's size: a directory of millions of
+// entries (made by whoever controls the tree) costs the caller no more
+// memory than a listing's limit.
+func smallestNames(f *os.File, k int) ([]string, bool, error) {
+	if k < 0 {
+		k = 0
+	}
+	h := &nameHeap{}
+	more := false
+	for {
+		names, err := f.Readdirnames(namesChunk)
+		for _, name := range names {
+			switch {
+			case h.Len() < k:
+				heap.Push(h, name)
+			case k > 0 && name < (*h)[0]:
+				(*h)[0] = name
+				heap.Fix(h, 0)
+				more = true
+			default:
+				more = true
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(names) == 0) {
+			break
+		}
+		if err != nil {
+			return nil, false, err
+		}
+	}
+	sort.Strings(*h)
+	return *h, more, nil
+}
+
+// nameHeap is a max-heap of names.
+type nameHeap []string
+
+func (h nameHeap) Len() int           { return len(h) }
+func (h nameHeap) Less(i, j int) bool { return h[i] > h[j] }
+func (h nameHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *nameHeap) Push(x any)        { *h = append(*h, x.(string)) }
+func (h *nameHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // Mkdir makes directory rel with mode (0 means 0755); with parents, its
@@ -578,13 +632,18 @@ func (r *Root) removeAll(pfd int, name, display string) error {
 		return &fs.PathError{Op: "remove", Path: display, Err: err}
 	}
 	f := os.NewFile(uintptr(fd), display)
-	var names []string
 	if err = r.checkOwner(fd); err != nil {
 		err = &fs.PathError{Op: "remove", Path: display, Err: err}
-	} else {
-		names, err = f.Readdirnames(-1)
 	}
-	if err == nil {
+	// A chunk of names at a time (see smallestNames); the entries not yet
+	// read are returned once each, whatever is removed meanwhile.
+	for err == nil {
+		var names []string
+		names, err = f.Readdirnames(namesChunk)
+		if errors.Is(err, io.EOF) || (err == nil && len(names) == 0) {
+			err = nil
+			break
+		}
 		for _, n := range names {
 			if err = r.removeAll(fd, n, display+"/"+n); err != nil {
 				break
@@ -672,11 +731,22 @@ func (r *Root) watchDir(ifd, fd int, rel string, recursive bool, limit int, n *i
 	if !recursive {
 		return false, nil
 	}
-	names, err := f.Readdirnames(-1)
-	if err != nil {
-		return false, nil
+	// Read a chunk at a time (a huge directory's names are never all
+	// held), in directory order.
+	for {
+		names, err := f.Readdirnames(namesChunk)
+		if len(names) == 0 || (err != nil && !errors.Is(err, io.EOF)) {
+			return false, nil
+		}
+		if t, err := r.watchNames(ifd, fd, rel, names, limit, n, fn); t || err != nil {
+			return t, err
+		}
 	}
-	sort.Strings(names)
+}
+
+// watchNames watches, recursively, the directories among names in the
+// directory fd at rel.
+func (r *Root) watchNames(ifd, fd int, rel string, names []string, limit int, n *int, fn func(int, string) error) (bool, error) {
 	for _, name := range names {
 		var st unix.Stat_t
 		if unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
