@@ -438,9 +438,16 @@ func readlink(dirfd int, name string) string {
 	return string(buf[:n])
 }
 
+// MaxListBytes bounds the sum of the lengths of the names, paths and
+// symlink targets of one List's entries: past it the listing ends,
+// truncated. (Ten thousand entries of 4 KiB targets and 4 KiB paths would
+// otherwise be 80 MiB, held by the lister and every hop after it.)
+const MaxListBytes = 8 << 20
+
 // List calls fn for the entries of directory rel, in name order, to depth
-// levels (below 1 means 1), depth first, at most limit of them (then it
-// reports truncated). Symlinks are reported, never followed.
+// levels (below 1 means 1), depth first, at most limit of them and
+// [MaxListBytes] of their strings (then it reports truncated). Symlinks
+// are reported, never followed.
 func (r *Root) List(rel string, depth, limit int, fn func(Stat) error) (truncated bool, err error) {
 	fd, err := r.open(rel, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
@@ -449,9 +456,23 @@ func (r *Root) List(rel string, depth, limit int, fn func(Stat) error) (truncate
 	if depth < 1 {
 		depth = 1
 	}
-	n := 0
-	return r.listDir(fd, rel, depth, limit, &n, fn)
+	n, size := 0, 0
+	full := false
+	trunc, err := r.listDir(fd, rel, depth, limit, &n, func(s Stat) error {
+		if size += len(s.Name) + len(s.Rel) + len(s.Target); size > MaxListBytes {
+			full = true
+			return errListFull
+		}
+		return fn(s)
+	})
+	if full {
+		return true, nil
+	}
+	return trunc, err
 }
+
+// errListFull ends a listing past MaxListBytes.
+var errListFull = errors.New("fsop: the listing is full")
 
 // listDir lists the directory fd (which it closes) at rel.
 func (r *Root) listDir(fd int, rel string, depth, limit int, n *int, fn func(Stat) error) (bool, error) {

@@ -82,3 +82,34 @@ func TestHugeDirectoryBoundedMemory(t *testing.T) {
 		t.Errorf("the directory survived its removal: %v", err)
 	}
 }
+
+// TestListBytesBounded: a listing ends, truncated, once its entries'
+// strings pass MaxListBytes, however few entries that is (symlinks of
+// 4 KiB targets).
+func TestListBytesBounded(t *testing.T) {
+	base := t.TempDir()
+	target := strings.Repeat("t/", 2000)
+	const links = 2500 // 2500 × 4000 bytes: 10 MB of targets
+	for i := range links {
+		if err := os.Symlink(target, filepath.Join(base, fmt.Sprintf("l%05d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r, err := OpenRoot(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	size, n := 0, 0
+	trunc, err := r.List("", 1, 10000, func(s Stat) error {
+		size += len(s.Name) + len(s.Rel) + len(s.Target)
+		n++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !trunc || size > MaxListBytes || n == 0 {
+		t.Errorf("listed %d entries, %d bytes, truncated %v; want truncated at most %d bytes", n, size, trunc, MaxListBytes)
+	}
+}
