@@ -174,6 +174,10 @@ type App struct {
 	importMu sync.Mutex
 	imports  map[int64]int // git imports in flight, by account
 	importN  int           // all git imports in flight
+
+	fileMu    sync.Mutex
+	fileCalls map[int64]int // files API calls in flight, by account
+	fileN     int           // all files API calls in flight
 }
 
 // Bounds of git imports (POST /v1/projects with a git URL) running at

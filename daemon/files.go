@@ -30,6 +30,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -53,7 +54,42 @@ const (
 	MaxListDepth = 32
 	// maxFilePath bounds a path parameter.
 	maxFilePath = 4096
+	// MaxAccountFileCalls bounds the files API calls (transfers, listings,
+	// watches) in flight at once per account that is not an admin, and
+	// MaxFileCalls those of the whole daemon: each holds a lease, a
+	// goroutine, descriptors and a copy buffer (429 beyond).
+	MaxAccountFileCalls = 32
+	MaxFileCalls        = 512
 )
+
+// startFileCall reserves a files API call for acct, or answers 429; the
+// returned function gives it back.
+func (a *App) startFileCall(acct store.Account) (func(), error) {
+	a.fileMu.Lock()
+	defer a.fileMu.Unlock()
+	if a.fileN >= MaxFileCalls {
+		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "the daemon serves %d files calls, the most at once; retry later", a.fileN)
+	}
+	if n := a.fileCalls[acct.ID]; n >= MaxAccountFileCalls && !a.isAdmin(acct) {
+		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "account %s has %d files calls in flight, the most at once; retry later", acct.Name, n)
+	}
+	if a.fileCalls == nil {
+		a.fileCalls = make(map[int64]int)
+	}
+	a.fileCalls[acct.ID]++
+	a.fileN++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			a.fileMu.Lock()
+			defer a.fileMu.Unlock()
+			if a.fileCalls[acct.ID]--; a.fileCalls[acct.ID] == 0 {
+				delete(a.fileCalls, acct.ID)
+			}
+			a.fileN--
+		})
+	}, nil
+}
 
 // FileJSON describes a file in the files API.
 type FileJSON struct {
@@ -186,6 +222,7 @@ type fileCall struct {
 	lease   *lease.Lease
 	stop    func()
 	journal int64
+	done    func() // gives the call's reservation back (startFileCall)
 	// ctx is the request's, cancelled when the lease's heartbeat fails:
 	// no transfer outlives its lease.
 	ctx    context.Context
@@ -209,11 +246,16 @@ func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...str
 		return nil, apiErr(http.StatusBadRequest, KindInvalid, "user %.40q is not a user name or uid", user)
 	}
 	ctx := r.Context()
-	l, err := a.core.Leases().Acquire(ctx, lease.AcquireRequest{Account: acct.ID, Project: proj.ID, Kind: sandbox.LeaseFiles})
+	done, err := a.startFileCall(acct)
 	if err != nil {
 		return nil, err
 	}
-	fc := &fileCall{a: a, acct: acct, proj: proj, lease: l}
+	l, err := a.core.Leases().Acquire(ctx, lease.AcquireRequest{Account: acct.ID, Project: proj.ID, Kind: sandbox.LeaseFiles})
+	if err != nil {
+		done()
+		return nil, err
+	}
+	fc := &fileCall{a: a, acct: acct, proj: proj, lease: l, done: done}
 	fc.ctx, fc.cancel = context.WithCancelCause(ctx)
 	fc.stop = l.KeepAlive(0, func(err error) {
 		a.log.Warn("files: lease heartbeat failed: the transfer ends", "lease", l.ID(), "err", err)
@@ -272,6 +314,7 @@ func (fc *fileCall) end(err error) {
 	if rerr := fc.lease.Release(ctx); rerr != nil {
 		fc.a.log.Warn("files: release lease", "lease", fc.lease.ID(), "err", rerr)
 	}
+	fc.done()
 }
 
 func truncateMsg(s string) string {
