@@ -29,7 +29,7 @@ func TestFileCallsBounded(t *testing.T) {
 			w.Close()
 		}
 	}()
-	// Slow uploads: each sends a byte, then nothing.
+	// Slow uploads: each sends 64 KiB, then nothing.
 	for i := range MaxAccountFileCalls {
 		r, w := io.Pipe()
 		writers = append(writers, w)
@@ -42,29 +42,32 @@ func TestFileCallsBounded(t *testing.T) {
 				resp.Body.Close()
 			}
 		}()
-		if _, err := w.Write([]byte("x")); err != nil {
+		// More than the transport buffers: the request reaches the daemon.
+		if _, err := w.Write(make([]byte, 64<<10)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	// Every upload is in flight once it has read its first byte (above):
-	// the next call is refused.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		status, _, b := e.rawDo(context.Background(), "GET", filesPath(p.ID, "stat", qp("path", "/workspace")), tok, nil)
-		if status == http.StatusTooManyRequests {
-			break
-		}
+	// Once every upload is in flight, the next call is refused.
+	inFlight := func() int {
+		e.app.fileMu.Lock()
+		defer e.app.fileMu.Unlock()
+		return e.app.fileCalls[mallory.ID]
+	}
+	for deadline := time.Now().Add(10 * time.Second); inFlight() < MaxAccountFileCalls; {
 		if time.Now().After(deadline) {
-			t.Fatalf("call %d beyond the uploads in flight: %d %s, want 429", MaxAccountFileCalls+1, status, b)
+			t.Fatalf("%d uploads in flight, want %d", inFlight(), MaxAccountFileCalls)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
+	}
+	if status, _, b := e.rawDo(context.Background(), "GET", filesPath(p.ID, "stat", qp("path", "/workspace")), tok, nil); status != http.StatusTooManyRequests {
+		t.Fatalf("call %d beyond the uploads in flight: %d %s, want 429", MaxAccountFileCalls+1, status, b)
 	}
 	// Finished uploads give their places back.
 	for _, w := range writers {
 		w.Close()
 	}
 	writers = nil
-	deadline = time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
 	for {
 		status, _, b := e.rawDo(context.Background(), "GET", filesPath(p.ID, "stat", qp("path", "/workspace")), tok, nil)
 		if status == http.StatusOK {
