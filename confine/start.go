@@ -216,7 +216,8 @@ func startUser(cmd *exec.Cmd, p Policy, fd int) (*Tree, error) {
 }
 
 // prepareUser prepares the calling (locked) thread for starting p's
-// commands (see startUser): it empties the capability sets, enters the
+// commands (see startUser): it gives the thread a private /proc (see
+// privateProc), empties the capability sets, enters the
 // offline network namespace unless p.Network, and restricts itself with
 // ruleset fd (closing it), or one built for p if fd is -1.
 func prepareUser(p Policy, fd int) error {
@@ -225,6 +226,10 @@ func prepareUser(p Policy, fd int) error {
 			unix.Close(fd)
 		}
 		return err
+	}
+	// Its own /proc first, while the thread may still mount.
+	if err := privateProc(fd); err != nil {
+		return fail(err)
 	}
 	if err := dropCapabilities(); err != nil {
 		return fail(err)

@@ -401,3 +401,46 @@ func initStatus(t *testing.T, pid int) string {
 	t.Fatal("no init in the namespace")
 	return ""
 }
+
+// TestUserProcIsPrivate is an attack: a confined command (a host
+// project's) lists /proc for other tenants' and the host's command lines.
+// A host process (root's) and another tenant's confined command, both
+// with a marker in their argv, must be invisible; the command's own
+// processes, and /proc's system files, stay readable.
+func TestUserProcIsPrivate(t *testing.T) {
+	e := newUserEnv(t)
+	token := fmt.Sprintf("301.%d", time.Now().UnixNano()%1e9)
+	host := exec.Command("/bin/sleep", token)
+	must(t, host.Start())
+	defer func() { _ = host.Process.Kill(); _ = host.Wait() }()
+
+	other := e.policy()
+	u := *other.User
+	u.UID, u.GID = u.UID+1, u.GID+1
+	other.User = &u
+	other.Writable = nil
+	var buf bytes.Buffer
+	cmd, tree := e.start(t, other, &buf, "/bin/sleep", token)
+	defer func() { _ = tree.Kill(); _ = cmd.Wait() }()
+
+	// Counts the processes whose command line begins with $1 (the
+	// script's own begins with /bin/sh).
+	count := `count() { n=0; for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < $f 2>/dev/null | grep -q "^$1" && n=$((n+1)); done; echo $n; }
+`
+	out, err := e.run(t, e.policy(), "/bin/sh", "-c", count+`echo "others=$(count '/bin/sleep `+token+`')"
+sleep 30.5 & echo "own=$(count 'sleep 30.5')"; kill $!
+grep -c MemTotal /proc/meminfo`)
+	if err != nil {
+		t.Fatalf("%v: %q", err, out)
+	}
+	if !strings.Contains(out, "others=0\n") {
+		t.Fatalf("a confined command sees other users' processes in /proc: %q", out)
+	}
+	if strings.Contains(out, "own=0\n") || !strings.HasSuffix(out, "\n1\n") {
+		t.Errorf("its own processes or /proc's system files are not readable: %q", out)
+	}
+	// The marked processes are there: seen from outside.
+	if left := processesWith(token); len(left) != 2 {
+		t.Errorf("the test's marked processes: %v, want 2", left)
+	}
+}
