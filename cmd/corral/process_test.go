@@ -47,6 +47,8 @@ func TestProcessViaDaemon(t *testing.T) {
 	if out := mustCLI(t, append(append([]string{"process", "kill", "-s", "TERM"}, d...), pid)...); !strings.Contains(out, pid) {
 		t.Errorf("kill -s TERM: %q", out)
 	}
+	// The signal is sent, not awaited: logs -f follows until the end.
+	cli(append(append([]string{"process", "logs", "-f"}, d...), pid)...)
 	if out := mustCLI(t, append(append([]string{"process", "kill"}, d...), pid)...); !strings.Contains(out, "SIGTERM") {
 		t.Errorf("kill after TERM: %q", out)
 	}
