@@ -2,6 +2,7 @@ package confine
 
 import (
 	"encoding/binary"
+	"log/slog"
 	"runtime"
 	"strconv"
 	"sync"
@@ -78,8 +79,11 @@ func initELF() []byte {
 }
 
 var static struct {
-	once sync.Once
-	path string // "": none
+	sync.Mutex
+	tried    bool   // made (or found impossible) once
+	path     string // "": none
+	fd       int
+	dev, ino uint64 // the memfd's identity, checked at every use
 }
 
 // staticInit returns the path of the static init, "/proc/self/fd/N" of a
@@ -92,41 +96,56 @@ var static struct {
 //
 // Landlock does not restrict a memfd (it lies on no mount a path can
 // reach), so the init's thread needs no rule for it; nothing can write it
-// (sealed), and a command cannot reach this process's descriptor.
+// (sealed), and a command cannot reach this process's descriptor. The
+// descriptor is kept at 1000 or above, away from the numbers ordinary
+// opens reuse, and its identity is checked at every call: if code that did
+// not own it closed it and the number now names another file, a new memfd
+// is made (the path then changes) instead of executing that file.
 func staticInit() string {
-	static.once.Do(func() {
-		if runtime.GOARCH != "amd64" {
-			return
+	static.Lock()
+	defer static.Unlock()
+	if static.path != "" {
+		var st unix.Stat_t
+		if unix.Fstat(static.fd, &st) == nil && st.Dev == static.dev && st.Ino == static.ino {
+			return static.path
 		}
-		fd, err := unix.MemfdCreate("corral-init", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
-		if err != nil {
-			return
-		}
-		if fd < 3 {
-			// Never one of the standard descriptors a start replaces.
-			nfd, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 3)
-			unix.Close(fd)
-			if err != nil {
-				return
-			}
-			fd = nfd
-		}
-		elf := initELF()
-		if n, err := unix.Write(fd, elf); err != nil || n != len(elf) {
-			unix.Close(fd)
-			return
-		}
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS,
-			unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
-			unix.Close(fd)
-			return
-		}
-		path := "/proc/self/fd/" + strconv.Itoa(fd)
-		if unix.Access(path, unix.X_OK) != nil {
-			unix.Close(fd)
-			return
-		}
-		static.path = path // kept open for the process's life
-	})
+		slog.Error("confine: the static init's descriptor was closed or replaced by another owner; making it again", "fd", static.fd)
+		static.path, static.tried = "", false // the number is not ours any more: never closed here
+	}
+	if static.tried {
+		return ""
+	}
+	static.tried = true
+	if runtime.GOARCH != "amd64" {
+		return ""
+	}
+	fd, err := unix.MemfdCreate("corral-init", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
+	if err != nil {
+		return ""
+	}
+	if high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, offlineFDMin); err == nil {
+		unix.Close(fd)
+		fd = high
+	} else if fd < 3 {
+		unix.Close(fd) // never one of the standard descriptors a start replaces
+		return ""
+	}
+	elf := initELF()
+	if n, err := unix.Write(fd, elf); err != nil || n != len(elf) {
+		unix.Close(fd)
+		return ""
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS,
+		unix.F_SEAL_SEAL|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_WRITE); err != nil {
+		unix.Close(fd)
+		return ""
+	}
+	path := "/proc/self/fd/" + strconv.Itoa(fd)
+	var st unix.Stat_t
+	if unix.Access(path, unix.X_OK) != nil || unix.Fstat(fd, &st) != nil {
+		unix.Close(fd)
+		return ""
+	}
+	static.path, static.fd, static.dev, static.ino = path, fd, st.Dev, st.Ino // kept open for the process's life
 	return static.path
 }

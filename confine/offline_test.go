@@ -68,3 +68,34 @@ func TestOfflineDescriptorReplaced(t *testing.T) {
 		t.Errorf("offlineNetwork names namespace %d, the thread is in %d", now, r.ino)
 	}
 }
+
+// TestStaticInitDescriptorReplaced: if the static init's memfd number is
+// closed by a non-owner and reused for another file, staticInit makes a
+// new memfd instead of naming that file.
+func TestStaticInitDescriptorReplaced(t *testing.T) {
+	first := staticInit()
+	if first == "" {
+		t.Skip("no static init on this machine")
+	}
+	fd := static.fd
+	if fd < offlineFDMin {
+		t.Errorf("static init descriptor %d, want it moved to %d or above", fd, offlineFDMin)
+	}
+	other, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Dup3(other, fd, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(other)
+	defer unix.Close(fd) // /dev/null's copy, which nothing owns now
+	again := staticInit()
+	if again == "" || again == first {
+		t.Fatalf("staticInit after its descriptor was replaced = %q (was %q)", again, first)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(again, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size == 0 {
+		t.Fatalf("the new static init %s: %+v %v", again, st, err)
+	}
+}
