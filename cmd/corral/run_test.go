@@ -151,8 +151,9 @@ func TestRunInterruptAborts(t *testing.T) {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	// Wait for the shell itself (corral's own argv carries the token too).
-	for !strings.Contains(readCmdlines(), "\nsh\x00-c\x00echo ready") {
+	// Wait for a sleep itself (corral's own argv carries the token too):
+	// the shell has written "ready" by then.
+	for !strings.Contains(readCmdlines(), "\nsleep\x00"+tok) {
 		if time.Now().After(deadline) {
 			t.Fatal("command never started")
 		}
