@@ -24,7 +24,7 @@ func TestOfflineDescriptorReplaced(t *testing.T) {
 	if fd < offlineFDMin {
 		t.Errorf("offline descriptor %d, want it moved to %d or above", fd, offlineFDMin)
 	}
-	host, err := unix.Open("/proc/self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	host, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0) // this goroutine's thread never changed it
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -88,8 +89,11 @@ func TestHostSessionConfinedAsRunCommand(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(probe, "readable"), []byte("secret\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	hostPid, _ := os.Readlink("/proc/self/ns/pid")
-	hostNet, _ := os.Readlink("/proc/self/ns/net")
+	// The host's namespaces, as a thread of this process that never
+	// changed them has them: /proc/self names the main thread's, which a
+	// goroutine that locked it and entered a namespace (confine's offline
+	// network, say) may have left wedged there.
+	hostPid, hostNet := threadNamespaces(t)
 	script := `echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"
 grep -E '^(NoNewPrivs|CapInh|CapPrm|CapEff|CapBnd|CapAmb):' /proc/self/status
 [ "$(readlink /proc/self/ns/pid)" = "$HOSTPID" ] && echo pid-ns=host || echo pid-ns=own
@@ -193,4 +197,24 @@ func TestSessionClientVanishesMidOutput(t *testing.T) {
 			}
 		})
 	}
+}
+
+// threadNamespaces returns the pid and network namespaces of a fresh
+// locked thread: the process's own, whatever namespaces its discarded
+// threads entered.
+func threadNamespaces(t *testing.T) (pid, net string) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		pid, _ = os.Readlink("/proc/thread-self/ns/pid")
+		net, _ = os.Readlink("/proc/thread-self/ns/net")
+	}()
+	<-done
+	if pid == "" || net == "" {
+		t.Fatal("cannot read this process's namespaces")
+	}
+	return pid, net
 }

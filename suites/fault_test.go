@@ -115,6 +115,9 @@ func TestDaemonKilled(t *testing.T) {
 	for r := 0; r < rounds; r++ {
 		for _, point := range points {
 			t.Run(fmt.Sprintf("%s/%d", point, r), func(t *testing.T) {
+				// Connections pooled from a daemon killed before are dead: a
+				// POST on one fails with EOF (it is not retried).
+				cl.HTTPClient().CloseIdleConnections()
 				tok := fmt.Sprintf("300.%d", rand.Uint32())
 				rctx, cancel := context.WithCancel(ctx)
 				defer cancel()
@@ -157,6 +160,7 @@ func TestDaemonKilled(t *testing.T) {
 				// A new daemon expires the dead one's lease; the journal says
 				// what happened.
 				d.start(t)
+				cl.HTTPClient().CloseIdleConnections()
 				deadline := time.Now().Add(10 * time.Second)
 				for {
 					n, err := st.LiveLeaseCount(ctx)
