@@ -335,20 +335,6 @@ func fillSpare(init string) {
 	spare.p, spare.init = p, init
 }
 
-// minimalInit returns the program of a tree whose Policy names no init:
-// the static init (see staticInit), or where there is none, cat reading
-// the lifeline until EOF (its output is /dev/null), the cheapest program
-// that blocks for as long as the tree must live. Neither is corral: the
-// static init makes the kernel reap the command's orphans, cat reaps
-// nothing (they stay zombies until the tree is killed), which suits a
-// bounded command; long-lived ones name corral's init.
-func minimalInit() string {
-	if s := staticInit(); s != "" {
-		return s
-	}
-	return "/bin/cat"
-}
-
 // newInit starts init (corral's executable; empty: minimalInit) as the
 // init of a new pid namespace, from a prepared thread (see onPrepared)
 // that emptied its capability sets, set no_new_privs and restricted
@@ -360,12 +346,22 @@ func minimalInit() string {
 // keeps a command's output open.
 func newInit(init string) (*initProc, error) {
 	exe, args := init, []string{init, InitArg}
+	isStatic := false
 	if init == "" {
-		exe = minimalInit()
-		args = []string{"corral-init"}
+		// The minimal init: the static one (see staticInit), or where
+		// there is none, cat reading the lifeline until EOF (its output is
+		// /dev/null), the cheapest program that blocks for as long as the
+		// tree must live. Neither is corral: the static init makes the
+		// kernel reap the command's orphans, cat reaps nothing (they stay
+		// zombies until the tree is killed), which suits a bounded
+		// command; long-lived ones name corral's init.
+		exe, args = "/bin/cat", []string{"corral-init"}
+		if s := staticInit(); s != "" {
+			exe, isStatic = s, true
+		}
 	}
 	rules := Policy{Init: exe}
-	if exe == staticInit() {
+	if isStatic {
 		// A memfd: Landlock can name no rule for it, nor restricts it.
 		rules.Init = ""
 	}
@@ -376,7 +372,7 @@ func newInit(init string) (*initProc, error) {
 	var p *initProc
 	var startErr error
 	err = onPrepared(key, func() error { return prepareInit(rules) }, func() bool {
-		p, startErr = startInitProc(exe, args, exe != staticInit())
+		p, startErr = startInitProc(exe, args, !isStatic)
 		return true
 	})
 	if err == nil {

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -43,7 +44,7 @@ func Holders(image string) (pids []int, devices []string) {
 	for _, name := range devs {
 		devices = append(devices, name)
 	}
-	self, _ := os.Readlink("/proc/self/ns/mnt")
+	self := ownMountNS()
 	seen := map[string]bool{self: true}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
@@ -99,6 +100,21 @@ func Await(tb testing.TB, prefix string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// ownMountNS names the process's mount namespace as a fresh locked thread
+// has it. /proc/self names the main thread's, which a goroutine that
+// locked it and entered another namespace (confine's threads unshare
+// theirs) may have left wedged there.
+func ownMountNS() string {
+	ns := make(chan string, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		s, _ := os.Readlink("/proc/thread-self/ns/mnt")
+		ns <- s
+	}()
+	return <-ns
 }
 
 // mounts reports whether pid's mountinfo has a mount of one of devs.

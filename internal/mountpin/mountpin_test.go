@@ -52,7 +52,7 @@ func TestHoldersFindsAnotherNamespace(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ns, _ := os.Readlink("/proc/" + strconv.Itoa(holder.Process.Pid) + "/ns/mnt")
-		self, _ := os.Readlink("/proc/self/ns/mnt")
+		self := ownMountNS()
 		if ns != "" && ns != self {
 			break
 		}
