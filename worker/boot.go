@@ -109,9 +109,9 @@ func (m *machine) boot() (err error) {
 	// On v2 each session gets a cgroup of its own below the machine's,
 	// created by the init, to which the machine's group is delegated.
 	m.sessCG = m.cg
-	if w.sessionLayout != nil {
+	if sl := w.sessionLayout.Load(); sl != nil {
 		// Tests on hybrid hosts: session groups in the v2 hierarchy.
-		if m.sessCG, err = w.sessionLayout.New(fmt.Sprintf("%d.%d", m.id, m.gen), cgroup.Limits{}); err != nil {
+		if m.sessCG, err = sl.New(fmt.Sprintf("%d.%d", m.id, m.gen), cgroup.Limits{}); err != nil {
 			return err
 		}
 		cleanups = append(cleanups, func() { _ = m.sessCG.Destroy() })

@@ -349,7 +349,7 @@ func TestSessionCgroupsV2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.w.sessionLayout = l
+	h.w.sessionLayout.Store(l)
 	c := h.dial(t)
 	run := h.start(t, c, h.project(t, 1), "sh", "-c", "(sleep 100 &); exec sleep 100")
 	if !run.started {

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -234,7 +235,8 @@ type Worker struct {
 	lock       *os.File // the state directory's lock, held until Shutdown
 	// sessionLayout, set by tests on hybrid hosts, is a v2 layout where
 	// sessions get their groups (otherwise only a v2 machine layout).
-	sessionLayout *cgroup.Layout
+	// Atomic: a test sets it while the worker serves.
+	sessionLayout atomic.Pointer[cgroup.Layout]
 	// noOOMProtection logs once that inits cannot be protected.
 	noOOMProtection sync.Once
 	defaults        machineLimits
