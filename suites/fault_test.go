@@ -16,6 +16,7 @@ import (
 
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/internal/pdeath"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
@@ -54,7 +55,10 @@ func (d *daemonProc) start(t *testing.T) {
 	cmd.Env = append(os.Environ(), daemonChildEnv+"="+d.state, daemonChildEnv+"_WORKER="+d.worker)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	must(t, cmd.Start())
+	// From pdeath's permanent thread: the signal follows the forking
+	// thread, and a thread of this process may end (a locked goroutine's,
+	// confine's prepared threads end when idle), killing the daemon.
+	must(t, pdeath.Start(cmd))
 	d.cmd, d.done = cmd, make(chan struct{})
 	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(cmd, d.done)
 	deadline := time.Now().Add(10 * time.Second)
