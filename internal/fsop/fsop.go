@@ -329,8 +329,25 @@ func makeStat(rel string, st *unix.Stat_t) Stat {
 // Read opens rel, a regular file (a final symlink is followed inside the
 // root), for reading. It looks before it opens: a FIFO or a device is
 // refused without being opened (opening one may block or act), and the
-// file opened must be the one looked at.
+// file opened must be the one looked at. A file replaced between the look
+// and the open (a writer renaming a new version over it) is looked at
+// again, a few times, so that a reader racing atomic replacements gets one
+// whole version, never an error.
 func (r *Root) Read(rel string) (*os.File, Stat, error) {
+	const attempts = 4
+	for i := 1; ; i++ {
+		f, st, err := r.read(rel)
+		if errors.Is(err, errChanged) && i < attempts {
+			continue
+		}
+		return f, st, err
+	}
+}
+
+// errChanged is read's report that the file opened is not the one looked at.
+var errChanged = errors.New("changed while it was opened")
+
+func (r *Root) read(rel string) (*os.File, Stat, error) {
 	pfd, err := r.open(rel, unix.O_PATH, 0)
 	if err != nil {
 		return nil, Stat{}, err
@@ -359,7 +376,7 @@ func (r *Root) Read(rel string) (*os.File, Stat, error) {
 	}
 	if st.Dev != pst.Dev || st.Ino != pst.Ino || st.Mode&unix.S_IFMT != unix.S_IFREG {
 		unix.Close(fd)
-		return nil, Stat{}, fmt.Errorf("%w: /%s changed while it was opened", ErrBadPath, rel)
+		return nil, Stat{}, fmt.Errorf("%w: /%s %w", ErrBadPath, rel, errChanged)
 	}
 	// Regular files ignore O_NONBLOCK; clear it all the same.
 	_ = unix.SetNonblock(fd, false)

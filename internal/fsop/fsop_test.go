@@ -188,3 +188,58 @@ func TestRunChargesTheUser(t *testing.T) {
 		t.Errorf("thread ids %d/%d/%d, want 65534/65534/0", ruid, euid, suid)
 	}
 }
+
+// TestReadDuringReplacements: a reader racing writers that rename whole new
+// versions over a file gets one whole version each time, never an error
+// (the file changing between Read's look and its open is looked at again).
+func TestReadDuringReplacements(t *testing.T) {
+	dir := t.TempDir()
+	r, err := OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	versions := [][]byte{[]byte(strings.Repeat("A", 4096)), []byte(strings.Repeat("B", 4096))}
+	if err := os.WriteFile(filepath.Join(dir, "f"), versions[0], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			tmp := filepath.Join(dir, "tmp")
+			if err := os.WriteFile(tmp, versions[i%2], 0o644); err != nil {
+				done <- err
+				return
+			}
+			if err := os.Rename(tmp, filepath.Join(dir, "f")); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	for i := 0; i < 20000; i++ {
+		f, st, err := r.Read("f")
+		if err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		b := make([]byte, 8192)
+		n, _ := f.Read(b)
+		f.Close()
+		if st.Size != 4096 || n != 4096 || (string(b[:n]) != string(versions[0]) && string(b[:n]) != string(versions[1])) {
+			t.Fatalf("read %d: %d bytes (stat %d): not one whole version", i, n, st.Size)
+		}
+	}
+}
