@@ -27,9 +27,11 @@ import (
 //     what its limit lets it keep (up to reserveMax, doubling beyond): the
 //     reservation is not zeroed, so its memory is faulted in only as output
 //     arrives, and the output is copied once (its first MiB) instead of at
-//     every growth. A large buffer is faulted in ahead of the reads, a
-//     chunk at a time (see populateChunk). Growing copies in pieces, so
-//     that the garbage collector can always stop the reader.
+//     every growth. A large buffer is faulted in ahead of the reads: by a
+//     goroutine of its own, a bounded step ahead (see populator), or for a
+//     pipe by the reader, a chunk at a time (see populateChunk). Growing
+//     copies in pieces, so that the garbage collector can always stop the
+//     reader.
 //   - When the reader ends, the buffer becomes the text without a copy (it
 //     is never written again), unless more than a quarter of it is unused:
 //     then the text is an exact copy, which does not pin the rest.
@@ -241,16 +243,27 @@ type reader struct {
 	valid, clean       bool
 	checked, sanitized int
 
-	// populated is how much of buf is populated ahead of the reads (see
-	// populateChunk); -1 if buf is not.
+	// pop faults buf in ahead of the reads on a goroutine of its own, if
+	// buf is large and src is not a pipe (see populator); nil if not.
+	pop *populator
+	// pipe: src is a pipe, whose buffer is populated by the reader itself
+	// (see populateChunk).
+	pipe bool
+	// populated is how much of buf the reader populated ahead of its
+	// reads (a pipe's); -1 if it does not.
 	populated int
 }
 
 // populate returns how much of the n bytes the next read may fill, past
-// buf's length, are populated (at least one page's worth), populating the
-// next chunk first if none are.
+// buf's length, are populated (at least one page's worth), for a pipe
+// populating the next chunk first if none are; a populator is told where
+// the reads are.
 func (r *reader) populate(n int) int {
-	if r.populated < 0 {
+	if r.pop != nil {
+		r.pop.moved(len(r.buf))
+		return n
+	}
+	if r.populated < 0 || !r.pipe {
 		return n
 	}
 	if cap(r.buf) < populateMin || !populateAhead {
@@ -268,18 +281,31 @@ func (r *reader) populate(n int) int {
 	return min(n, r.populated-len(r.buf))
 }
 
+// stopPopulating stops buf's populator, if any: before buf is copied or
+// given up, no populating may run on it.
+func (r *reader) stopPopulating() {
+	if r.pop != nil {
+		r.pop.end()
+		r.pop = nil
+	}
+}
+
 // add appends p, which the probe area holds, growing the buffer: the
 // output outgrew the scratch buffer, or the stream's own buffer.
 func (r *reader) add(src io.Reader, p []byte) {
 	if r.buf == nil {
 		// Output this large may well be a flood: a pipe gets wider.
-		widenPipe(src)
+		r.pipe = widenPipe(src)
 		r.buf = grow(r.sc[:r.small], r.small+len(p), r.keep)
 	} else {
+		r.stopPopulating()
 		r.buf = grow(r.buf, len(r.buf)+len(p), r.keep)
 	}
 	r.buf = append(r.buf, p...)
 	r.populated = len(r.buf)
+	if !r.pipe {
+		r.pop = startPopulator(r.buf)
+	}
 }
 
 // finish sets the stream's text and gives the scratch buffer back.
@@ -287,6 +313,7 @@ func (r *reader) finish() {
 	if r.c.live != nil {
 		r.c.live.flush(r.name, r.s)
 	}
+	r.stopPopulating()
 	switch {
 	case r.buf != nil:
 		r.check(true)

@@ -5,9 +5,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"testing/iotest"
+	"time"
 	"unicode/utf8"
 	"unsafe"
 
@@ -189,5 +191,97 @@ func TestCaptureWidensPipe(t *testing.T) {
 		if widened := got >= want && got > before; widened != tc.widen {
 			t.Fatalf("%d bytes: pipe size %d (was %d), want widened %v", tc.size, got, before, tc.widen)
 		}
+	}
+}
+
+// resident counts the resident pages of b (mincore).
+func resident(t *testing.T, b []byte) int {
+	t.Helper()
+	page := os.Getpagesize()
+	vec := make([]byte, (len(b)+page-1)/page)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)), uintptr(unsafe.Pointer(unsafe.SliceData(vec)))); errno != 0 {
+		t.Fatal(errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
+}
+
+// TestPopulatorStaysAhead: a populator faults in at most populateLead bytes
+// past the reader, follows it as it moves, and has returned once end does:
+// output that ends early leaves the rest of a large reservation untouched.
+func TestPopulatorStaysAhead(t *testing.T) {
+	const size = 256 << 20
+	b, err := unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(b)
+	page := os.Getpagesize()
+	p := startPopulator(b[:0])
+	if p == nil {
+		t.Fatal("no populator for a large buffer")
+	}
+	await := func(done int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for p.done.Load() < int64(done) {
+			if time.Now().After(deadline) {
+				t.Fatalf("populated %d bytes, want %d", p.done.Load(), done)
+			}
+			runtime.Gosched()
+		}
+	}
+	await(populateLead)
+	// It waits for the reader: nothing past the lead is populated.
+	p.moved(0)
+	if n := resident(t, b); n > populateLead/page {
+		t.Fatalf("%d pages resident before any read, want at most %d", n, populateLead/page)
+	}
+	p.moved(3 * populateLead)
+	await(4 * populateLead)
+	p.end()
+	if n := populators.Load(); n != 0 {
+		t.Fatalf("%d populators running after end", n)
+	}
+	if n := resident(t, b); n > 4*populateLead/page || n < populateLead/page {
+		t.Fatalf("%d pages resident, want %d at most", n, 4*populateLead/page)
+	}
+	if n := resident(t, b[4*populateLead+populateStep:]); n != 0 {
+		t.Fatalf("%d pages resident past the lead", n)
+	}
+}
+
+// TestCaptureLargeThroughPopulator: output far past populateMin, read in
+// uneven pieces while a populator runs ahead, comes back exact; a flood of
+// a large limit keeps exactly the limit, allocating no more than it; no
+// populator runs once the capture ended.
+func TestCaptureLargeThroughPopulator(t *testing.T) {
+	src := pattern(3*populateMin + 12345)
+	c := collect(t, OutputLimit{Stdout: 4 * populateMin, Stderr: 1 << 20}, iotest.HalfReader(bytes.NewReader(src)), nil)
+	if c.stdout.text() != string(src) || c.overflowed() {
+		t.Fatalf("got %d bytes (overflow %v), want %d", len(c.stdout.text()), c.overflowed(), len(src))
+	}
+	if n := populators.Load(); n != 0 {
+		t.Fatalf("%d populators running after the capture", n)
+	}
+
+	const limit = 2 * populateMin
+	flood := &endless{}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	c = collect(t, OutputLimit{Stdout: limit, Stderr: limit}, flood, nil)
+	out := c.stdout.text()
+	runtime.ReadMemStats(&after)
+	if !c.overflowed() || len(out) != limit {
+		t.Fatalf("overflowed %v, kept %d bytes; want an overflow with %d", c.overflowed(), len(out), limit)
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit+firstBuffer+64<<10 {
+		t.Fatalf("capturing %d bytes allocated %d", limit, alloc)
+	}
+	if n := populators.Load(); n != 0 {
+		t.Fatalf("%d populators running after the flood", n)
 	}
 }

@@ -197,3 +197,24 @@ func BenchmarkCapturePipe1GiB(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSocketpairIntoBuffer is the floor of a returned result: dd's
+// output read from the socketpair into a fresh buffer of the final size
+// (memory the reads fault in), nothing checked.
+func BenchmarkSocketpairIntoBuffer(b *testing.B) {
+	size := floorSize()
+	b.SetBytes(size)
+	c0 := selfCPU()
+	defer reportCPU(b, c0)
+	for b.Loop() {
+		freshHeap(b)
+		buf := allocBuffer(int(size) + 1)[:size+1]
+		near, wait := ddSocket(b, size)
+		n, err := io.ReadFull(near, buf)
+		near.Close()
+		wait()
+		if err != io.ErrUnexpectedEOF || int64(n) != size {
+			b.Fatalf("read %d of %d: %v", n, size, err)
+		}
+	}
+}
