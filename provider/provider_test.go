@@ -21,6 +21,7 @@ import (
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
 	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
 )
 
 func TestMain(m *testing.M) {
@@ -715,6 +716,41 @@ func TestRealDir(t *testing.T) {
 		}
 		if _, err := resolve(filepath.Join(base, "missing")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s(missing) = %v, want not exist", name, err)
+		}
+	}
+}
+
+// TestHostStreamsBlocking: a host command's standard output and error are
+// pipes in blocking mode (a program that gets a nonblocking stream fails
+// with EAGAIN when it fills), confined and direct; core reads its own ends
+// through the poller.
+func TestHostStreamsBlocking(t *testing.T) {
+	for _, trusted := range []bool{false, true} {
+		if !trusted {
+			requireLandlock(t)
+		}
+		f := newFixture(t, fixtureOpts{trusted: trusted})
+		res, err := f.run(t, "", "sh", "-c", "cat /proc/self/fdinfo/1 /proc/self/fdinfo/2; stat -L -c %F /proc/self/fd/1 /proc/self/fd/2")
+		if err != nil || res.Code == nil || *res.Code != 0 {
+			t.Fatalf("trusted %v: %+v, %v", trusted, res, err)
+		}
+		flags := 0
+		for _, line := range strings.Split(res.Stdout, "\n") {
+			v, ok := strings.CutPrefix(line, "flags:")
+			if !ok {
+				continue
+			}
+			flags++
+			var fl int
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%o", &fl); err != nil {
+				t.Fatalf("trusted %v: flags %q: %v", trusted, v, err)
+			}
+			if fl&unix.O_NONBLOCK != 0 {
+				t.Errorf("trusted %v: a stream is nonblocking (flags %o):\n%s", trusted, fl, res.Stdout)
+			}
+		}
+		if flags != 2 || strings.Count(res.Stdout, "fifo") != 2 {
+			t.Fatalf("trusted %v: want two pipes' flags, got:\n%s", trusted, res.Stdout)
 		}
 	}
 }

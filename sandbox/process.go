@@ -122,27 +122,29 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 		owned = []*os.File{slave}
 	} else {
 		var outW, errW *os.File
-		outR, outW, err = os.Pipe()
+		outR, outW, err = streamPipe(0)
 		if err != nil {
 			return nil, err
 		}
 		closers = append(closers, outR, outW)
-		errR, errW, err = os.Pipe()
+		errR, errW, err = streamPipe(0)
 		if err != nil {
 			return nil, err
 		}
 		closers = append(closers, errR, errW)
 		cmd.Stdout, cmd.Stderr = outW, errW
+		// A pipe's two ends share one inode: one of them is chowned.
+		owned = []*os.File{outW, errW}
 		if how.withInput {
 			var inR *os.File
-			inR, inW, err = os.Pipe()
+			inR, inW, err = streamPipe(1)
 			if err != nil {
 				return nil, err
 			}
 			closers = append(closers, inR, inW)
 			cmd.Stdin = inR
+			owned = append(owned, inR)
 		}
-		owned = closers
 	}
 	// Its Pdeathsig must mean "corral died", not "the forking thread
 	// exited" (see package pdeath).
@@ -216,6 +218,25 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 	proc = &localProcess{cmd: cmd, tree: tree, stdin: inW, stdout: outR, stderr: errR, tty: master, doneCh: make(chan struct{}), provider: p.Cancel}
 	go proc.wait()
 	return proc, nil
+}
+
+// streamPipe returns a pipe for one of a command's streams: end ours (0,
+// the read end, or 1) is this process's, nonblocking and read or written
+// through the runtime's poller; the other is the command's, blocking and
+// never registered with the poller (os.Pipe registers both ends, and the
+// start then makes the command's blocking again: five system calls more per
+// pipe). Both are close-on-exec.
+func streamPipe(ours int) (r, w *os.File, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return nil, nil, os.NewSyscallError("pipe2", err)
+	}
+	if err := unix.SetNonblock(p[ours], true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return nil, nil, os.NewSyscallError("fcntl", err)
+	}
+	return os.NewFile(uintptr(p[0]), "|0"), os.NewFile(uintptr(p[1]), "|1"), nil
 }
 
 func (p *localProcess) wait() {
