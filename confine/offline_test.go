@@ -99,3 +99,52 @@ func TestStaticInitDescriptorReplaced(t *testing.T) {
 		t.Fatalf("the new static init %s: %+v %v", again, st, err)
 	}
 }
+
+// TestStaticInitThreadAllowsNothing: the thread that starts the static init
+// (and so the init, which inherits its domain) may open no file, not even
+// beneath the system directories, nor connect over TCP; it still executes
+// the static init.
+func TestStaticInitThreadAllowsNothing(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (the thread drops capabilities)")
+	}
+	if _, err := Available(); err != nil {
+		t.Skip(err)
+	}
+	if staticInit() == "" {
+		t.Skip("no static init on this machine")
+	}
+	var openErr, connErr error
+	err := onPrepared("test\x00static-init", prepareStaticInit, func() bool {
+		var fd int
+		fd, openErr = unix.Open("/etc/passwd", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if openErr == nil {
+			unix.Close(fd)
+		}
+		s, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			connErr = err
+			return false
+		}
+		connErr = unix.Connect(s, &unix.SockaddrInet4{Port: 9, Addr: [4]byte{127, 0, 0, 1}})
+		unix.Close(s)
+		return false
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if openErr != unix.EACCES {
+		t.Errorf("open /etc/passwd on the static init's thread: %v, want EACCES", openErr)
+	}
+	if abi, _ := Available(); abi >= 4 && connErr != unix.EACCES {
+		t.Errorf("TCP connect on the static init's thread: %v, want EACCES", connErr)
+	}
+	p, err := newInit("")
+	if err != nil {
+		t.Fatalf("start the static init: %v", err)
+	}
+	if p.exited() {
+		t.Fatal("the static init exited at once")
+	}
+	p.discard()
+}

@@ -160,6 +160,30 @@ func ruleset(p Policy) (int, error) {
 	return fd, nil
 }
 
+// denyAllRuleset returns a Landlock ruleset that handles what a command's
+// ruleset handles (files, TCP, scopes) and allows nothing.
+func denyAllRuleset() (int, error) {
+	abi, err := Available()
+	if err != nil {
+		return -1, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	cfg := landlock.Config{HandledAccessFS: handled}
+	if abi >= 4 {
+		cfg.HandledAccessNet = netTCP
+	}
+	if abi >= 6 {
+		cfg.Scoped = scopes
+	}
+	fd, _, err := cfg.NewRulesetFD()
+	if err != nil {
+		return -1, fmt.Errorf("confine: landlock: %w", err)
+	}
+	if fd < 0 {
+		return -1, errors.New("confine: landlock: no ruleset to enforce")
+	}
+	return fd, nil
+}
+
 // dropCapabilities empties the calling thread's capability bounding,
 // ambient and inheritable sets, keeping its effective and permitted sets
 // (which the thread still needs to create a pid namespace and to switch

@@ -286,27 +286,42 @@ func (p *initProc) exited() bool {
 // spare is an init made ahead of time, so that starting a command costs
 // no init's start: the next command takes it, and the next spare is made
 // in the background. At most one is kept; it dies with this process (its
-// lifeline).
+// lifeline). A command that finds the spare still being made waits for it
+// (one command per spare: others make their own), rather than making
+// another init beside it (which, racing the fill for the init's prepared
+// thread, also prepared a second thread).
 var spare struct {
 	sync.Mutex
 	init    string
 	p       *initProc
-	filling bool
+	filling chan struct{} // non-nil while a spare of fillFor is made; closed then
+	fillFor string
+	claimed bool // a command waits for the spare being made
 }
 
 // takeInit returns an init for a new tree and its pid namespace's
 // descriptor, which the caller closes: the spare if there is a live one
-// for init, else a new one; and has the next spare made.
+// for init (or one is being made that no other command waits for), else a
+// new one; and has the next spare made.
 func takeInit(init string) (*Tree, int, error) {
 	spare.Lock()
+	if spare.p == nil && spare.filling != nil && spare.fillFor == init && !spare.claimed {
+		spare.claimed = true
+		c := spare.filling
+		spare.Unlock()
+		<-c
+		spare.Lock()
+	}
 	p := spare.p
 	spare.p = nil
 	if p != nil && (spare.init != init || p.exited()) {
 		p.discard()
 		p = nil
 	}
-	fill := !spare.filling
-	spare.filling = true
+	fill := spare.filling == nil
+	if fill {
+		spare.filling, spare.fillFor, spare.claimed = make(chan struct{}), init, false
+	}
 	spare.Unlock()
 	if fill {
 		go fillSpare(init)
@@ -324,7 +339,8 @@ func fillSpare(init string) {
 	p, err := newInit(init)
 	spare.Lock()
 	defer spare.Unlock()
-	spare.filling = false
+	close(spare.filling)
+	spare.filling = nil
 	if err != nil {
 		return
 	}
@@ -361,17 +377,21 @@ func newInit(init string) (*initProc, error) {
 		}
 	}
 	rules := Policy{Init: exe}
+	key, prepare := "", func() error { return prepareInit(rules) }
 	if isStatic {
-		// A memfd: Landlock can name no rule for it, nor restricts it.
-		rules.Init = ""
-	}
-	key, err := threadKey("init", rules)
-	if err != nil {
-		return nil, err
+		// A memfd, which Landlock can name no rule for, nor restricts: the
+		// static init opens nothing, so its thread is allowed nothing,
+		// whatever the paths name, and its key needs no path.
+		key, prepare = "init\x00static", prepareStaticInit
+	} else {
+		var err error
+		if key, err = threadKey("init", rules); err != nil {
+			return nil, err
+		}
 	}
 	var p *initProc
 	var startErr error
-	err = onPrepared(key, func() error { return prepareInit(rules) }, func() bool {
+	err := onPrepared(key, prepare, func() bool {
 		p, startErr = startInitProc(exe, args, !isStatic)
 		return true
 	})
@@ -399,6 +419,23 @@ func prepareInit(rules Policy) error {
 		return err
 	}
 	fd, err := ruleset(rules)
+	if err != nil {
+		return err
+	}
+	err = restrictThread(fd)
+	unix.Close(fd)
+	return err
+}
+
+// prepareStaticInit prepares the calling (locked) thread for starting the
+// static init (see staticInit): empty capability sets, restricted by a
+// ruleset that handles every access right (as a command's does) and allows
+// none.
+func prepareStaticInit() error {
+	if err := dropCapabilities(); err != nil {
+		return err
+	}
+	fd, err := denyAllRuleset()
 	if err != nil {
 		return err
 	}
