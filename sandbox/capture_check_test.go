@@ -285,3 +285,35 @@ func TestCaptureLargeThroughPopulator(t *testing.T) {
 		t.Fatalf("%d populators running after the flood", n)
 	}
 }
+
+// TestASCIIPrefix: the prefix asciiPrefix reports is all ASCII, a multiple
+// of 64, and ends within 64 bytes of the first non-ASCII byte (or of p's
+// end).
+func TestASCIIPrefix(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		p := make([]byte, r.IntN(600))
+		for i := range p {
+			p[i] = byte(r.IntN(0x80))
+		}
+		first := len(p)
+		if len(p) > 0 && r.IntN(3) > 0 {
+			first = r.IntN(len(p))
+			p[first] = byte(0x80 + r.IntN(0x80))
+		}
+		n := asciiPrefix(p)
+		if n%64 != 0 || n > first || first-n >= 64 && len(p)-n >= 64 {
+			t.Fatalf("len %d, first non-ASCII at %d: prefix %d", len(p), first, n)
+		}
+	}
+}
+
+func BenchmarkCheckASCII(b *testing.B) {
+	p := make([]byte, 64<<10)
+	b.SetBytes(int64(len(p)))
+	for b.Loop() {
+		if n := asciiPrefix(p); !utf8.Valid(p[n:]) {
+			b.Fatal("invalid")
+		}
+	}
+}
