@@ -722,15 +722,15 @@ func TestRealDir(t *testing.T) {
 
 // TestHostStreamsBlocking: a host command's standard output and error are
 // pipes in blocking mode (a program that gets a nonblocking stream fails
-// with EAGAIN when it fills), confined and direct; core reads its own ends
-// through the poller.
+// with EAGAIN when it fills), confined and direct, and its input is
+// /dev/null; core reads its own ends through the poller.
 func TestHostStreamsBlocking(t *testing.T) {
 	for _, trusted := range []bool{false, true} {
 		if !trusted {
 			requireLandlock(t)
 		}
 		f := newFixture(t, fixtureOpts{trusted: trusted})
-		res, err := f.run(t, "", "sh", "-c", "cat /proc/self/fdinfo/1 /proc/self/fdinfo/2; stat -L -c %F /proc/self/fd/1 /proc/self/fd/2")
+		res, err := f.run(t, "", "sh", "-c", "cat /proc/self/fdinfo/1 /proc/self/fdinfo/2; stat -L -c %F /proc/self/fd/1 /proc/self/fd/2; readlink /proc/self/fd/0; cat; echo end")
 		if err != nil || res.Code == nil || *res.Code != 0 {
 			t.Fatalf("trusted %v: %+v, %v", trusted, res, err)
 		}
@@ -748,6 +748,14 @@ func TestHostStreamsBlocking(t *testing.T) {
 			if fl&unix.O_NONBLOCK != 0 {
 				t.Errorf("trusted %v: a stream is nonblocking (flags %o):\n%s", trusted, fl, res.Stdout)
 			}
+		}
+		// Its input is /dev/null (read to EOF at once), shared by the
+		// commands that read none; a second command gets it too.
+		if !strings.HasSuffix(res.Stdout, "/dev/null\nend\n") {
+			t.Errorf("trusted %v: input is not /dev/null at EOF:\n%s", trusted, res.Stdout)
+		}
+		if again, err := f.run(t, "", "sh", "-c", "readlink /proc/self/fd/0; cat; echo end"); err != nil || again.Stdout != "/dev/null\nend\n" {
+			t.Errorf("trusted %v: second command's input: %+v, %v", trusted, again, err)
 		}
 		if flags != 2 || strings.Count(res.Stdout, "fifo") != 2 {
 			t.Fatalf("trusted %v: want two pipes' flags, got:\n%s", trusted, res.Stdout)

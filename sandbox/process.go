@@ -144,6 +144,10 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 			closers = append(closers, inR, inW)
 			cmd.Stdin = inR
 			owned = append(owned, inR)
+		} else if null := nullInput(); null != nil {
+			// Shared, not closed here: os/exec would open and close
+			// /dev/null for each command.
+			cmd.Stdin = null
 		}
 	}
 	// Its Pdeathsig must mean "corral died", not "the forking thread
@@ -194,8 +198,10 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 	for _, f := range []io.Closer{cmd.Stdout.(io.Closer), cmd.Stderr.(io.Closer)} {
 		f.Close()
 	}
-	if cmd.Stdin != nil {
-		cmd.Stdin.(*os.File).Close()
+	if f, ok := cmd.Stdin.(*os.File); ok {
+		if null, _ := devNull(); f != null {
+			f.Close()
+		}
 	}
 	closers = nil
 	for _, f := range []*os.File{outR, errR, inW, master} {
@@ -218,6 +224,26 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 	proc = &localProcess{cmd: cmd, tree: tree, stdin: inW, stdout: outR, stderr: errR, tty: master, doneCh: make(chan struct{}), provider: p.Cancel}
 	go proc.wait()
 	return proc, nil
+}
+
+// devNull is /dev/null opened for reading, once: the input of the host
+// commands that read none (never closed; see nullInput).
+var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
+
+// nullInput returns devNull if its descriptor still is the null device,
+// else nil (os/exec then opens /dev/null for the command). The check keeps
+// a command from reading another file as its input should code that does
+// not own the descriptor close it and its number be reused.
+func nullInput() *os.File {
+	f, err := devNull()
+	if err != nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(1, 3) {
+		return nil
+	}
+	return f
 }
 
 // streamPipe returns a pipe for one of a command's streams: end ours (0,
