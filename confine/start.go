@@ -354,7 +354,8 @@ func fillSpare(init string) {
 // newInit starts init (corral's executable; empty: minimalInit) as the
 // init of a new pid namespace, from a prepared thread (see onPrepared)
 // that emptied its capability sets, set no_new_privs and restricted
-// itself with Landlock to reading the system directories and init: the
+// itself with Landlock to reading the system directories and init (the
+// static init's thread, to nothing at all: it opens no file): the
 // init keeps uid 0 but executes with no capability at all, and an
 // unprivileged command can neither signal nor trace it. Its standard
 // input is the read end of the tree's lifeline, its output /dev/null (the
