@@ -850,3 +850,31 @@ func TestExecRun(t *testing.T) {
 		t.Errorf("descriptor leak: %d before, %d after", before, after)
 	}
 }
+
+// TestStdinClosedUnwritten: closing a session's stdin that was never
+// written (its descriptor not yet in the poller) delivers EOF to the
+// command, and writing after the session was released fails.
+func TestStdinClosedUnwritten(t *testing.T) {
+	g, _ := setup(t, Options{})
+	ctx := ctxT(t)
+	s, err := g.Exec(ctx, req("cat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stdin.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := io.ReadAll(s.Stdout); err != nil || string(out) != "out:" {
+		t.Errorf("stdout %q, %v; want the command to have read EOF at once", out, err)
+	}
+	if exit, err := s.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Errorf("Wait = %+v, %v", exit, err)
+	}
+	s.Close()
+	if _, err := s.Stdin.Write([]byte("late")); err == nil {
+		t.Error("Write on a released stdin succeeded")
+	}
+	if err := s.Stdin.Close(); err == nil {
+		t.Error("Close on a released stdin succeeded")
+	}
+}
