@@ -147,7 +147,10 @@ func TestCaptureStopsAtLimit(t *testing.T) {
 	if src.served > limit+probeSize {
 		t.Fatalf("read %d bytes for a limit of %d", src.served, limit)
 	}
-	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit+64<<10 {
+	// The process's allocations while capturing: the kept limit, a scratch
+	// buffer and the runtime's own (the race detector's bookkeeping adds
+	// ≈ 66 KiB); a buffer that grew by doubling would be ≥ 2× the limit.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit+128<<10 {
 		t.Fatalf("capturing %d bytes allocated %d", limit, alloc)
 	}
 }
