@@ -151,8 +151,9 @@ func TestSessionBackpressure(t *testing.T) {
 	p := e.managedProject("box", alice)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// The command writes as fast as it can for a second, then records
-	// how much it wrote in a file (its stdout is blocked by then).
+	// The command writes as fast as it can for a second from its first
+	// completed write (on a loaded host its start may take longer), then
+	// records how much it wrote in a file (its stdout is blocked by then).
 	out := t.TempDir() + "/written"
 	script := fmt.Sprintf(`
 import os, sys, time, signal
@@ -160,8 +161,9 @@ n = 0
 def done(*a):
     open(%q, "w").write(str(n)); sys.exit(0)
 signal.signal(signal.SIGALRM, done)
-signal.alarm(1)
 buf = b"x" * 65536
+n += os.write(1, buf)
+signal.alarm(1)
 while True:
     n += os.write(1, buf)
 `, out)
