@@ -144,6 +144,11 @@ type AcquireRequest struct {
 	// Domain is the domain of the plugin the work is done for; empty for
 	// core's own work.
 	Domain string
+	// TenancyVersion, if nonzero, makes the acquisition fail with an error
+	// wrapping store.ErrTenancyChanged if the project or the account's
+	// membership changed since that version was read (see
+	// store.NewLease.TenancyVersion).
+	TenancyVersion int64
 }
 
 // Acquire creates a live lease that expires TTL from now unless heartbeated.
@@ -155,7 +160,7 @@ func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (*Lease, erro
 	}
 	row, err := m.st.CreateLease(ctx, store.NewLease{
 		Account: req.Account, Project: req.Project, Kind: string(req.Kind), Domain: req.Domain,
-		Holder: m.holder, TTL: m.ttl,
+		Holder: m.holder, TTL: m.ttl, TenancyVersion: req.TenancyVersion,
 	}, m.now())
 	if err != nil {
 		return nil, fmt.Errorf("lease: acquire: %w", err)

@@ -60,6 +60,11 @@ type NewLease struct {
 	// TTL is how long the lease lives without a heartbeat. Required; it is
 	// stored with millisecond precision.
 	TTL time.Duration
+	// TenancyVersion, if nonzero, is the Tenancy.Version of the read that
+	// let the account work in the project (CachedTenancy): the lease is
+	// created only if no project or membership changed since, else
+	// CreateLease fails with ErrTenancyChanged. Zero checks nothing.
+	TenancyVersion int64
 }
 
 // leaseCols reads a lease's current values: a live lease's expiry comes
@@ -77,6 +82,9 @@ const (
 	// a lease is this one statement.
 	sqlInsertLease = `INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
 			VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?, ?)`
+	// sqlInsertLeaseAt is sqlInsertLease if the tenancy version is still ?11.
+	sqlInsertLeaseAt = `INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
+			SELECT ?1, ?2, ?3, ?4, ?5, ?6, 'live', ?7, ?8, ?9, ?10 WHERE (SELECT v FROM tenancy_version WHERE id = 1) = ?11`
 	sqlHeartbeat = `UPDATE lease_clock SET expires_at = ?1 + ttl_ms
 			WHERE seq IN (SELECT seq FROM leases WHERE id IN (SELECT value FROM json_each(?2)))
 			  AND expires_at >= ?1`
@@ -95,7 +103,7 @@ const (
 )
 
 var (
-	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
+	hotWriteStmts = []string{sqlInsertLease, sqlInsertLeaseAt, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
 	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy}
 )
 
@@ -119,7 +127,8 @@ func scanLease(r scanner, what string, extra ...any) (Lease, error) {
 }
 
 // CreateLease inserts a live lease that expires at at+TTL. An unknown
-// project is ErrNotFound; a duplicate ID is ErrExists.
+// project is ErrNotFound; a duplicate ID is ErrExists; a tenancy changed
+// since n.TenancyVersion is ErrTenancyChanged.
 func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Lease, error) {
 	if n.Kind == "" {
 		return Lease{}, errors.New("store: create lease: kind is required")
@@ -143,8 +152,21 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 	}
 	// One statement: SQLite runs it in a transaction of its own, which
 	// takes the write lock before it reads (no upgrade, as BEGIN IMMEDIATE).
-	if r := s.exec(ctx, sqlInsertLease, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
+	if n.TenancyVersion == 0 {
+		if r := s.exec(ctx, sqlInsertLease, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
+			return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
+		}
+		return l, nil
+	}
+	// The version check is part of the insert: no tenancy change can
+	// commit between them.
+	r := s.exec(ctx, sqlInsertLeaseAt, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl, n.TenancyVersion)
+	if r.err != nil {
 		return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
+	}
+	if r.rows == 0 {
+		s.forgetTenancy(n.Project, n.Account, n.TenancyVersion)
+		return Lease{}, fmt.Errorf("store: create lease for project %d: %w", n.Project, ErrTenancyChanged)
 	}
 	return l, nil
 }

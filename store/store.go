@@ -132,6 +132,8 @@ type Store struct {
 	wr  writer   // the group commit of the hot writes (exec)
 	raw rawStmts // its batches' statements (runBatch)
 
+	tenancy tenancyCache // CachedTenancy's reads
+
 	egressAppends sync.Map // project id → *atomic.Int64: AppendEgress calls
 }
 
