@@ -135,6 +135,7 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		bounded:   true,
 		attach:    r.attach,
 		self:      &r.s,
+		inline:    true,
 	}
 	if r.c.opts.Journal != nil {
 		hooks.prepared = func() { finish = r.c.opts.Journal(r.record(nil, nil)) }
@@ -149,6 +150,7 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 	if ce != nil {
 		return nil, ce
 	}
+	s.settle(ctx)
 	exit, err := s.Wait()
 	if r.cap != nil {
 		// The session closed the streams: the readers end now.

@@ -100,6 +100,8 @@ type Session struct {
 	stopHeartbeat func()
 	heartbeatErr  chan error
 
+	lifetime <-chan time.Time // the Lifetime's timer, for settle (inline)
+
 	closeOnce sync.Once
 	closeReq  chan struct{}
 	done      chan struct{} // closed when settled
@@ -129,6 +131,12 @@ type sessionHooks struct {
 	// self, if non-nil, is set to the session as soon as it exists (for
 	// the hooks, which see it before Open returns).
 	self **Session
+	// inline: open starts no goroutine to supervise the session; its
+	// caller, which waits for the settlement at once (RunCommand), runs
+	// s.settle itself. That spares a command a goroutine, a wake-up, and
+	// the growth of a fresh goroutine's stack to what the lease release's
+	// store call needs.
+	inline bool
 }
 
 // attached is what reads a session's output, as the lifecycle sees it.
@@ -294,9 +302,17 @@ func (c *Control) open(ctx context.Context, in ExecInput, a Actor, o SessionOpti
 	} else {
 		s.attachCaller(proc)
 	}
-	go s.supervise(ctx, lifetime)
+	if h.inline {
+		s.lifetime = lifetime
+	} else {
+		go s.supervise(ctx, lifetime)
+	}
 	return s, nil
 }
+
+// settle supervises a session opened with sessionHooks.inline, in the
+// calling goroutine, until it settled.
+func (s *Session) settle(ctx context.Context) { s.supervise(ctx, s.lifetime) }
 
 // chain returns a function calling f then g (either may be nil).
 func chain(f, g func()) func() {
