@@ -569,8 +569,13 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 	}
 	select {
 	case <-p.done():
+		_, _ = p.exit() // a managed session's provider releases what it held
 	case <-cctx.Done():
 		cleanup = append(cleanup, fmt.Errorf("command did not end within %v of cancellation", s.c.opts.CancelWait))
+		go func() {
+			<-p.done()
+			_, _ = p.exit()
+		}()
 	}
 	// A cancelled tree closes its streams at once; a lost transport may
 	// leave them to a slow teardown. Either way the caller learns of the
