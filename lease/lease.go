@@ -393,25 +393,47 @@ func (l *Lease) Heartbeat(ctx context.Context) error {
 // (and the lease is marked expired, its watchers cancelled). On a store
 // failure the lease stays live and Release may be retried.
 func (l *Lease) Release(ctx context.Context) error {
+	_, err := l.release(ctx, func(at time.Time) (bool, error) {
+		return false, l.m.st.ReleaseHeldLease(ctx, l.row.ID, at)
+	})
+	return err
+}
+
+// ReleaseAndFinish releases the lease exactly as Release does and, in the
+// same store write, records the end of the command of journal entry id
+// (store.ReleaseAndFinish): one write for a command's end instead of two.
+// journaled reports that the entry was finished with the release; when it
+// is false (the lease was released already, or could not be released:
+// then err says why, as from Release) the entry was not touched and the
+// caller journals the end on its own.
+func (l *Lease) ReleaseAndFinish(ctx context.Context, id int64, end store.JournalEnd) (journaled bool, err error) {
+	return l.release(ctx, func(at time.Time) (bool, error) {
+		return l.m.st.ReleaseAndFinish(ctx, l.row.ID, at, id, end)
+	})
+}
+
+// release is Release with the store's release write given: write releases
+// the lease at the given time and reports what else it recorded.
+func (l *Lease) release(ctx context.Context, write func(at time.Time) (bool, error)) (bool, error) {
 	l.mu.Lock()
 	state := l.state
 	l.mu.Unlock()
 	switch state {
 	case store.LeaseReleased:
-		return nil
+		return false, nil
 	case store.LeaseExpired:
-		return fmt.Errorf("lease %s: release: %w", l.row.ID, ErrExpired)
+		return false, fmt.Errorf("lease %s: release: %w", l.row.ID, ErrExpired)
 	}
-	err := l.m.st.ReleaseHeldLease(ctx, l.row.ID, l.m.now())
+	ok, err := write(l.m.now())
 	switch {
 	case err == nil:
 		l.released()
-		return nil
+		return ok, nil
 	case errors.Is(err, store.ErrLeaseExpired), errors.Is(err, store.ErrNotFound):
 		l.m.noticeExpired(ctx, l)
-		return fmt.Errorf("lease %s: release: %w (%w)", l.row.ID, ErrExpired, err)
+		return false, fmt.Errorf("lease %s: release: %w (%w)", l.row.ID, ErrExpired, err)
 	}
-	return fmt.Errorf("lease %s: release: %w", l.row.ID, err)
+	return false, fmt.Errorf("lease %s: release: %w", l.row.ID, err)
 }
 
 // noticeExpired handles a lease its holder found expired or overdue: a

@@ -35,16 +35,35 @@ type ControlOptions struct {
 	// Sessions (Open) are not observed: they are not commands.
 	Observe func(Record)
 	// Journal, if non-nil, is called once a command's preparation was
-	// accepted (the lease is known), before anything starts; the function
-	// it returns (if non-nil) is called once the command settled. It lets
-	// the journal show commands in flight, so a crash leaves a trace.
-	Journal func(Record) (finish func(Record))
+	// accepted (the lease is known), before anything starts; the entry it
+	// returns (if non-nil) records the command's end (see JournalEntry).
+	// It lets the journal show commands in flight, so a crash leaves a
+	// trace.
+	Journal func(Record) *JournalEntry
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Admitter, if non-nil, is asked before every RunCommand, Open and
 	// PrepareExecution (see Admitter); it must be comparable (a pointer,
 	// such as a *Limiter). Nil admits everything.
 	Admitter Admitter
+}
+
+// JournalEntry records the end of a command whose start
+// ControlOptions.Journal recorded.
+type JournalEntry struct {
+	// Finish, if non-nil, is called once the command settled, after its
+	// lease was released (or its release failed), unless Release recorded
+	// the end.
+	Finish func(Record)
+	// Release, if non-nil, is used instead of Lease.Release for a command
+	// that exited: it releases the lease l and records the end rec in one
+	// step (one store write instead of two). rec is the settled result
+	// without its output (Result's Stdout and Stderr are empty; the sizes
+	// are set). journaled reports that rec was recorded: Finish is then
+	// not called. err is the release's failure, as from Lease.Release
+	// (the command then ends with a KindCleanup error, which Finish
+	// records).
+	Release func(ctx context.Context, l Lease, rec Record) (journaled bool, err error)
 }
 
 // Record describes one settled RunCommand call.
@@ -185,10 +204,14 @@ func CheckTarget(in ExecInput, actor Actor, p Prepared) error {
 	return nil
 }
 
-func releaseLease(ctx context.Context, l Lease) error {
+func releaseLease(ctx context.Context, l Lease) error { return releaseWith(ctx, l, l.Release) }
+
+// releaseWith releases l through release, which is given ctx without its
+// cancellation and with a bound of its own.
+func releaseWith(ctx context.Context, l Lease, release func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := l.Release(ctx); err != nil {
+	if err := release(ctx); err != nil {
 		return fmt.Errorf("release lease %s: %w", l.ID(), err)
 	}
 	return nil

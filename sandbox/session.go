@@ -131,6 +131,10 @@ type sessionHooks struct {
 	// self, if non-nil, is set to the session as soon as it exists (for
 	// the hooks, which see it before Open returns).
 	self **Session
+	// release, if non-nil, releases the lease of a session whose command
+	// exited, in place of releaseLease (RunCommand's journal, which records
+	// the exit in the same write).
+	release func(ctx context.Context, l Lease, exit Exit) error
 	// inline: open starts no goroutine to supervise the session; its
 	// caller, which waits for the settlement at once (RunCommand), runs
 	// s.settle itself. That spares a command a goroutine, a wake-up, and
@@ -550,11 +554,17 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 		default:
 			s.stopHeartbeat()
 			s.closeInput()
-			if err := releaseLease(ctx, s.common.Lease); err != nil {
+			exit = Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled && exit.Signal != ""}
+			l := s.common.Lease
+			release := l.Release
+			if s.hooks.release != nil {
+				release = func(ctx context.Context) error { return s.hooks.release(ctx, l, exit) }
+			}
+			if err := releaseWith(ctx, l, release); err != nil {
 				s.err = &CommandError{Kind: KindCleanup, Message: err.Error(), Cleanup: err}
 				return
 			}
-			s.exit = Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled && exit.Signal != ""}
+			s.exit = exit
 			return
 		}
 	}

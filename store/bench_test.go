@@ -435,12 +435,13 @@ func BenchmarkEgressPolicy(b *testing.B) {
 }
 
 // BenchmarkBatchTx is a batch of two (a command's lease released and its
-// journal entry finished) three ways: two commits of their own, one
-// database/sql transaction (how runBatch ran a batch until schema 10), and
-// runBatch (one transaction on the driver's connection). cpu-µs/op is the
-// process's CPU time of the two writes.
+// journal entry finished) four ways: two commits of their own, one
+// database/sql transaction (how runBatch ran a batch until schema 10),
+// runBatch (one transaction on the driver's connection), and one statement
+// (ReleaseAndFinish, schema 13). cpu-µs/op is the process's CPU time of
+// the two writes.
 func BenchmarkBatchTx(b *testing.B) {
-	for _, mode := range []string{"two-commits", "sql-tx", "runBatch"} {
+	for _, mode := range []string{"two-commits", "sql-tx", "runBatch", "one-statement", "two-commits", "one-statement"} {
 		b.Run(mode, func(b *testing.B) {
 			s, _ := benchLeases(b, 0)
 			ctx := context.Background()
@@ -485,6 +486,10 @@ func BenchmarkBatchTx(b *testing.B) {
 					}
 					if err := tx.Commit(); err != nil {
 						b.Fatal(err)
+					}
+				case "one-statement":
+					if ok, err := s.ReleaseAndFinish(ctx, l.ID, fromMS(now), id, JournalEnd{Outcome: OutcomeExit, Code: &code}); !ok || err != nil {
+						b.Fatal(ok, err)
 					}
 				case "runBatch":
 					batch := []*writeReq{

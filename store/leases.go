@@ -103,7 +103,7 @@ const (
 )
 
 var (
-	hotWriteStmts = []string{sqlInsertLease, sqlInsertLeaseAt, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
+	hotWriteStmts = []string{sqlInsertLease, sqlInsertLeaseAt, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish, sqlCommandEnd}
 	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy}
 )
 
