@@ -149,6 +149,22 @@ type AcquireRequest struct {
 	// membership changed since that version was read (see
 	// store.NewLease.TenancyVersion).
 	TenancyVersion int64
+	// Journal, if non-nil, is the journal entry of the command the lease
+	// covers: it is created with the lease, in the same store write
+	// (store.NewLease.Journal), and its ID set in Journal.ID.
+	Journal *JournalStart
+}
+
+// JournalStart is a command's journal entry to create with its lease
+// (AcquireRequest.Journal). Core makes it before the command's
+// preparation and hands it to the provider through the preparation's
+// context (sandbox.JournalIntent); a provider that does not pass it on
+// leaves ID zero, and core then records the start itself.
+type JournalStart struct {
+	// Command is the entry; its Lease is the new lease's ID.
+	Command store.JournalCommand
+	// ID is the entry's ID once Acquire created it.
+	ID int64
 }
 
 // Acquire creates a live lease that expires TTL from now unless heartbeated.
@@ -158,12 +174,19 @@ func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (*Lease, erro
 	if !req.Kind.Valid() {
 		return nil, fmt.Errorf("lease: acquire: invalid lease kind %q", req.Kind)
 	}
-	row, err := m.st.CreateLease(ctx, store.NewLease{
+	n := store.NewLease{
 		Account: req.Account, Project: req.Project, Kind: string(req.Kind), Domain: req.Domain,
 		Holder: m.holder, TTL: m.ttl, TenancyVersion: req.TenancyVersion,
-	}, m.now())
+	}
+	if req.Journal != nil {
+		n.Journal = &req.Journal.Command
+	}
+	row, err := m.st.CreateLease(ctx, n, m.now())
 	if err != nil {
 		return nil, fmt.Errorf("lease: acquire: %w", err)
+	}
+	if req.Journal != nil {
+		req.Journal.ID = row.Journal
 	}
 	l := &Lease{m: m, row: row, state: store.LeaseLive, deadline: row.ExpiresAt}
 	m.mu.Lock()

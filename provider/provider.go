@@ -248,12 +248,16 @@ func (p *Provider) tenancy(ctx context.Context, in sandbox.ExecInput, actor sand
 // is still the store's, else the error wraps store.ErrTenancyChanged.
 func (p *Provider) mintLease(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (*lease.Lease, error) {
 	version, _ := ctx.Value(tenancyKey{}).(int64)
+	// Core's journal entry of the command, if it asked for one, is
+	// written with the lease.
+	journal, _ := sandbox.JournalIntent(ctx).(*lease.JournalStart)
 	l, err := p.leases.Acquire(ctx, lease.AcquireRequest{
 		Account:        actor.AccountUserID,
 		Project:        in.Project.ProjectID,
 		Kind:           in.LeaseKind,
 		Domain:         p.domain,
 		TenancyVersion: version,
+		Journal:        journal,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("provider: %w", err)

@@ -34,11 +34,12 @@ type ControlOptions struct {
 	// reached preparation, after it settled: journal, metrics, audit.
 	// Sessions (Open) are not observed: they are not commands.
 	Observe func(Record)
-	// Journal, if non-nil, is called once a command's preparation was
-	// accepted (the lease is known), before anything starts; the entry it
-	// returns (if non-nil) records the command's end (see JournalEntry).
-	// It lets the journal show commands in flight, so a crash leaves a
-	// trace.
+	// Journal, if non-nil, is called for every RunCommand that was
+	// validated and admitted, before its preparation (the record has no
+	// lease yet); the entry it returns (if non-nil) records the command:
+	// its start once the preparation was accepted (the lease is known),
+	// before anything starts, and its end (see JournalEntry). It lets the
+	// journal show commands in flight, so a crash leaves a trace.
 	Journal func(Record) *JournalEntry
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
@@ -51,9 +52,17 @@ type ControlOptions struct {
 // JournalEntry records the end of a command whose start
 // ControlOptions.Journal recorded.
 type JournalEntry struct {
-	// Finish, if non-nil, is called once the command settled, after its
-	// lease was released (or its release failed), unless Release recorded
-	// the end.
+	// Intent, if non-nil, is carried by the preparation's context (see
+	// JournalIntent): a provider that knows what it is may record the
+	// command's start together with the lease it mints (one store write
+	// instead of two).
+	Intent any
+	// Start, if non-nil, is called once the preparation was accepted (the
+	// lease is known), before anything starts.
+	Start func(Record)
+	// Finish, if non-nil, is called once the command settled, whether or
+	// not it was prepared, after its lease was released (or its release
+	// failed), unless Release recorded the end.
 	Finish func(Record)
 	// Release, if non-nil, is used instead of Lease.Release for a command
 	// that exited: it releases the lease l and records the end rec in one
@@ -65,6 +74,14 @@ type JournalEntry struct {
 	// records).
 	Release func(ctx context.Context, l Lease, rec Record) (journaled bool, err error)
 }
+
+// journalKey is the context key of a JournalEntry's Intent.
+type journalKey struct{}
+
+// JournalIntent returns the journal's intent for the command whose
+// preparation ctx is (JournalEntry.Intent), or nil. A provider that knows
+// its type records the command's start with the command's lease.
+func JournalIntent(ctx context.Context) any { return ctx.Value(journalKey{}) }
 
 // Record describes one settled RunCommand call.
 type Record struct {

@@ -141,9 +141,17 @@ func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandErr
 		inline:    true,
 	}
 	if r.c.opts.Journal != nil {
+		entry = r.c.opts.Journal(r.record(nil, nil))
+	}
+	if entry != nil && entry.Intent != nil {
+		ctx = context.WithValue(ctx, journalKey{}, entry.Intent)
+	}
+	if entry != nil {
 		hooks.prepared = func() {
-			entry = r.c.opts.Journal(r.record(nil, nil))
-			if entry != nil && entry.Release != nil {
+			if entry.Start != nil {
+				entry.Start(r.record(nil, nil))
+			}
+			if entry.Release != nil {
 				hooks.release = func(ctx context.Context, l Lease, exit Exit) error {
 					if r.cap != nil {
 						<-r.cap.done // the sizes are final (the session closed the streams)

@@ -563,3 +563,52 @@ func BenchmarkTenancyLease(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCommandStart is a command's start two ways: the lease created
+// and then its journal entry ("two-writes", before schema 14), and both by
+// one statement ("one-statement", CreateLease with NewLease.Journal).
+// Rounds alternate; cpu-µs/op is the process's CPU time of the start (the
+// command's end, one ReleaseAndFinish, is not counted).
+func BenchmarkCommandStart(b *testing.B) {
+	s, _ := benchLeases(b, 100)
+	ctx := context.Background()
+	p, err := s.ProjectByName(ctx, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	code := 0
+	for range 3 {
+		for _, one := range []bool{false, true} {
+			name := "two-writes"
+			if one {
+				name = "one-statement"
+			}
+			b.Run(name, func(b *testing.B) {
+				var cpu time.Duration
+				for b.Loop() {
+					c0 := cpuTime(b)
+					cmd := JournalCommand{Account: 1, Project: p.ID, LeaseKind: "terminal", Argv: []string{"true"}}
+					n := NewLease{Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}
+					if one {
+						n.Journal = &cmd
+					}
+					l, err := s.CreateLease(ctx, n, time.Now())
+					if err != nil {
+						b.Fatal(err)
+					}
+					if !one {
+						cmd.Lease = l.ID
+						if l.Journal, err = s.JournalStart(ctx, cmd); err != nil {
+							b.Fatal(err)
+						}
+					}
+					cpu += cpuTime(b) - c0
+					if ok, err := s.ReleaseAndFinish(ctx, l.ID, time.Now(), l.Journal, JournalEnd{Outcome: OutcomeExit, Code: &code}); !ok || err != nil {
+						b.Fatal(ok, err)
+					}
+				}
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+			})
+		}
+	}
+}

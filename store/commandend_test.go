@@ -60,7 +60,7 @@ func TestReleaseAndFinish(t *testing.T) {
 	if st := state(l); st != LeaseReleased {
 		t.Fatalf("lease %s after the end", st)
 	}
-	checkClockInvariant(t, s, 1, 2)
+	checkClockInvariant(t, s, p.ID)
 
 	// Released already: idempotent, and the entry is left to the caller.
 	l, id = start(time.Minute)
@@ -127,6 +127,98 @@ func TestReleaseAndFinish(t *testing.T) {
 	for _, c := range cmds {
 		if e := entry(c.id); (e.End.Outcome == OutcomeExit) == c.gone {
 			t.Errorf("entry %d (lease released before: %v): %+v", c.id, c.gone, e.End)
+		}
+	}
+}
+
+// TestCreateLeaseWithJournal: the lease and its command's entry are
+// created by one statement, which returns the entry's ID; a refused lease
+// (tenancy changed, unknown project) leaves no entry either; concurrent
+// starts, batched, get distinct IDs that are their entries'.
+func TestCreateLeaseWithJournal(t *testing.T) {
+	ctx := context.Background()
+	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	must(t, err)
+	defer s.Close()
+	acct, err := s.CreateAccount(ctx, "a")
+	must(t, err)
+	p, err := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
+	must(t, err)
+	_, err = s.AddMember(ctx, Member{Project: p.ID, Account: acct.ID, Role: RoleOwner})
+	must(t, err)
+	cmd := func() *JournalCommand {
+		return &JournalCommand{Account: acct.ID, Project: p.ID, Domain: "plugin", LeaseKind: "terminal",
+			Argv: []string{"echo", "hi"}, Limits: Limits{TimeoutMS: 5}}
+	}
+	entries := func() map[int64]JournalEntry {
+		t.Helper()
+		list, err := s.ListJournal(ctx, JournalFilter{Limit: 1000})
+		must(t, err)
+		m := map[int64]JournalEntry{}
+		for _, e := range list {
+			m[e.ID] = e
+		}
+		return m
+	}
+	ten, err := s.CachedTenancy(ctx, p.ID, acct.ID)
+	must(t, err)
+	l, err := s.CreateLease(ctx, NewLease{Account: acct.ID, Project: p.ID, Kind: "terminal", Domain: "sandbox", TTL: time.Minute,
+		TenancyVersion: ten.Version, Journal: cmd()}, time.Now())
+	must(t, err)
+	e, ok := entries()[l.Journal]
+	if l.Journal == 0 || !ok || e.Lease != l.ID || e.Domain != "plugin" || e.Account != acct.ID || e.LeaseKind != "terminal" ||
+		len(e.Argv) != 2 || e.Argv[1] != "hi" || e.Limits.TimeoutMS != 5 || e.End.Outcome != "" || e.Started.IsZero() {
+		t.Fatalf("entry %d: %+v (found %v)", l.Journal, e, ok)
+	}
+	if got, err := s.GetLease(ctx, l.ID); err != nil || got.State != LeaseLive || got.Domain != "sandbox" {
+		t.Fatalf("lease %+v, %v", got, err)
+	}
+	checkClockInvariant(t, s, p.ID)
+	code := 0
+	if ok, err := s.ReleaseAndFinish(ctx, l.ID, time.Now(), l.Journal, JournalEnd{Outcome: OutcomeExit, Code: &code}); !ok || err != nil {
+		t.Fatalf("end: %v, %v", ok, err)
+	}
+
+	// Refused: nothing written.
+	n := len(entries())
+	must(t, s.UpdateMember(ctx, Member{Project: p.ID, Account: acct.ID, Role: RoleOwner, Trusted: true}))
+	if _, err := s.CreateLease(ctx, NewLease{Account: acct.ID, Project: p.ID, Kind: "terminal", TTL: time.Minute,
+		TenancyVersion: ten.Version, Journal: cmd()}, time.Now()); !errors.Is(err, ErrTenancyChanged) {
+		t.Fatalf("stale tenancy: %v, want ErrTenancyChanged", err)
+	}
+	if _, err := s.CreateLease(ctx, NewLease{Account: acct.ID, Project: 999, Kind: "terminal", TTL: time.Minute, Journal: cmd()}, time.Now()); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown project: %v, want ErrNotFound", err)
+	}
+	if len(entries()) != n {
+		t.Fatal("a refused lease left a journal entry")
+	}
+	if ls, _ := s.ListLeases(ctx, LeaseFilter{State: LeaseLive}); len(ls) != 0 {
+		t.Fatalf("a refused lease was written: %+v", ls)
+	}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	got := map[int64]string{}
+	for range 32 {
+		wg.Go(func() {
+			l, err := s.CreateLease(ctx, NewLease{Account: acct.ID, Project: p.ID, Kind: "terminal", TTL: time.Minute, Journal: cmd()}, time.Now())
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			got[l.Journal] = l.ID
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	all := entries()
+	if len(got) != 32 {
+		t.Fatalf("%d distinct entry IDs for 32 starts", len(got))
+	}
+	for id, lease := range got {
+		if all[id].Lease != lease {
+			t.Errorf("entry %d is lease %q's, not %q's", id, all[id].Lease, lease)
 		}
 	}
 }

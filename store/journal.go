@@ -116,24 +116,33 @@ func boundArgv(argv []string) []string {
 // JournalStart records that a command starts now and returns its entry's
 // ID, which JournalFinish takes.
 func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, error) {
-	argv := boundArgv(in.Argv)
-	if argv == nil {
-		argv = []string{}
-	}
-	argvJSON, err := json.Marshal(argv)
-	if err != nil {
-		return 0, fmt.Errorf("store: journal start: %w", err)
-	}
-	limitsJSON, err := json.Marshal(in.Limits)
+	argvJSON, limitsJSON, err := journalJSON(in)
 	if err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", err)
 	}
 	r := s.exec(ctx, sqlJournalStart,
-		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, string(argvJSON), string(limitsJSON), ms(s.now()))
+		in.Account, in.Project, in.Domain, in.Lease, in.LeaseKind, argvJSON, limitsJSON, ms(s.now()))
 	if r.err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", r.err)
 	}
 	return r.lastID, nil
+}
+
+// journalJSON returns the argv (bounded) and limits columns of an entry.
+func journalJSON(in JournalCommand) (argv, limits string, err error) {
+	a := boundArgv(in.Argv)
+	if a == nil {
+		a = []string{}
+	}
+	argvJSON, err := json.Marshal(a)
+	if err != nil {
+		return "", "", err
+	}
+	limitsJSON, err := json.Marshal(in.Limits)
+	if err != nil {
+		return "", "", err
+	}
+	return string(argvJSON), string(limitsJSON), nil
 }
 
 // JournalFinish records how the command of entry id ended. An unknown or

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // LeaseState is where a lease is in its life: live, then exactly one of
@@ -43,6 +44,10 @@ type Lease struct {
 	ExpiresAt   time.Time // HeartbeatAt + TTL
 	ReleasedAt  time.Time // zero unless released
 	ExpiredAt   time.Time // zero unless expired
+	// Journal is the ID of the journal entry CreateLease created with the
+	// lease (NewLease.Journal); zero otherwise, and in the rows other
+	// methods return.
+	Journal int64
 }
 
 // NewLease describes a lease to create.
@@ -65,6 +70,12 @@ type NewLease struct {
 	// created only if no project or membership changed since, else
 	// CreateLease fails with ErrTenancyChanged. Zero checks nothing.
 	TenancyVersion int64
+	// Journal, if non-nil, is the journal entry of the command the lease
+	// is for (its Lease is ignored: it is the new lease's ID). The entry is
+	// created with the lease, in the same statement (schema 14): one write
+	// for a command's start instead of two, and neither exists without the
+	// other. Lease.Journal is then its ID.
+	Journal *JournalCommand
 }
 
 // leaseCols reads a lease's current values: a live lease's expiry comes
@@ -103,7 +114,7 @@ const (
 )
 
 var (
-	hotWriteStmts = []string{sqlInsertLease, sqlInsertLeaseAt, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish, sqlCommandEnd}
+	hotWriteStmts = []string{sqlInsertLease, sqlInsertLeaseAt, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish, sqlCommandEnd, sqlCommandStart}
 	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy}
 )
 
@@ -152,6 +163,9 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 	}
 	// One statement: SQLite runs it in a transaction of its own, which
 	// takes the write lock before it reads (no upgrade, as BEGIN IMMEDIATE).
+	if n.Journal != nil {
+		return s.createCommand(ctx, l, n)
+	}
 	if n.TenancyVersion == 0 {
 		if r := s.exec(ctx, sqlInsertLease, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
 			return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
@@ -169,6 +183,39 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 		return Lease{}, fmt.Errorf("store: create lease for project %d: %w", n.Project, ErrTenancyChanged)
 	}
 	return l, nil
+}
+
+// sqlCommandStart creates a lease and its command's journal entry (schema
+// 14's command_start); the entry's ID is one more than the newest's,
+// chosen under the statement's write lock, and returned.
+const sqlCommandStart = `INSERT INTO command_start (id, account, project, kind, domain, holder, ttl_ms, created_at, tenancy,
+		journal, journal_account, journal_project, journal_domain, lease_kind, argv, limits, started_at)
+	VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, (SELECT coalesce(max(id), 0) + 1 FROM journal), ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+	RETURNING journal`
+
+// createCommand is CreateLease with n.Journal: the lease l and the entry
+// in one statement.
+func (s *Store) createCommand(ctx context.Context, l Lease, n NewLease) (Lease, error) {
+	argv, limits, err := journalJSON(*n.Journal)
+	if err != nil {
+		return Lease{}, fmt.Errorf("store: journal start: %w", err)
+	}
+	var tenancy any // NULL: not checked
+	if n.TenancyVersion != 0 {
+		tenancy = n.TenancyVersion
+	}
+	j := n.Journal
+	r := s.execQuery(ctx, sqlCommandStart, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, l.TTL.Milliseconds(),
+		ms(l.Created), tenancy, j.Account, j.Project, j.Domain, j.LeaseKind, argv, limits, ms(s.now()))
+	switch {
+	case r.err == nil:
+		l.Journal = r.lastID
+		return l, nil
+	case sqliteCode(r.err) == sqlite3.SQLITE_CONSTRAINT_TRIGGER && strings.Contains(r.err.Error(), "tenancy changed"):
+		s.forgetTenancy(n.Project, n.Account, n.TenancyVersion)
+		return Lease{}, fmt.Errorf("store: create lease for project %d: %w", n.Project, ErrTenancyChanged)
+	}
+	return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
 }
 
 // GetLease returns the lease with the given ID, or ErrNotFound.
