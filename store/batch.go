@@ -13,9 +13,10 @@ import (
 
 // Group commit of the hot single-statement writes.
 //
-// Every command writes four single statements (its lease created and
-// released, its journal entry started and finished), each a transaction of
-// its own on the one write connection. A WAL commit costs more than such a
+// Every command writes two single statements (its lease created with its
+// journal entry, schema 14; its lease released with the entry finished,
+// schema 13; until then four), each a transaction of its own on the one
+// write connection. A WAL commit costs more than such a
 // statement: it writes every page the statement dirtied to the WAL, and
 // takes and drops the WAL's locks. When many commands run at once, their
 // statements queue for the connection anyway; exec runs the queued ones
