@@ -251,6 +251,9 @@ func (p *Provider) mintLease(ctx context.Context, in sandbox.ExecInput, actor sa
 	// Core's journal entry of the command, if it asked for one, is
 	// written with the lease.
 	journal, _ := sandbox.JournalIntent(ctx).(*lease.JournalStart)
+	if journal != nil && journal.ID != 0 {
+		journal = nil // written already: one entry covers one lease
+	}
 	l, err := p.leases.Acquire(ctx, lease.AcquireRequest{
 		Account:        actor.AccountUserID,
 		Project:        in.Project.ProjectID,
