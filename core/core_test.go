@@ -379,3 +379,47 @@ func TestLeaseLostInterruptsCommand(t *testing.T) {
 	}
 	sandboxtest.AssertNoProcesses(t, "sleep "+tok)
 }
+
+// TestJournalBeforeStart: by the time a command starts (OnStart, called
+// immediately before), its lease is live in the store and its journal entry
+// is there, running, naming that lease: a crash from then on leaves both
+// (they are written by one statement). A command refused at preparation
+// leaves neither.
+func TestJournalBeforeStart(t *testing.T) {
+	e := build(t, core.Options{}, nil)
+	ctl, err := e.core.Sandbox()
+	must(t, err)
+	ctx := context.Background()
+	st := e.core.Store()
+	var seen bool
+	_, err = ctl.RunCommand(ctx, e.input(e.host, "true"), &e.actor, &sandbox.RunOptions{OnStart: func(info sandbox.StartInfo) error {
+		l, err := st.GetLease(ctx, info.LeaseID)
+		if err != nil || l.State != store.LeaseLive {
+			t.Errorf("lease at start: %+v, %v", l, err)
+		}
+		rows, err := st.ListJournal(ctx, store.JournalFilter{Project: e.host.ID})
+		if err != nil || len(rows) != 1 || rows[0].Lease != info.LeaseID || rows[0].End.Outcome != "" {
+			t.Errorf("journal at start: %+v, %v", rows, err)
+		}
+		seen = true
+		return nil
+	}})
+	must(t, err)
+	if !seen {
+		t.Fatal("OnStart was not called")
+	}
+	rows, err := st.ListJournal(ctx, store.JournalFilter{Project: e.host.ID})
+	must(t, err)
+	if len(rows) != 1 || rows[0].End.Outcome != store.OutcomeExit || *rows[0].End.Code != 0 {
+		t.Fatalf("journal after the exit: %+v", rows)
+	}
+	stranger, err := st.CreateAccount(ctx, "mallory")
+	must(t, err)
+	_, err = ctl.RunCommand(ctx, e.input(e.host, "true"), &sandbox.Actor{AccountUserID: stranger.ID}, nil)
+	if !errors.Is(err, sandbox.ErrDenied) {
+		t.Fatalf("non-member: %v", err)
+	}
+	if rows, _ := st.ListJournal(ctx, store.JournalFilter{}); len(rows) != 1 {
+		t.Fatalf("%d journal rows after a refused command, want 1", len(rows))
+	}
+}

@@ -144,6 +144,27 @@ type AcquireRequest struct {
 	// Domain is the domain of the plugin the work is done for; empty for
 	// core's own work.
 	Domain string
+	// TenancyVersion, if nonzero, makes the acquisition fail with an error
+	// wrapping store.ErrTenancyChanged if the project or the account's
+	// membership changed since that version was read (see
+	// store.NewLease.TenancyVersion).
+	TenancyVersion int64
+	// Journal, if non-nil, is the journal entry of the command the lease
+	// covers: it is created with the lease, in the same store write
+	// (store.NewLease.Journal), and its ID set in Journal.ID.
+	Journal *JournalStart
+}
+
+// JournalStart is a command's journal entry to create with its lease
+// (AcquireRequest.Journal). Core makes it before the command's
+// preparation and hands it to the provider through the preparation's
+// context (sandbox.JournalIntent); a provider that does not pass it on
+// leaves ID zero, and core then records the start itself.
+type JournalStart struct {
+	// Command is the entry; its Lease is the new lease's ID.
+	Command store.JournalCommand
+	// ID is the entry's ID once Acquire created it.
+	ID int64
 }
 
 // Acquire creates a live lease that expires TTL from now unless heartbeated.
@@ -153,12 +174,19 @@ func (m *Manager) Acquire(ctx context.Context, req AcquireRequest) (*Lease, erro
 	if !req.Kind.Valid() {
 		return nil, fmt.Errorf("lease: acquire: invalid lease kind %q", req.Kind)
 	}
-	row, err := m.st.CreateLease(ctx, store.NewLease{
+	n := store.NewLease{
 		Account: req.Account, Project: req.Project, Kind: string(req.Kind), Domain: req.Domain,
-		Holder: m.holder, TTL: m.ttl,
-	}, m.now())
+		Holder: m.holder, TTL: m.ttl, TenancyVersion: req.TenancyVersion,
+	}
+	if req.Journal != nil {
+		n.Journal = &req.Journal.Command
+	}
+	row, err := m.st.CreateLease(ctx, n, m.now())
 	if err != nil {
 		return nil, fmt.Errorf("lease: acquire: %w", err)
+	}
+	if req.Journal != nil {
+		req.Journal.ID = row.Journal
 	}
 	l := &Lease{m: m, row: row, state: store.LeaseLive, deadline: row.ExpiresAt}
 	m.mu.Lock()
@@ -388,25 +416,47 @@ func (l *Lease) Heartbeat(ctx context.Context) error {
 // (and the lease is marked expired, its watchers cancelled). On a store
 // failure the lease stays live and Release may be retried.
 func (l *Lease) Release(ctx context.Context) error {
+	_, err := l.release(ctx, func(at time.Time) (bool, error) {
+		return false, l.m.st.ReleaseHeldLease(ctx, l.row.ID, at)
+	})
+	return err
+}
+
+// ReleaseAndFinish releases the lease exactly as Release does and, in the
+// same store write, records the end of the command of journal entry id
+// (store.ReleaseAndFinish): one write for a command's end instead of two.
+// journaled reports that the entry was finished with the release; when it
+// is false (the lease was released already, or could not be released:
+// then err says why, as from Release) the entry was not touched and the
+// caller journals the end on its own.
+func (l *Lease) ReleaseAndFinish(ctx context.Context, id int64, end store.JournalEnd) (journaled bool, err error) {
+	return l.release(ctx, func(at time.Time) (bool, error) {
+		return l.m.st.ReleaseAndFinish(ctx, l.row.ID, at, id, end)
+	})
+}
+
+// release is Release with the store's release write given: write releases
+// the lease at the given time and reports what else it recorded.
+func (l *Lease) release(ctx context.Context, write func(at time.Time) (bool, error)) (bool, error) {
 	l.mu.Lock()
 	state := l.state
 	l.mu.Unlock()
 	switch state {
 	case store.LeaseReleased:
-		return nil
+		return false, nil
 	case store.LeaseExpired:
-		return fmt.Errorf("lease %s: release: %w", l.row.ID, ErrExpired)
+		return false, fmt.Errorf("lease %s: release: %w", l.row.ID, ErrExpired)
 	}
-	err := l.m.st.ReleaseHeldLease(ctx, l.row.ID, l.m.now())
+	ok, err := write(l.m.now())
 	switch {
 	case err == nil:
 		l.released()
-		return nil
+		return ok, nil
 	case errors.Is(err, store.ErrLeaseExpired), errors.Is(err, store.ErrNotFound):
 		l.m.noticeExpired(ctx, l)
-		return fmt.Errorf("lease %s: release: %w (%w)", l.row.ID, ErrExpired, err)
+		return false, fmt.Errorf("lease %s: release: %w (%w)", l.row.ID, ErrExpired, err)
 	}
-	return fmt.Errorf("lease %s: release: %w", l.row.ID, err)
+	return false, fmt.Errorf("lease %s: release: %w", l.row.ID, err)
 }
 
 // noticeExpired handles a lease its holder found expired or overdue: a

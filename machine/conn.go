@@ -339,25 +339,26 @@ func (c *conn) lose(cause error) {
 //
 // Sockets are costly to make (on a VM, each system call is a few
 // microseconds), so each end gets the cheapest wrapping its use allows: the
-// far ends none (they go out as numbers); the near ends an *os.File in the
-// runtime's poller, which os.NewFile registers because the pairs are made
-// non-blocking (the worker makes the far ends blocking again). Reads and
-// writes then wait in the poller and honour deadlines, without the
+// far ends none (they go out as numbers); stdout's and stderr's near ends
+// an *os.File in the runtime's poller, which os.NewFile registers because
+// the pairs are made non-blocking (the worker makes the far ends blocking
+// again); stdin's a stdinEnd, which registers only once written to. Reads
+// and writes then wait in the poller and honour deadlines, without the
 // descriptor duplication and socket queries of net.FileConn.
-func stdioPairs() (stdin *os.File, out [2]*os.File, far [3]int, err error) {
+func stdioPairs() (stdin *stdinEnd, out [2]*os.File, far [3]int, err error) {
 	far = [3]int{-1, -1, -1}
-	var near [3]*os.File
-	names := [3]string{"session-stdin", "session-stdout", "session-stderr"}
+	near := [3]int{-1, -1, -1}
 	for i := range near {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, 0)
 		if err != nil {
-			closeFiles(near[:])
+			closeFDs(near[:])
 			closeFDs(far[:])
 			return nil, [2]*os.File{}, [3]int{-1, -1, -1}, fmt.Errorf("machine: socketpair: %w", err)
 		}
-		near[i], far[i] = os.NewFile(uintptr(fds[0]), names[i]), fds[1]
+		near[i], far[i] = fds[0], fds[1]
 	}
-	return near[0], [2]*os.File{near[1], near[2]}, far, nil
+	out = [2]*os.File{os.NewFile(uintptr(near[1]), "session-stdout"), os.NewFile(uintptr(near[2]), "session-stderr")}
+	return newStdinEnd(near[0]), out, far, nil
 }
 
 func closeFDs(fds []int) {

@@ -27,7 +27,7 @@ import (
 //	signal       exits by SIGTERM
 //	sleep        runs until exec-cancel, then exits by SIGKILL
 //	hang         runs until the connection closes
-//	dropattach   closes the connection on exec-attach
+//	dropattach   closes the connection on exec-attach (or exec-run)
 //	nostart      never sends exec-started; exits by SIGKILL on exec-cancel
 //
 // net-dial to port 0 fails with dial-failed; any other port returns a
@@ -38,6 +38,11 @@ type fakeWorker struct {
 	l      *net.UnixListener
 	hello  wire.Message // reply to the client's hello; nil: a proper one
 	noPong atomic.Bool
+	// execRun announces wire.FeatureExecRun; runs counts the exec-run
+	// frames received, startAttach the exec-start and exec-attach ones.
+	execRun     bool
+	runs        atomic.Int32
+	startAttach atomic.Int32
 
 	handshakes atomic.Int32
 	cancels    atomic.Int32
@@ -47,9 +52,12 @@ type fakeWorker struct {
 	conns map[*wire.Conn]bool
 }
 
-func startFake(t testing.TB, path string) *fakeWorker {
+func startFake(t testing.TB, path string) *fakeWorker { return startFakeRun(t, path, false) }
+
+// startFakeRun is startFake with wire.FeatureExecRun announced or not.
+func startFakeRun(t testing.TB, path string, execRun bool) *fakeWorker {
 	t.Helper()
-	f := &fakeWorker{t: t, path: path, conns: map[*wire.Conn]bool{}}
+	f := &fakeWorker{t: t, path: path, conns: map[*wire.Conn]bool{}, execRun: execRun}
 	l, err := wire.Listen(path)
 	if err != nil {
 		t.Fatal(err)
@@ -118,13 +126,51 @@ func (f *fakeWorker) serve(c *wire.Conn) {
 		c.Send(f.hello)
 		return
 	}
-	if err := wire.ServerHello(c, "fake/1"); err != nil {
+	var features []string
+	if f.execRun {
+		features = append(features, wire.FeatureExecRun)
+	}
+	if err := wire.ServerHello(c, "fake/1", features...); err != nil {
 		return
 	}
 	f.handshakes.Add(1)
 	var mu sync.Mutex
 	starts := map[string]*wire.ExecStart{}
 	cancel := map[string]chan struct{}{}
+	// attach runs an attached session; false drops the connection.
+	attach := func(id string, files []*os.File, accepted bool) bool {
+		mu.Lock()
+		start, cancelled := starts[id], cancel[id]
+		mu.Unlock()
+		if start == nil {
+			closeFiles(files)
+			c.Send(&wire.Error{ID: id, Code: wire.CodeUnknownSession, Message: "no such session"})
+			return true
+		}
+		switch start.Argv[0] {
+		case "instant": // accepted, started and ended at once
+			closeFiles(files)
+			zero := 0
+			if accepted {
+				c.Send(&wire.ExecAccepted{ID: id})
+			}
+			c.Send(&wire.ExecStarted{ID: id})
+			c.Send(&wire.ExecExit{ID: id, Code: &zero})
+			return true
+		case "noanswer": // never accepted: never started
+			closeFiles(files)
+			return true
+		case "dropattach": // crash between attach and start
+			closeFiles(files)
+			return false
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.run(c, start, files, cancelled, closed)
+		}()
+		return true
+	}
 	for {
 		m, files, err := c.Recv()
 		if err != nil {
@@ -140,6 +186,7 @@ func (f *fakeWorker) serve(c *wire.Conn) {
 				c.Send(&wire.Pong{ID: m.ID})
 			}
 		case *wire.ExecStart:
+			f.startAttach.Add(1)
 			switch m.Argv[0] {
 			case "reject":
 				c.Send(&wire.ExecRejected{ID: m.ID, Code: wire.CodeBadArgv, Message: "rejected by the fake"})
@@ -161,35 +208,24 @@ func (f *fakeWorker) serve(c *wire.Conn) {
 			}
 			mu.Unlock()
 		case *wire.ExecAttach:
-			mu.Lock()
-			start, cancelled := starts[m.ID], cancel[m.ID]
-			mu.Unlock()
-			if start == nil {
-				closeFiles(files)
-				c.Send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: "no such session"})
-				continue
-			}
-			if start.Argv[0] == "instant" { // accepted, started and ended at once
-				closeFiles(files)
-				zero := 0
-				c.Send(&wire.ExecAccepted{ID: m.ID})
-				c.Send(&wire.ExecStarted{ID: m.ID})
-				c.Send(&wire.ExecExit{ID: m.ID, Code: &zero})
-				continue
-			}
-			if start.Argv[0] == "noanswer" { // never accepted: never started
-				closeFiles(files)
-				continue
-			}
-			if start.Argv[0] == "dropattach" { // crash between attach and start
-				closeFiles(files)
+			f.startAttach.Add(1)
+			if !attach(m.ID, files, true) {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				f.run(c, start, files, cancelled, closed)
-			}()
+		case *wire.ExecRun:
+			f.runs.Add(1)
+			if m.Argv[0] == "reject" {
+				closeFiles(files)
+				c.Send(&wire.ExecRejected{ID: m.ID, Code: wire.CodeBadArgv, Message: "rejected by the fake"})
+				continue
+			}
+			mu.Lock()
+			starts[m.ID] = (*wire.ExecStart)(m)
+			cancel[m.ID] = make(chan struct{})
+			mu.Unlock()
+			if !attach(m.ID, files, false) {
+				return
+			}
 		case *wire.NetDial:
 			if m.Port == 0 {
 				c.Send(&wire.Error{ID: m.ID, Code: wire.CodeDialFailed, Message: "connection refused"})

@@ -41,8 +41,15 @@ func (w tWriter) Write(p []byte) (int, error) {
 // stopped at cleanup (gateway first).
 func setup(t *testing.T, opts Options) (*Gateway, *fakeWorker) {
 	t.Helper()
+	return setupRun(t, opts, false)
+}
+
+// setupRun is setup with a fake worker that announces wire.FeatureExecRun
+// or not.
+func setupRun(t *testing.T, opts Options, execRun bool) (*Gateway, *fakeWorker) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "worker.sock")
-	f := startFake(t, path)
+	f := startFakeRun(t, path, execRun)
 	if opts.Logger == nil {
 		opts.Logger = testLogger(t)
 	}
@@ -771,5 +778,103 @@ func TestTTYNeedsFeature(t *testing.T) {
 	}
 	if _, err := s.Wait(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestExecRun: to a worker that announces exec-run, Exec sends one exec-run
+// frame per command (no exec-start, no exec-attach) and takes exec-started
+// without an exec-accepted before it; every outcome still arrives, and no
+// descriptor is left behind. The other tests run the old sequence.
+func TestExecRun(t *testing.T) {
+	g, f := setupRun(t, Options{}, true)
+	ctx := ctxT(t)
+	if err := g.Ping(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := openFDs(t)
+	s, err := g.Exec(ctx, req("cat", "4"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(s.Stdin, "in")
+	s.Stdin.Close()
+	if out, err := io.ReadAll(s.Stdout); err != nil || string(out) != "out:in" {
+		t.Errorf("stdout %q, %v", out, err)
+	}
+	if exit, err := s.Wait(); err != nil || exit.Code == nil || *exit.Code != 4 {
+		t.Errorf("Wait = %+v, %v; want code 4", exit, err)
+	}
+	s.Close()
+
+	var rej *RejectedError
+	if _, err := g.Exec(ctx, req("reject")); !errors.As(err, &rej) || rej.Code != wire.CodeBadArgv {
+		t.Errorf("Exec(reject) = %v, want *RejectedError bad-argv", err)
+	}
+	s, err = g.Exec(ctx, req("notstarted"))
+	if err != nil {
+		t.Fatalf("Exec(notstarted) = %v", err)
+	}
+	if _, err := s.Wait(); !errors.Is(err, ErrNotStarted) {
+		t.Errorf("Wait = %v, want ErrNotStarted", err)
+	}
+	s.Close()
+	for range 5 { // the whole life read before Exec looks
+		s, err := g.Exec(ctx, req("instant"))
+		if err != nil {
+			t.Fatalf("Exec(instant) = %v", err)
+		}
+		if exit, err := s.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 {
+			t.Errorf("Wait = %+v, %v", exit, err)
+		}
+		s.Close()
+	}
+	s, err = g.Exec(ctx, req("sleep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cancel(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if exit, err := s.Wait(); err != nil || exit.Signal != "SIGKILL" {
+		t.Errorf("Wait after Cancel = %+v, %v", exit, err)
+	}
+	s.Close()
+
+	if n := f.runs.Load(); n != 9 {
+		t.Errorf("worker got %d exec-run frames, want 9", n)
+	}
+	if n := f.startAttach.Load(); n != 0 {
+		t.Errorf("worker got %d exec-start or exec-attach frames, want none", n)
+	}
+	if after := settledFDs(t, before); after != before {
+		t.Errorf("descriptor leak: %d before, %d after", before, after)
+	}
+}
+
+// TestStdinClosedUnwritten: closing a session's stdin that was never
+// written (its descriptor not yet in the poller) delivers EOF to the
+// command, and writing after the session was released fails.
+func TestStdinClosedUnwritten(t *testing.T) {
+	g, _ := setup(t, Options{})
+	ctx := ctxT(t)
+	s, err := g.Exec(ctx, req("cat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stdin.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := io.ReadAll(s.Stdout); err != nil || string(out) != "out:" {
+		t.Errorf("stdout %q, %v; want the command to have read EOF at once", out, err)
+	}
+	if exit, err := s.Wait(); err != nil || exit.Code == nil || *exit.Code != 0 {
+		t.Errorf("Wait = %+v, %v", exit, err)
+	}
+	s.Close()
+	if _, err := s.Stdin.Write([]byte("late")); err == nil {
+		t.Error("Write on a released stdin succeeded")
+	}
+	if err := s.Stdin.Close(); err == nil {
+		t.Error("Close on a released stdin succeeded")
 	}
 }

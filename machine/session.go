@@ -94,7 +94,7 @@ type Session struct {
 	events chan wire.Message // exec-started or a refusal, from the reader
 
 	mu       sync.Mutex
-	stdin    *os.File    // near end of stdin; guarded by mu
+	stdin    *stdinEnd   // near end of stdin; guarded by mu
 	out      [2]*os.File // near ends of stdout, stderr; guarded by mu
 	tty      *os.File    // a terminal session's master; guarded by mu
 	finished bool        // guarded by mu
@@ -147,7 +147,9 @@ func (s *Session) finish(e Exit, err error) {
 
 // Exec starts argv in the project's machine. It sends exec-start, makes
 // three socketpairs, sends their far ends with exec-attach (closing them
-// here right after), and waits for the worker's answer: a refusal is
+// here right after) — or, to a worker that announced wire.FeatureExecRun,
+// makes the pairs first and sends the start and the far ends as one
+// exec-run frame —, and waits for the worker's answer: a refusal is
 // returned as a *RejectedError and nothing was started. Once accepted, it
 // returns when the worker reports the command started (exec-started) or
 // already ended.
@@ -189,32 +191,19 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	if err := c.addSession(s); err != nil {
 		return nil, err
 	}
-	// exec-attach follows exec-start without waiting for exec-accepted: the
-	// worker handles a connection's frames in order and holds a pipelined
-	// attach until the session is accepted, which saves a round trip (a
-	// rejected start makes the worker close the attached ends). The stdio
-	// pairs are made in between, while the worker wakes up and checks the
-	// start, which takes their cost (a few dozen system calls) off the
-	// command's path.
 	start := &wire.ExecStart{ID: id, Project: project, Account: req.Account, Lease: req.Lease,
 		Argv: req.Argv, Cwd: req.Cwd, Env: req.Env, User: req.User, TTY: tty}
-	if err := s.send(start); err != nil {
-		return nil, err
-	}
-	stdin, out, far, err := stdioPairs()
-	s.setStreams(stdin, out)
-	if err != nil {
-		// The worker may have accepted the start: it ends the session on
-		// exec-cancel (an exec-exit follows, or the rejection did).
-		s.closeStreams()
-		_ = s.Cancel(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	err = s.sendFDs(&wire.ExecAttach{ID: id}, far[:]...)
-	closeFDs(far[:])
-	if err != nil {
-		_ = s.Cancel(context.WithoutCancel(ctx))
-		s.closeStreams()
+	var stdin *stdinEnd
+	var out [2]*os.File
+	if c.hello.Has(wire.FeatureExecRun) {
+		// One frame, exec-run, carries the start and its descriptors, and
+		// the worker answers exec-started with no exec-accepted before it:
+		// three frames per command instead of five, one wake-up of the
+		// worker and one of this side's reader fewer.
+		if stdin, out, err = s.run(start); err != nil {
+			return nil, err
+		}
+	} else if stdin, out, err = s.startAttach(ctx, start); err != nil {
 		return nil, err
 	}
 
@@ -263,9 +252,65 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 	}
 }
 
+// run sends exec-run: the start with the far ends of three new stdio
+// pairs, closed here once sent. It returns the near ends. exec-exit then
+// implies acceptance (no exec-accepted comes). On error the session is
+// forgotten and every descriptor closed.
+func (s *Session) run(start *wire.ExecStart) (stdin *stdinEnd, out [2]*os.File, err error) {
+	stdin, out, far, err := stdioPairs()
+	if err != nil {
+		s.c.session(s.ID, true)
+		s.finish(Exit{}, err)
+		return nil, out, err
+	}
+	s.setStreams(stdin, out)
+	s.accepted.Store(true)
+	err = s.sendFDs((*wire.ExecRun)(start), far[:]...)
+	closeFDs(far[:])
+	if err != nil {
+		s.closeStreams()
+		return nil, out, err
+	}
+	return stdin, out, nil
+}
+
+// startAttach sends exec-start, then exec-attach with the far ends of
+// three new stdio pairs (closed here once sent), for a worker without
+// wire.FeatureExecRun. It returns the near ends. On error it has closed
+// every descriptor and cancelled what the worker may have accepted.
+func (s *Session) startAttach(ctx context.Context, start *wire.ExecStart) (stdin *stdinEnd, out [2]*os.File, err error) {
+	// exec-attach follows exec-start without waiting for exec-accepted: the
+	// worker handles a connection's frames in order and holds a pipelined
+	// attach until the session is accepted, which saves a round trip (a
+	// rejected start makes the worker close the attached ends). The stdio
+	// pairs are made in between, while the worker wakes up and checks the
+	// start, which takes their cost (a few dozen system calls) off the
+	// command's path.
+	if err := s.send(start); err != nil {
+		return nil, out, err
+	}
+	stdin, out, far, err := stdioPairs()
+	s.setStreams(stdin, out)
+	if err != nil {
+		// The worker may have accepted the start: it ends the session on
+		// exec-cancel (an exec-exit follows, or the rejection did).
+		s.closeStreams()
+		_ = s.Cancel(context.WithoutCancel(ctx))
+		return nil, out, err
+	}
+	err = s.sendFDs(&wire.ExecAttach{ID: s.ID}, far[:]...)
+	closeFDs(far[:])
+	if err != nil {
+		_ = s.Cancel(context.WithoutCancel(ctx))
+		s.closeStreams()
+		return nil, out, err
+	}
+	return stdin, out, nil
+}
+
 // setStdio exposes the near ends as the session's streams, or, for a
 // terminal session, its master.
-func (s *Session) setStdio(stdin *os.File, out [2]*os.File) {
+func (s *Session) setStdio(stdin *stdinEnd, out [2]*os.File) {
 	s.mu.Lock()
 	tty := s.tty
 	s.mu.Unlock()
@@ -348,7 +393,7 @@ func (s *Session) sendFDs(m wire.Message, fds ...int) error {
 
 // setStreams records the near ends; stdin's is released at once if the
 // session already ended.
-func (s *Session) setStreams(stdin *os.File, out [2]*os.File) {
+func (s *Session) setStreams(stdin *stdinEnd, out [2]*os.File) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stdin, s.out = stdin, out
@@ -456,23 +501,89 @@ func (s *Session) Signal(sig syscall.Signal) error {
 	return nil
 }
 
-// stdinWriter is the near end of stdin, a socket in the poller; Close
-// shuts down writing so the command reads EOF.
-type stdinWriter struct{ f *os.File }
+// stdinEnd is the near end of a session's stdin. It stays a bare
+// descriptor until the first Write wraps it in an *os.File, which
+// registers it with the runtime's poller: most sessions never write their
+// input (they close it at once, or leave it), and registering a socket
+// costs system calls and a wake-up of the poller's thread at once (a new
+// socket is writable) and again when the command ends (its hang-up).
+type stdinEnd struct {
+	mu     sync.Mutex
+	fd     int      // the bare descriptor; -1 once wrapped or released
+	f      *os.File // the wrapped descriptor, after the first Write
+	closed bool     // released
+}
 
-func (w stdinWriter) Write(p []byte) (int, error) { return w.f.Write(p) }
+func newStdinEnd(fd int) *stdinEnd { return &stdinEnd{fd: fd} }
 
-func (w stdinWriter) Close() error {
-	rc, err := w.f.SyscallConn()
+// file returns the wrapped descriptor, wrapping it first if need be; nil
+// once released.
+func (e *stdinEnd) file() *os.File {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	if e.f == nil {
+		e.f, e.fd = os.NewFile(uintptr(e.fd), "session-stdin"), -1
+	}
+	return e.f
+}
+
+// shutdown shuts down the writing direction: the command reads EOF.
+func (e *stdinEnd) shutdown() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case e.closed:
+		return os.ErrClosed
+	case e.f == nil:
+		return unix.Shutdown(e.fd, unix.SHUT_WR)
+	}
+	rc, err := e.f.SyscallConn()
 	if err != nil {
-		return fmt.Errorf("machine: close stdin: %w", err)
+		return err
 	}
 	var serr error
 	if err := rc.Control(func(fd uintptr) { serr = unix.Shutdown(int(fd), unix.SHUT_WR) }); err != nil {
-		return fmt.Errorf("machine: close stdin: %w", err)
+		return err
 	}
-	if serr != nil {
-		return fmt.Errorf("machine: close stdin: %w", serr)
+	return serr
+}
+
+// Close releases the descriptor (a Write in progress on it fails).
+// Idempotent.
+func (e *stdinEnd) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return nil
+	}
+	e.closed = true
+	if e.f != nil {
+		return e.f.Close()
+	}
+	err := unix.Close(e.fd)
+	e.fd = -1
+	return err
+}
+
+// stdinWriter is the session's Stdin: writes go to the near end of stdin
+// (a socket in the poller from the first write on); Close shuts down
+// writing so the command reads EOF.
+type stdinWriter struct{ e *stdinEnd }
+
+func (w stdinWriter) Write(p []byte) (int, error) {
+	f := w.e.file()
+	if f == nil {
+		return 0, fmt.Errorf("machine: write stdin: %w", os.ErrClosed)
+	}
+	return f.Write(p)
+}
+
+func (w stdinWriter) Close() error {
+	if err := w.e.shutdown(); err != nil {
+		return fmt.Errorf("machine: close stdin: %w", err)
 	}
 	return nil
 }

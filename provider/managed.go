@@ -198,22 +198,23 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 	if cancelled {
 		_ = s.Cancel(context.Background())
 	}
-	sess, settle := sandbox.NewManagedSession(s.Stdin, s.Stdout, s.Stderr)
+	// The session settles with the machine's: no goroutine waits for it.
+	// Core collects the end on every path (NewManagedSessionOn), which
+	// gives the egress session back.
+	sess := sandbox.NewManagedSessionOn(s.Stdin, s.Stdout, s.Stderr, s.Done(), func() (sandbox.Exit, error) {
+		exit, err := s.Wait()
+		release()
+		if err != nil {
+			return sandbox.Exit{}, translate(err)
+		}
+		return sandbox.Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled}, nil
+	})
 	if s.TTY != nil {
 		sess.Resize = s.Resize
 	}
 	if s.CanSignal() {
 		sess.Signal = func(sig syscall.Signal) error { return translate(s.Signal(sig)) }
 	}
-	go func() {
-		exit, err := s.Wait()
-		release()
-		if err != nil {
-			settle(sandbox.Exit{}, translate(err))
-			return
-		}
-		settle(sandbox.Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled}, nil)
-	}()
 	return sess, nil
 }
 

@@ -4,8 +4,13 @@
 // Preparation checks tenancy first (the project exists, the actor is one of
 // its members, the project has the requested kind), then the branch's own
 // rules, and mints the lease last, once every check passed: a refused
-// preparation leaves nothing behind. The provider never runs anything;
-// core's sandbox.Control does.
+// preparation leaves nothing behind. The tenancy is read from the store's
+// cache (store.CachedTenancy) and takes effect only through the lease
+// insert, which refuses a lease if any project or membership changed since
+// that read (store.ErrTenancyChanged; the preparation then reads again):
+// a membership revoked or a trust withdrawn, by any process, applies to
+// the next command. The provider never runs anything; core's
+// sandbox.Control does.
 //
 // Host projects (see prepareHost) are prepared as a *sandbox.LocalPrepared,
 // confined (package confine) unless the actor is a trusted member of the
@@ -164,9 +169,32 @@ func New(opts Options) (*Provider, error) {
 func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (sandbox.Prepared, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), PrepareTimeout)
 	defer cancel()
-	proj, member, err := p.tenancy(ctx, in, actor)
+	for attempt := 1; ; attempt++ {
+		prep, err := p.prepare(ctx, in, actor, attempt < tenancyAttempts)
+		if errors.Is(err, store.ErrTenancyChanged) {
+			continue // read again: the store dropped the cached entry
+		}
+		return prep, err
+	}
+}
+
+// tenancyAttempts bounds the preparations of one PrepareExecution whose
+// lease was refused because the tenancy changed after it was read; the last
+// one reads it afresh and does not check the version at the insert (as a
+// read followed by an insert did before schema 11).
+const tenancyAttempts = 3
+
+// prepare is one attempt of PrepareExecution. With checked, the tenancy
+// comes from the store's cache and the lease is minted only if it has not
+// changed since (else the error wraps store.ErrTenancyChanged).
+func (p *Provider) prepare(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, checked bool) (sandbox.Prepared, error) {
+	ten, err := p.tenancy(ctx, in, actor, checked)
 	if err != nil {
 		return nil, err
+	}
+	proj, member := ten.Project, ten.Member
+	if checked {
+		ctx = context.WithValue(ctx, tenancyKey{}, ten.Version)
 	}
 	switch proj.Kind {
 	case store.ProjectHost:
@@ -181,34 +209,58 @@ func (p *Provider) PrepareExecution(ctx context.Context, in sandbox.ExecInput, a
 	}
 }
 
+// tenancyKey is the context key of the tenancy version mintLease checks.
+type tenancyKey struct{}
+
 // tenancy looks the project up and checks the actor's membership, before
 // anything else is touched. A non-member learns nothing about the project
-// beyond its existence.
-func (p *Provider) tenancy(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (store.Project, store.Member, error) {
+// beyond its existence. With cached, it may answer from the store's cache
+// (store.CachedTenancy), whose answer takes effect only if the lease
+// insert confirms its version (mintLease).
+func (p *Provider) tenancy(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, cached bool) (store.Tenancy, error) {
 	id := in.Project.ProjectID
-	proj, member, err := p.store.GetProjectMember(ctx, id, actor.AccountUserID)
+	var (
+		ten store.Tenancy
+		err error
+	)
+	if cached {
+		ten, err = p.store.CachedTenancy(ctx, id, actor.AccountUserID)
+	} else {
+		ten.Project, ten.Member, err = p.store.GetProjectMember(ctx, id, actor.AccountUserID)
+	}
 	switch {
 	case errors.Is(err, store.ErrNotMember):
-		return store.Project{}, store.Member{}, fmt.Errorf("provider: account %d is not a member of project %d: %w", actor.AccountUserID, id, sandbox.ErrDenied)
+		return store.Tenancy{}, fmt.Errorf("provider: account %d is not a member of project %d: %w", actor.AccountUserID, id, sandbox.ErrDenied)
 	case errors.Is(err, store.ErrNotFound):
-		return store.Project{}, store.Member{}, fmt.Errorf("provider: project %d: %w", id, sandbox.ErrNotFound)
+		return store.Tenancy{}, fmt.Errorf("provider: project %d: %w", id, sandbox.ErrNotFound)
 	case err != nil:
-		return store.Project{}, store.Member{}, fmt.Errorf("provider: look up project %d and its membership: %w", id, err)
+		return store.Tenancy{}, fmt.Errorf("provider: look up project %d and its membership: %w", id, err)
 	}
-	if string(proj.Kind) != string(in.Project.Kind) {
-		return store.Project{}, store.Member{}, fmt.Errorf("provider: project %d is a %s project, not %s", id, proj.Kind, in.Project.Kind)
+	if string(ten.Project.Kind) != string(in.Project.Kind) {
+		return store.Tenancy{}, fmt.Errorf("provider: project %d is a %s project, not %s", id, ten.Project.Kind, in.Project.Kind)
 	}
-	return proj, member, nil
+	return ten, nil
 }
 
 // mintLease acquires the lease covering one execution. It is the last step
-// of every branch's preparation.
+// of every branch's preparation, and where a cached tenancy takes effect:
+// the lease is inserted only if the tenancy version ctx carries (prepare)
+// is still the store's, else the error wraps store.ErrTenancyChanged.
 func (p *Provider) mintLease(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor) (*lease.Lease, error) {
+	version, _ := ctx.Value(tenancyKey{}).(int64)
+	// Core's journal entry of the command, if it asked for one, is
+	// written with the lease.
+	journal, _ := sandbox.JournalIntent(ctx).(*lease.JournalStart)
+	if journal != nil && journal.ID != 0 {
+		journal = nil // written already: one entry covers one lease
+	}
 	l, err := p.leases.Acquire(ctx, lease.AcquireRequest{
-		Account: actor.AccountUserID,
-		Project: in.Project.ProjectID,
-		Kind:    in.LeaseKind,
-		Domain:  p.domain,
+		Account:        actor.AccountUserID,
+		Project:        in.Project.ProjectID,
+		Kind:           in.LeaseKind,
+		Domain:         p.domain,
+		TenancyVersion: version,
+		Journal:        journal,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("provider: %w", err)

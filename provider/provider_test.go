@@ -20,6 +20,7 @@ import (
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
+	"github.com/corral-sandbox/corral/worker"
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
 )
@@ -28,6 +29,7 @@ func TestMain(m *testing.M) {
 	// The test binary is the confinement helper of the provider under test
 	// (Options.SelfExe defaults to os.Executable()).
 	confine.MaybeRun()
+	worker.MaybeRunInit() // the machines of the tests with a real worker
 	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
 }
 

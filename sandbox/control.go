@@ -34,11 +34,13 @@ type ControlOptions struct {
 	// reached preparation, after it settled: journal, metrics, audit.
 	// Sessions (Open) are not observed: they are not commands.
 	Observe func(Record)
-	// Journal, if non-nil, is called once a command's preparation was
-	// accepted (the lease is known), before anything starts; the function
-	// it returns (if non-nil) is called once the command settled. It lets
-	// the journal show commands in flight, so a crash leaves a trace.
-	Journal func(Record) (finish func(Record))
+	// Journal, if non-nil, is called for every RunCommand that was
+	// validated and admitted, before its preparation (the record has no
+	// lease yet); the entry it returns (if non-nil) records the command:
+	// its start once the preparation was accepted (the lease is known),
+	// before anything starts, and its end (see JournalEntry). It lets the
+	// journal show commands in flight, so a crash leaves a trace.
+	Journal func(Record) *JournalEntry
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Admitter, if non-nil, is asked before every RunCommand, Open and
@@ -46,6 +48,40 @@ type ControlOptions struct {
 	// such as a *Limiter). Nil admits everything.
 	Admitter Admitter
 }
+
+// JournalEntry records the end of a command whose start
+// ControlOptions.Journal recorded.
+type JournalEntry struct {
+	// Intent, if non-nil, is carried by the preparation's context (see
+	// JournalIntent): a provider that knows what it is may record the
+	// command's start together with the lease it mints (one store write
+	// instead of two).
+	Intent any
+	// Start, if non-nil, is called once the preparation was accepted (the
+	// lease is known), before anything starts.
+	Start func(Record)
+	// Finish, if non-nil, is called once the command settled, whether or
+	// not it was prepared, after its lease was released (or its release
+	// failed), unless Release recorded the end.
+	Finish func(Record)
+	// Release, if non-nil, is used instead of Lease.Release for a command
+	// that exited: it releases the lease l and records the end rec in one
+	// step (one store write instead of two). rec is the settled result
+	// without its output (Result's Stdout and Stderr are empty; the sizes
+	// are set). journaled reports that rec was recorded: Finish is then
+	// not called. err is the release's failure, as from Lease.Release
+	// (the command then ends with a KindCleanup error, which Finish
+	// records).
+	Release func(ctx context.Context, l Lease, rec Record) (journaled bool, err error)
+}
+
+// journalKey is the context key of a JournalEntry's Intent.
+type journalKey struct{}
+
+// JournalIntent returns the journal's intent for the command whose
+// preparation ctx is (JournalEntry.Intent), or nil. A provider that knows
+// its type records the command's start with the command's lease.
+func JournalIntent(ctx context.Context) any { return ctx.Value(journalKey{}) }
 
 // Record describes one settled RunCommand call.
 type Record struct {
@@ -185,10 +221,14 @@ func CheckTarget(in ExecInput, actor Actor, p Prepared) error {
 	return nil
 }
 
-func releaseLease(ctx context.Context, l Lease) error {
+func releaseLease(ctx context.Context, l Lease) error { return releaseWith(ctx, l, l.Release) }
+
+// releaseWith releases l through release, which is given ctx without its
+// cancellation and with a bound of its own.
+func releaseWith(ctx context.Context, l Lease, release func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := l.Release(ctx); err != nil {
+	if err := release(ctx); err != nil {
 		return fmt.Errorf("release lease %s: %w", l.ID(), err)
 	}
 	return nil

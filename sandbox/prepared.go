@@ -216,10 +216,11 @@ type ManagedExecutionSession struct {
 	// cannot signal a tree (cancelling still kills it).
 	Signal func(sig syscall.Signal) error
 
-	done chan struct{}
-	once sync.Once
-	exit Exit
-	err  error
+	done   <-chan struct{}
+	result func() (Exit, error) // NewManagedSessionOn's; nil: settle sets exit and err
+	once   sync.Once
+	exit   Exit
+	err    error
 }
 
 // NewManagedSession returns a session over the given streams and the
@@ -227,13 +228,25 @@ type ManagedExecutionSession struct {
 // observed exit or an error (wrapping ErrNotStarted or ErrTransport); later
 // calls are ignored.
 func NewManagedSession(stdin io.WriteCloser, stdout, stderr io.ReadCloser) (s *ManagedExecutionSession, settle func(Exit, error)) {
-	s = &ManagedExecutionSession{Stdin: stdin, Stdout: stdout, Stderr: stderr, done: make(chan struct{})}
+	done := make(chan struct{})
+	s = &ManagedExecutionSession{Stdin: stdin, Stdout: stdout, Stderr: stderr, done: done}
 	return s, func(e Exit, err error) {
 		s.once.Do(func() {
 			s.exit, s.err = e, err
-			close(s.done)
+			close(done)
 		})
 	}
+}
+
+// NewManagedSessionOn returns a session over the given streams that settles
+// when done is closed: result then says how it ended (the observed exit, or
+// an error wrapping ErrNotStarted or ErrTransport). result is called once,
+// by the first Wait after done is closed; core calls Wait once done is
+// closed on every path, whatever ended the session, so result may also
+// release what the provider holds for the session. Unlike NewManagedSession
+// it needs no goroutine of the provider's waiting to settle the session.
+func NewManagedSessionOn(stdin io.WriteCloser, stdout, stderr io.ReadCloser, done <-chan struct{}, result func() (Exit, error)) *ManagedExecutionSession {
+	return &ManagedExecutionSession{Stdin: stdin, Stdout: stdout, Stderr: stderr, done: done, result: result}
 }
 
 // Done is closed when the session has settled.
@@ -241,7 +254,13 @@ func (s *ManagedExecutionSession) Done() <-chan struct{} { return s.done }
 
 // Wait blocks until the session settles and returns how its main process
 // ended, or why that cannot be known. It may be called any number of times.
+// Whoever started the session (core, for every session it runs) calls it
+// once the session is done, on every path: a session made by
+// NewManagedSessionOn releases the provider's resources then.
 func (s *ManagedExecutionSession) Wait() (Exit, error) {
 	<-s.done
+	if s.result != nil {
+		s.once.Do(func() { s.exit, s.err = s.result() })
+	}
 	return s.exit, s.err
 }

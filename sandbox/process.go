@@ -432,7 +432,7 @@ func startManaged(ctx context.Context, p *ManagedPrepared, withInput bool) (*man
 func (p *managedProcess) outputs() (io.Reader, io.Reader) { return p.s.Stdout, p.s.Stderr }
 func (p *managedProcess) input() io.WriteCloser           { return p.stdin }
 func (p *managedProcess) done() <-chan struct{}           { return p.s.done }
-func (p *managedProcess) exit() (Exit, error)             { return p.s.exit, p.s.err }
+func (p *managedProcess) exit() (Exit, error)             { return p.s.Wait() }
 func (p *managedProcess) ended()                          {}
 func (p *managedProcess) cancel(ctx context.Context) error {
 	return p.provider(ctx)

@@ -128,27 +128,56 @@ func (r *run) record(res *CommandResult, cerr *CommandError) Record {
 // execute is Open with a capture attached, then the wait.
 func (r *run) execute(ctx context.Context) (res *CommandResult, cerr *CommandError) {
 	defer func() { r.ended = time.Now() }()
-	var finish func(Record)
+	var (
+		entry     *JournalEntry
+		journaled bool // the end was recorded with the lease's release
+	)
 	hooks := &sessionHooks{
 		admitted:  true,
 		withInput: r.opts.Stdin != nil,
 		bounded:   true,
 		attach:    r.attach,
 		self:      &r.s,
+		inline:    true,
 	}
 	if r.c.opts.Journal != nil {
-		hooks.prepared = func() { finish = r.c.opts.Journal(r.record(nil, nil)) }
+		entry = r.c.opts.Journal(r.record(nil, nil))
+	}
+	if entry != nil && entry.Intent != nil {
+		ctx = context.WithValue(ctx, journalKey{}, entry.Intent)
+	}
+	if entry != nil {
+		hooks.prepared = func() {
+			if entry.Start != nil {
+				entry.Start(r.record(nil, nil))
+			}
+			if entry.Release != nil {
+				hooks.release = func(ctx context.Context, l Lease, exit Exit) error {
+					if r.cap != nil {
+						<-r.cap.done // the sizes are final (the session closed the streams)
+					}
+					r.ended = time.Now()
+					rec := r.record(&CommandResult{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled}, nil)
+					ok, err := entry.Release(ctx, l, rec)
+					journaled = ok
+					return err
+				}
+			}
+		}
 	}
 	s, ce := r.c.open(ctx, r.in, r.actor, SessionOptions{Lifetime: r.opts.Timeout, OnStart: r.opts.OnStart}, hooks)
-	if finish != nil {
+	if entry != nil && entry.Finish != nil {
 		defer func() {
 			r.ended = time.Now()
-			finish(r.record(res, cerr))
+			if !journaled {
+				entry.Finish(r.record(res, cerr))
+			}
 		}()
 	}
 	if ce != nil {
 		return nil, ce
 	}
+	s.settle(ctx)
 	exit, err := s.Wait()
 	if r.cap != nil {
 		// The session closed the streams: the readers end now.

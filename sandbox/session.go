@@ -100,6 +100,8 @@ type Session struct {
 	stopHeartbeat func()
 	heartbeatErr  chan error
 
+	lifetime <-chan time.Time // the Lifetime's timer, for settle (inline)
+
 	closeOnce sync.Once
 	closeReq  chan struct{}
 	done      chan struct{} // closed when settled
@@ -129,6 +131,16 @@ type sessionHooks struct {
 	// self, if non-nil, is set to the session as soon as it exists (for
 	// the hooks, which see it before Open returns).
 	self **Session
+	// release, if non-nil, releases the lease of a session whose command
+	// exited, in place of releaseLease (RunCommand's journal, which records
+	// the exit in the same write).
+	release func(ctx context.Context, l Lease, exit Exit) error
+	// inline: open starts no goroutine to supervise the session; its
+	// caller, which waits for the settlement at once (RunCommand), runs
+	// s.settle itself. That spares a command a goroutine, a wake-up, and
+	// the growth of a fresh goroutine's stack to what the lease release's
+	// store call needs.
+	inline bool
 }
 
 // attached is what reads a session's output, as the lifecycle sees it.
@@ -294,9 +306,17 @@ func (c *Control) open(ctx context.Context, in ExecInput, a Actor, o SessionOpti
 	} else {
 		s.attachCaller(proc)
 	}
-	go s.supervise(ctx, lifetime)
+	if h.inline {
+		s.lifetime = lifetime
+	} else {
+		go s.supervise(ctx, lifetime)
+	}
 	return s, nil
 }
+
+// settle supervises a session opened with sessionHooks.inline, in the
+// calling goroutine, until it settled.
+func (s *Session) settle(ctx context.Context) { s.supervise(ctx, s.lifetime) }
 
 // chain returns a function calling f then g (either may be nil).
 func chain(f, g func()) func() {
@@ -534,11 +554,17 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 		default:
 			s.stopHeartbeat()
 			s.closeInput()
-			if err := releaseLease(ctx, s.common.Lease); err != nil {
+			exit = Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled && exit.Signal != ""}
+			l := s.common.Lease
+			release := l.Release
+			if s.hooks.release != nil {
+				release = func(ctx context.Context) error { return s.hooks.release(ctx, l, exit) }
+			}
+			if err := releaseWith(ctx, l, release); err != nil {
 				s.err = &CommandError{Kind: KindCleanup, Message: err.Error(), Cleanup: err}
 				return
 			}
-			s.exit = Exit{Code: exit.Code, Signal: exit.Signal, OOMKilled: exit.OOMKilled && exit.Signal != ""}
+			s.exit = exit
 			return
 		}
 	}
@@ -553,8 +579,13 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 	}
 	select {
 	case <-p.done():
+		_, _ = p.exit() // a managed session's provider releases what it held
 	case <-cctx.Done():
 		cleanup = append(cleanup, fmt.Errorf("command did not end within %v of cancellation", s.c.opts.CancelWait))
+		go func() {
+			<-p.done()
+			_, _ = p.exit()
+		}()
 	}
 	// A cancelled tree closes its streams at once; a lost transport may
 	// leave them to a slow teardown. Either way the caller learns of the

@@ -6,15 +6,17 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 )
 
 // Group commit of the hot single-statement writes.
 //
-// Every command writes four single statements (its lease created and
-// released, its journal entry started and finished), each a transaction of
-// its own on the one write connection. A WAL commit costs more than such a
+// Every command writes two single statements (its lease created with its
+// journal entry, schema 14; its lease released with the entry finished,
+// schema 13; until then four), each a transaction of its own on the one
+// write connection. A WAL commit costs more than such a
 // statement: it writes every page the statement dirtied to the WAL, and
 // takes and drops the WAL's locks. When many commands run at once, their
 // statements queue for the connection anyway; exec runs the queued ones
@@ -61,6 +63,7 @@ type writeReq struct {
 	ctx   context.Context
 	q     string    // st's SQL
 	st    *sql.Stmt // q prepared on the write connection
+	query bool      // q returns one row of one integer (execQuery)
 	args  []any
 	state atomic.Int32
 	// wake receives once: when the request's result is set, or when it is
@@ -132,6 +135,28 @@ func hot(ctx context.Context) (context.Context, error) {
 // Busy handling is unchanged: a batch's BEGIN IMMEDIATE waits for another
 // process's write lock up to the busy timeout, as a lone statement does.
 func (s *Store) exec(ctx context.Context, q string, args ...any) execResult {
+	return s.write(ctx, q, false, args)
+}
+
+// execQuery is exec for a statement that returns one row of one integer
+// (INSERT ... RETURNING): the result's lastID is that integer.
+func (s *Store) execQuery(ctx context.Context, q string, args ...any) execResult {
+	return s.write(ctx, q, true, args)
+}
+
+// runStmt runs st alone with args.
+func runStmt(ctx context.Context, st *sql.Stmt, query bool, args []any) execResult {
+	if !query {
+		return resultOf(st.ExecContext(ctx, args...))
+	}
+	var v int64
+	if err := st.QueryRowContext(ctx, args...).Scan(&v); err != nil {
+		return execResult{err: err}
+	}
+	return execResult{rows: 1, lastID: v}
+}
+
+func (s *Store) write(ctx context.Context, q string, query bool, args []any) execResult {
 	st, err := s.writeStmt(ctx, q)
 	if err != nil {
 		return execResult{err: err}
@@ -145,14 +170,14 @@ func (s *Store) exec(ctx context.Context, q string, args ...any) execResult {
 		if hctx, err := hot(ctx); err != nil {
 			r = execResult{err: err}
 		} else {
-			r = resultOf(st.ExecContext(hctx, args...))
+			r = runStmt(hctx, st, query, args)
 		}
 		s.handOff()
 		return r
 	}
 	// A copy of args, so that the caller's stays on its stack on the path
 	// above.
-	req := &writeReq{ctx: ctx, q: q, st: st, args: append([]any(nil), args...), wake: make(chan struct{}, 1)}
+	req := &writeReq{ctx: ctx, q: q, st: st, query: query, args: append([]any(nil), args...), wake: make(chan struct{}, 1)}
 	w.queue = append(w.queue, req)
 	w.mu.Unlock()
 
@@ -225,7 +250,7 @@ func (s *Store) runBatch(batch []*writeReq) {
 		if hctx, err := hot(r.ctx); err != nil {
 			r.res = execResult{err: err}
 		} else {
-			r.res = resultOf(r.st.ExecContext(hctx, r.args...))
+			r.res = runStmt(hctx, r.st, r.query, r.args)
 		}
 		return
 	}
@@ -250,17 +275,7 @@ func (s *Store) runBatch(batch []*writeReq) {
 	// commits of their own (store BenchmarkBatchTx). conn keeps every
 	// other user of the write connection out meanwhile.
 	err = conn.Raw(func(dc any) error {
-		run := func(q string, args []any) execResult {
-			st, err := s.rawStmt(dc, q)
-			if err != nil {
-				return execResult{err: err}
-			}
-			nv, err := namedValues(args)
-			if err != nil {
-				return execResult{err: err}
-			}
-			return resultOf(st.ExecContext(ctx, nv))
-		}
+		run := func(q string, args []any) execResult { return s.runRaw(ctx, dc, q, false, args) }
 		if r := run("BEGIN IMMEDIATE", nil); r.err != nil {
 			for _, req := range batch {
 				req.res = execResult{err: fmt.Errorf("store: begin: %w", r.err)}
@@ -272,7 +287,7 @@ func (s *Store) runBatch(batch []*writeReq) {
 				r.res = execResult{err: err}
 				continue
 			}
-			r.res = run(r.q, r.args)
+			r.res = s.runRaw(ctx, dc, r.q, r.query, r.args)
 			if r.res.err != nil && !statementLevel(r.res.err) {
 				// The error may have ended the transaction: the batch
 				// fails. (ROLLBACK fails if SQLite ended it already.)
@@ -304,8 +319,49 @@ type rawStmts struct {
 	m  map[string]driver.Stmt
 }
 
+// runRaw runs q with args on dc, the driver's write connection, inside
+// runBatch's transaction.
+func (s *Store) runRaw(ctx context.Context, dc any, q string, query bool, args []any) execResult {
+	st, err := s.rawStmt(dc, q)
+	if err != nil {
+		return execResult{err: err}
+	}
+	nv, err := namedValues(args)
+	if err != nil {
+		return execResult{err: err}
+	}
+	if !query {
+		ec, ok := st.(driver.StmtExecContext)
+		if !ok {
+			return execResult{err: errors.New("store: driver statement cannot execute with a context")}
+		}
+		return resultOf(ec.ExecContext(ctx, nv))
+	}
+	qc, ok := st.(driver.StmtQueryContext)
+	if !ok {
+		return execResult{err: errors.New("store: driver statement cannot query with a context")}
+	}
+	rows, err := qc.QueryContext(ctx, nv)
+	if err != nil {
+		return execResult{err: err}
+	}
+	defer rows.Close()
+	dest := make([]driver.Value, 1)
+	if err := rows.Next(dest); err != nil {
+		if err == io.EOF {
+			err = sql.ErrNoRows
+		}
+		return execResult{err: err}
+	}
+	v, ok := dest[0].(int64)
+	if !ok {
+		return execResult{err: fmt.Errorf("store: statement returned %T, not an integer", dest[0])}
+	}
+	return execResult{rows: 1, lastID: v}
+}
+
 // rawStmt returns q prepared on dc, the driver's write connection.
-func (s *Store) rawStmt(dc any, q string) (driver.StmtExecContext, error) {
+func (s *Store) rawStmt(dc any, q string) (driver.Stmt, error) {
 	rs := &s.raw
 	if rs.dc != dc {
 		// A new connection (database/sql replaced a broken one): the old
@@ -324,11 +380,7 @@ func (s *Store) rawStmt(dc any, q string) (driver.StmtExecContext, error) {
 		}
 		rs.m[q] = st
 	}
-	ec, ok := st.(driver.StmtExecContext)
-	if !ok {
-		return nil, errors.New("store: driver statement cannot execute with a context")
-	}
-	return ec, nil
+	return st, nil
 }
 
 // closeRaw closes the raw statements (as the Store closes).

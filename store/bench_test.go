@@ -173,6 +173,10 @@ func BenchmarkTenancy(b *testing.B) {
 			_, _, err := s.GetProjectMember(ctx, p.ID, a.ID)
 			return err
 		}},
+		{"cached", func() error {
+			_, err := s.CachedTenancy(ctx, p.ID, a.ID)
+			return err
+		}},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -431,12 +435,13 @@ func BenchmarkEgressPolicy(b *testing.B) {
 }
 
 // BenchmarkBatchTx is a batch of two (a command's lease released and its
-// journal entry finished) three ways: two commits of their own, one
-// database/sql transaction (how runBatch ran a batch until schema 10), and
-// runBatch (one transaction on the driver's connection). cpu-µs/op is the
-// process's CPU time of the two writes.
+// journal entry finished) four ways: two commits of their own, one
+// database/sql transaction (how runBatch ran a batch until schema 10),
+// runBatch (one transaction on the driver's connection), and one statement
+// (ReleaseAndFinish, schema 13). cpu-µs/op is the process's CPU time of
+// the two writes.
 func BenchmarkBatchTx(b *testing.B) {
-	for _, mode := range []string{"two-commits", "sql-tx", "runBatch"} {
+	for _, mode := range []string{"two-commits", "sql-tx", "runBatch", "one-statement", "two-commits", "one-statement"} {
 		b.Run(mode, func(b *testing.B) {
 			s, _ := benchLeases(b, 0)
 			ctx := context.Background()
@@ -482,6 +487,10 @@ func BenchmarkBatchTx(b *testing.B) {
 					if err := tx.Commit(); err != nil {
 						b.Fatal(err)
 					}
+				case "one-statement":
+					if ok, err := s.ReleaseAndFinish(ctx, l.ID, fromMS(now), id, JournalEnd{Outcome: OutcomeExit, Code: &code}); !ok || err != nil {
+						b.Fatal(ok, err)
+					}
 				case "runBatch":
 					batch := []*writeReq{
 						{ctx: ctx, q: sqlRelease, args: []any{l.ID, now}, wake: make(chan struct{}, 1)},
@@ -498,5 +507,108 @@ func BenchmarkBatchTx(b *testing.B) {
 			}
 			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 		})
+	}
+}
+
+// BenchmarkTenancyLease is a command's tenancy check and lease insert two
+// ways: the read followed by the insert ("read-insert", before schema 11),
+// and the cached read with the version checked by the insert
+// ("cached-checked"). Rounds alternate; cpu-µs/op is the process's CPU
+// time of the read and the insert (the lease's release is not counted).
+func BenchmarkTenancyLease(b *testing.B) {
+	s, _ := benchLeases(b, 0)
+	ctx := context.Background()
+	p, err := s.ProjectByName(ctx, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := s.CreateAccount(ctx, "a")
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.AddMember(ctx, Member{Project: p.ID, Account: a.ID}); err != nil {
+		b.Fatal(err)
+	}
+	for range 3 {
+		for _, cached := range []bool{false, true} {
+			name := "read-insert"
+			if cached {
+				name = "cached-checked"
+			}
+			b.Run(name, func(b *testing.B) {
+				var cpu time.Duration
+				for b.Loop() {
+					c0 := cpuTime(b)
+					var version int64
+					if cached {
+						t, err := s.CachedTenancy(ctx, p.ID, a.ID)
+						if err != nil {
+							b.Fatal(err)
+						}
+						version = t.Version
+					} else if _, _, err := s.GetProjectMember(ctx, p.ID, a.ID); err != nil {
+						b.Fatal(err)
+					}
+					l, err := s.CreateLease(ctx, NewLease{Account: a.ID, Project: p.ID, Kind: "terminal", TTL: time.Hour, TenancyVersion: version}, time.Now())
+					if err != nil {
+						b.Fatal(err)
+					}
+					cpu += cpuTime(b) - c0
+					if err := s.ReleaseHeldLease(ctx, l.ID, time.Now()); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+			})
+		}
+	}
+}
+
+// BenchmarkCommandStart is a command's start two ways: the lease created
+// and then its journal entry ("two-writes", before schema 14), and both by
+// one statement ("one-statement", CreateLease with NewLease.Journal).
+// Rounds alternate; cpu-µs/op is the process's CPU time of the start (the
+// command's end, one ReleaseAndFinish, is not counted).
+func BenchmarkCommandStart(b *testing.B) {
+	s, _ := benchLeases(b, 100)
+	ctx := context.Background()
+	p, err := s.ProjectByName(ctx, "p")
+	if err != nil {
+		b.Fatal(err)
+	}
+	code := 0
+	for range 3 {
+		for _, one := range []bool{false, true} {
+			name := "two-writes"
+			if one {
+				name = "one-statement"
+			}
+			b.Run(name, func(b *testing.B) {
+				var cpu time.Duration
+				for b.Loop() {
+					c0 := cpuTime(b)
+					cmd := JournalCommand{Account: 1, Project: p.ID, LeaseKind: "terminal", Argv: []string{"true"}}
+					n := NewLease{Account: 1, Project: p.ID, Kind: "terminal", TTL: time.Hour}
+					if one {
+						n.Journal = &cmd
+					}
+					l, err := s.CreateLease(ctx, n, time.Now())
+					if err != nil {
+						b.Fatal(err)
+					}
+					if !one {
+						cmd.Lease = l.ID
+						if l.Journal, err = s.JournalStart(ctx, cmd); err != nil {
+							b.Fatal(err)
+						}
+					}
+					cpu += cpuTime(b) - c0
+					if ok, err := s.ReleaseAndFinish(ctx, l.ID, time.Now(), l.Journal, JournalEnd{Outcome: OutcomeExit, Code: &code}); !ok || err != nil {
+						b.Fatal(ok, err)
+					}
+				}
+				b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+			})
+		}
 	}
 }

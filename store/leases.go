@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // LeaseState is where a lease is in its life: live, then exactly one of
@@ -43,6 +44,10 @@ type Lease struct {
 	ExpiresAt   time.Time // HeartbeatAt + TTL
 	ReleasedAt  time.Time // zero unless released
 	ExpiredAt   time.Time // zero unless expired
+	// Journal is the ID of the journal entry CreateLease created with the
+	// lease (NewLease.Journal); zero otherwise, and in the rows other
+	// methods return.
+	Journal int64
 }
 
 // NewLease describes a lease to create.
@@ -60,6 +65,17 @@ type NewLease struct {
 	// TTL is how long the lease lives without a heartbeat. Required; it is
 	// stored with millisecond precision.
 	TTL time.Duration
+	// TenancyVersion, if nonzero, is the Tenancy.Version of the read that
+	// let the account work in the project (CachedTenancy): the lease is
+	// created only if no project or membership changed since, else
+	// CreateLease fails with ErrTenancyChanged. Zero checks nothing.
+	TenancyVersion int64
+	// Journal, if non-nil, is the journal entry of the command the lease
+	// is for (its Lease is ignored: it is the new lease's ID). The entry is
+	// created with the lease, in the same statement (schema 14): one write
+	// for a command's start instead of two, and neither exists without the
+	// other. Lease.Journal is then its ID.
+	Journal *JournalCommand
 }
 
 // leaseCols reads a lease's current values: a live lease's expiry comes
@@ -77,6 +93,9 @@ const (
 	// a lease is this one statement.
 	sqlInsertLease = `INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
 			VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?, ?)`
+	// sqlInsertLeaseAt is sqlInsertLease if the tenancy version is still ?11.
+	sqlInsertLeaseAt = `INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
+			SELECT ?1, ?2, ?3, ?4, ?5, ?6, 'live', ?7, ?8, ?9, ?10 WHERE (SELECT v FROM tenancy_version WHERE id = 1) = ?11`
 	sqlHeartbeat = `UPDATE lease_clock SET expires_at = ?1 + ttl_ms
 			WHERE seq IN (SELECT seq FROM leases WHERE id IN (SELECT value FROM json_each(?2)))
 			  AND expires_at >= ?1`
@@ -95,7 +114,7 @@ const (
 )
 
 var (
-	hotWriteStmts = []string{sqlInsertLease, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish}
+	hotWriteStmts = []string{sqlInsertLease, sqlInsertLeaseAt, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish, sqlCommandEnd, sqlCommandStart}
 	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy}
 )
 
@@ -119,7 +138,8 @@ func scanLease(r scanner, what string, extra ...any) (Lease, error) {
 }
 
 // CreateLease inserts a live lease that expires at at+TTL. An unknown
-// project is ErrNotFound; a duplicate ID is ErrExists.
+// project is ErrNotFound; a duplicate ID is ErrExists; a tenancy changed
+// since n.TenancyVersion is ErrTenancyChanged.
 func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Lease, error) {
 	if n.Kind == "" {
 		return Lease{}, errors.New("store: create lease: kind is required")
@@ -143,10 +163,59 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 	}
 	// One statement: SQLite runs it in a transaction of its own, which
 	// takes the write lock before it reads (no upgrade, as BEGIN IMMEDIATE).
-	if r := s.exec(ctx, sqlInsertLease, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
+	if n.Journal != nil {
+		return s.createCommand(ctx, l, n)
+	}
+	if n.TenancyVersion == 0 {
+		if r := s.exec(ctx, sqlInsertLease, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl); r.err != nil {
+			return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
+		}
+		return l, nil
+	}
+	// The version check is part of the insert: no tenancy change can
+	// commit between them.
+	r := s.exec(ctx, sqlInsertLeaseAt, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, ttl, now, now, now+ttl, n.TenancyVersion)
+	if r.err != nil {
 		return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
 	}
+	if r.rows == 0 {
+		s.forgetTenancy(n.Project, n.Account, n.TenancyVersion)
+		return Lease{}, fmt.Errorf("store: create lease for project %d: %w", n.Project, ErrTenancyChanged)
+	}
 	return l, nil
+}
+
+// sqlCommandStart creates a lease and its command's journal entry (schema
+// 14's command_start); the entry's ID is one more than the newest's,
+// chosen under the statement's write lock, and returned.
+const sqlCommandStart = `INSERT INTO command_start (id, account, project, kind, domain, holder, ttl_ms, created_at, tenancy,
+		journal, journal_account, journal_project, journal_domain, lease_kind, argv, limits, started_at)
+	VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, (SELECT coalesce(max(id), 0) + 1 FROM journal), ?10, ?11, ?12, ?13, ?14, ?15, ?16)
+	RETURNING journal`
+
+// createCommand is CreateLease with n.Journal: the lease l and the entry
+// in one statement.
+func (s *Store) createCommand(ctx context.Context, l Lease, n NewLease) (Lease, error) {
+	argv, limits, err := journalJSON(*n.Journal)
+	if err != nil {
+		return Lease{}, fmt.Errorf("store: journal start: %w", err)
+	}
+	var tenancy any // NULL: not checked
+	if n.TenancyVersion != 0 {
+		tenancy = n.TenancyVersion
+	}
+	j := n.Journal
+	r := s.execQuery(ctx, sqlCommandStart, l.ID, l.Account, l.Project, l.Kind, l.Domain, l.Holder, l.TTL.Milliseconds(),
+		ms(l.Created), tenancy, j.Account, j.Project, j.Domain, j.LeaseKind, argv, limits, ms(s.now()))
+	switch {
+	case r.err == nil:
+		l.Journal = r.lastID
+		return l, nil
+	case sqliteCode(r.err) == sqlite3.SQLITE_CONSTRAINT_TRIGGER && strings.Contains(r.err.Error(), "tenancy changed"):
+		s.forgetTenancy(n.Project, n.Account, n.TenancyVersion)
+		return Lease{}, fmt.Errorf("store: create lease for project %d: %w", n.Project, ErrTenancyChanged)
+	}
+	return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
 }
 
 // GetLease returns the lease with the given ID, or ErrNotFound.

@@ -129,3 +129,45 @@ func TestWriterSettings(t *testing.T) {
 		}
 	}
 }
+
+// A journal written before schema 12 (AUTOINCREMENT IDs) keeps its rows,
+// IDs and running entries through the rebuild; a new entry takes the next
+// ID, and the running ones still finish and are found by lease.
+func TestMigrateJournalRowid(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "corral.db")
+	db := rawDB(t, path)
+	for _, m := range loadMigrations()[:11] {
+		if _, err := db.Exec(m.sql); err != nil {
+			t.Fatalf("%s: %v", m.name, err)
+		}
+	}
+	for _, q := range []string{
+		`INSERT INTO journal (id, account, project, domain, lease, lease_kind, argv, limits, started_at, ended_at, outcome, code, oom_killed)
+			VALUES (5, 1, 1, 'd', 'L5', 'terminal', '["true"]', '{}', 1, 2, 'exit', 0, 0),
+			       (9, 1, 1, '', 'L9', 'terminal', '["sleep","9"]', '{"timeoutMs":5}', 3, NULL, NULL, NULL, 0)`,
+		"PRAGMA user_version = 11",
+	} {
+		if _, err := db.Exec(q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db.Close()
+	s := openTest(t, path, Options{Migrate: true})
+	list, err := s.ListJournal(ctx, JournalFilter{})
+	if err != nil || len(list) != 2 || list[0].ID != 9 || list[1].ID != 5 || list[1].End.Outcome != OutcomeExit ||
+		list[0].Limits.TimeoutMS != 5 || list[0].Argv[1] != "9" || list[1].Domain != "d" {
+		t.Fatalf("journal after migration = %+v, %v", list, err)
+	}
+	id, err := s.JournalStart(ctx, JournalCommand{Account: 1, Project: 1, Lease: "L10", LeaseKind: "terminal", Argv: []string{"x"}})
+	if err != nil || id != 10 {
+		t.Fatalf("JournalStart after migration = %d, %v; want 10", id, err)
+	}
+	if n, err := s.JournalInterrupt(ctx, "L9", "gone"); err != nil || n != 1 {
+		t.Fatalf("JournalInterrupt of a migrated running entry = %d, %v", n, err)
+	}
+	var auto int
+	if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema WHERE name = 'journal' AND sql LIKE '%AUTOINCREMENT%'").Scan(&auto); err != nil || auto != 0 {
+		t.Fatalf("journal still AUTOINCREMENT: %d, %v", auto, err)
+	}
+}

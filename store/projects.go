@@ -112,7 +112,8 @@ const (
 	sqlGetProject = "SELECT " + projectCols + " FROM projects WHERE id = ?"
 	sqlGetMember  = "SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?"
 	sqlGetTenancy = `SELECT p.id, p.kind, p.name, p.root, p.created_at, p.image, p.limit_memory, p.limit_pids,
-		p.limit_cpu_millis, p.limit_disk, p.limit_tmp, p.network, m.role, m.trusted, m.created_at
+		p.limit_cpu_millis, p.limit_disk, p.limit_tmp, p.network, m.role, m.trusted, m.created_at,
+		(SELECT v FROM tenancy_version WHERE id = 1)
 		FROM projects p LEFT JOIN members m ON m.project = p.id AND m.account = ?2 WHERE p.id = ?1`
 )
 
@@ -261,9 +262,15 @@ func (s *Store) GetMember(ctx context.Context, project, account int64) (Member, 
 // returns the project, a zero Member and an error wrapping ErrNotMember,
 // which also matches ErrNotFound.
 func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (Project, Member, error) {
+	t, err := s.readTenancy(ctx, project, account)
+	return t.Project, t.Member, err
+}
+
+// readTenancy is GetProjectMember, with the tenancy version of the read.
+func (s *Store) readTenancy(ctx context.Context, project, account int64) (Tenancy, error) {
 	st, err := s.readStmt(ctx, sqlGetTenancy)
 	if err != nil {
-		return Project{}, Member{}, err
+		return Tenancy{}, err
 	}
 	var (
 		p               Project
@@ -271,22 +278,23 @@ func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (P
 		created         int64
 		role            sql.NullString
 		trusted, joined sql.NullInt64
+		version         int64
 	)
 	hctx, err := hot(ctx)
 	if err != nil {
-		return Project{}, Member{}, fmt.Errorf("store: project %d: %w", project, err)
+		return Tenancy{}, fmt.Errorf("store: project %d: %w", project, err)
 	}
 	err = st.QueryRowContext(hctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
-		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &p.Network, &role, &trusted, &joined)
+		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &p.Network, &role, &trusted, &joined, &version)
 	if err != nil {
-		return Project{}, Member{}, classify(err, fmt.Sprintf("project %d", project))
+		return Tenancy{}, classify(err, fmt.Sprintf("project %d", project))
 	}
 	p.Kind, p.Created = ProjectKind(kind), fromMS(created)
 	if !role.Valid {
-		return p, Member{}, fmt.Errorf("store: account %d in project %d: %w", account, project, errNotMember)
+		return Tenancy{Project: p}, fmt.Errorf("store: account %d in project %d: %w", account, project, errNotMember)
 	}
 	m := Member{Project: project, Account: account, Role: Role(role.String), Trusted: trusted.Int64 != 0, Created: fromMS(joined.Int64)}
-	return p, m, nil
+	return Tenancy{Project: p, Member: m, Version: version}, nil
 }
 
 // CreatedProjects returns how many projects account created: those it

@@ -7,13 +7,24 @@
 // open the same file and see each other's rows. Within a process, writes go
 // through a single connection, so they queue in Go instead of spinning on
 // SQLite's busy handler, and the hot single-statement writes of commands
-// (leases created and released, the journal) that queued meanwhile are
+// (a command's lease created with its journal entry, and released with the
+// entry finished: one statement each) that queued meanwhile are
 // committed together, in one transaction (a write whose context ends
 // while it waits returns the context's error and makes no change); reads
 // use a small pool of read-only connections and never wait for a writer. Between processes, writers wait for each other for
 // up to Options.BusyTimeout, and every write transaction takes the write lock
 // when it begins (BEGIN IMMEDIATE), so two processes never deadlock upgrading
 // a read transaction.
+//
+// Commits are synchronous=NORMAL in WAL mode: a committed write (a lease
+// created or released) survives a crash of any process at once; a power
+// loss or kernel crash may undo the last commits before a checkpoint, but
+// never corrupts the database.
+//
+// A command's tenancy read may come from memory (CachedTenancy): every
+// project and membership change bumps a version in the database, and the
+// command's lease insert checks it, so that no decision taken on an
+// outdated read is ever written.
 //
 // The schema is versioned (PRAGMA user_version) and its migrations are
 // compiled into the binary. Exactly one kind of process should migrate (the
@@ -131,6 +142,8 @@ type Store struct {
 
 	wr  writer   // the group commit of the hot writes (exec)
 	raw rawStmts // its batches' statements (runBatch)
+
+	tenancy tenancyCache // CachedTenancy's reads
 
 	egressAppends sync.Map // project id → *atomic.Int64: AppendEgress calls
 }

@@ -17,8 +17,8 @@
 // File descriptors ride as SCM_RIGHTS ancillary data on the packet that
 // declares them with "fds": n, and the packet must carry exactly n of them.
 // Only exec-attach (3), net-dialed (1) and, of the announced extensions,
-// net-listening (1), exec-tty (1), file-opened (1) and file-watch (1) carry
-// descriptors. Descriptors are
+// exec-run (3), net-listening (1), exec-tty (1), file-opened (1) and
+// file-watch (1) carry descriptors. Descriptors are
 // received with MSG_CMSG_CLOEXEC and every descriptor received on a packet is
 // closed when anything about that packet is wrong.
 //
@@ -123,6 +123,25 @@
 //	                                           sessions)
 //	exec-signal    exec-signal {id,signal}     nothing (an exec-exit follows
 //	                                           if the signal ended it)
+//	exec-run       exec-run {id,…,fds:3}       exec-started {id} (no
+//	                 [stdin,stdout,stderr]     exec-accepted), or
+//	                                           exec-rejected {id,code,message}
+//
+// exec-run is exec-start and exec-attach in one frame: exec-start's members
+// (those of its features too) and the three descriptors exec-attach would
+// carry. A command is then three frames instead of five:
+//
+//	│── exec-run {id,…,fds:3} [stdin,stdout,stderr] ►│
+//	│◄──────────────────────────── exec-started {id} │  accepted and started
+//	│◄──────── exec-exit {id, code|signal|notStarted}│
+//
+// The worker sends no exec-accepted for it: exec-started (preceded, for a
+// terminal session, by exec-tty), or an exec-exit {notStarted} for a
+// program that could not run, says the session was accepted. A refused
+// exec-run is answered exec-rejected alone, its descriptors closed unused,
+// and nothing follows. A terminal session's three descriptors are closed
+// unused, as its exec-attach's are. exec-start and exec-attach stay valid
+// on the same connection.
 //
 // exec-signal sends a signal, named as in exec-exit ("SIGTERM"), to every
 // process of a running session's tree: its pid namespace but the

@@ -6,7 +6,7 @@ import (
 )
 
 // A hand-written codec for the frames of every command's life: exec-start,
-// exec-attach, exec-cancel (core → worker) and exec-accepted, exec-started,
+// exec-attach, exec-run, exec-cancel (core → worker) and exec-accepted, exec-started,
 // exec-exit (worker → core). It writes and reads the very bytes
 // encoding/json does, so the wire is unchanged: it is not a new framing
 // and needs no feature.
@@ -97,7 +97,9 @@ func encodeFast(m Message) []byte {
 			f.raw(`,"oomKilled":true`)
 		}
 	case *ExecStart:
-		encodeExecStart(&f, m)
+		encodeExecStart(&f, `{"type":"exec-start","id":`, m)
+	case *ExecRun:
+		encodeExecStart(&f, `{"type":"exec-run","fds":3,"id":`, (*ExecStart)(m))
 	default:
 		return nil
 	}
@@ -107,7 +109,9 @@ func encodeFast(m Message) []byte {
 	return append(f.b, '}')
 }
 
-func encodeExecStart(f *fastBuf, m *ExecStart) {
+// encodeExecStart writes an exec-start's members after head (the type,
+// and the descriptor count of an exec-run, up to "id":).
+func encodeExecStart(f *fastBuf, head string, m *ExecStart) {
 	n := 256 + len(m.Project.Workspace) + len(m.Project.Image) + len(m.Cwd) + len(m.User)
 	for _, a := range m.Argv {
 		n += len(a) + 3
@@ -116,7 +120,7 @@ func encodeExecStart(f *fastBuf, m *ExecStart) {
 		n += len(k) + len(v) + 6
 	}
 	f.b = make([]byte, 0, n)
-	f.raw(`{"type":"exec-start","id":`)
+	f.raw(head)
 	f.str(m.ID)
 	f.raw(`,"project":{"id":`)
 	f.int(m.Project.ID)
@@ -321,7 +325,16 @@ func decodeFast(b []byte, nfds int) Message {
 		if nfds != 0 {
 			return nil
 		}
-		return decodeExecStart(&r)
+		if m := decodeExecStart(&r); m != nil {
+			return m
+		}
+	case r.peek(`run","fds":3,`):
+		if nfds != 3 {
+			return nil
+		}
+		if m := decodeExecStart(&r); m != nil {
+			return (*ExecRun)(m)
+		}
 	}
 	return nil
 }
@@ -353,7 +366,9 @@ func decodeExecExit(r *fastReader) Message {
 	return m
 }
 
-func decodeExecStart(r *fastReader) Message {
+// decodeExecStart reads an exec-start's members (also exec-run's); nil
+// when they are not in canonical shape.
+func decodeExecStart(r *fastReader) *ExecStart {
 	m := &ExecStart{}
 	r.lit(`"id":`)
 	m.ID = r.str()

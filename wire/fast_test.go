@@ -23,6 +23,11 @@ func hotMessages() []Message {
 		&ExecStart{ID: id, Project: Project{ID: 1, Workspace: "/w", Limits: &Limits{}}, Lease: "l", Argv: nil},
 		&ExecStart{ID: id, Project: Project{ID: 1, Workspace: "/w"}, Lease: "l", Argv: []string{"echo", "a<b", "\"q\"", "é", "\n"}},
 		&ExecStart{ID: id, Project: Project{ID: -5, Workspace: "/w"}, Lease: "l", Argv: []string{"x"}, Env: map[string]string{"K": "v&w"}},
+		&ExecRun{ID: id, Project: Project{ID: 12, Workspace: "/srv/p/12"}, Account: 3, Lease: id,
+			Argv: []string{"git", "status"}, Cwd: "/workspace", Env: map[string]string{"PATH": "/bin", "A": "", "HOME": "/h"}},
+		&ExecRun{ID: id, Project: Project{ID: 1, Workspace: "/w", Image: "debian", Limits: &Limits{Pids: 9}},
+			Lease: "l", Argv: []string{"sh"}, Cwd: "/workspace", User: "1000", TTY: &TTY{Rows: 1, Cols: 2}},
+		&ExecRun{ID: id, Project: Project{ID: 1, Workspace: "/w"}, Lease: "l", Argv: []string{"a\\b"}},
 	}
 }
 
@@ -62,6 +67,15 @@ func TestFastCodecMatchesJSON(t *testing.T) {
 		}
 		if decodeFast(b, FDCount(m)) == nil {
 			t.Errorf("decodeFast declined %s", b)
+		}
+	}
+	for _, m := range hotMessages()[len(hotMessages())-3 : len(hotMessages())-1] {
+		b := encodeFast(pointerTo(m))
+		if b == nil || decodeFast(b, 3) == nil {
+			t.Errorf("exec-run %#v did not take the fast path both ways (%s)", m, b)
+		}
+		if decodeFast(b, 0) != nil {
+			t.Errorf("decodeFast accepted %s without its descriptors", b)
 		}
 	}
 	if fast < 10 {
@@ -127,7 +141,7 @@ func FuzzFastDecode(f *testing.F) {
 }
 
 // FuzzFastEncode: the fast encoder writes encoding/json's bytes for
-// exec-start and exec-exit built from fuzzed strings.
+// exec-start, exec-run and exec-exit built from fuzzed strings.
 func FuzzFastEncode(f *testing.F) {
 	f.Add("id", "/w", "git", "status", "PATH", "/bin", int64(3), 0, "")
 	f.Add("i<d", "/w\n", "é", "", "", "", int64(-1), -7, "SIGKILL")
@@ -135,6 +149,8 @@ func FuzzFastEncode(f *testing.F) {
 		for _, m := range []Message{
 			&ExecStart{ID: id, Project: Project{ID: n, Workspace: ws}, Account: n, Lease: id, Argv: []string{a0, a1}, Cwd: ws,
 				Env: map[string]string{k: v, "Z" + k: a1}, User: sig},
+			&ExecRun{ID: id, Project: Project{ID: n, Workspace: ws}, Account: n, Lease: id, Argv: []string{a0}, Cwd: ws,
+				Env: map[string]string{k: v}, User: sig},
 			&ExecExit{ID: id, Code: &code},
 			&ExecExit{ID: id, Signal: sig, OOMKilled: true},
 		} {
@@ -152,7 +168,7 @@ func FuzzFastEncode(f *testing.F) {
 			if !bytes.Equal(fb, jb) {
 				t.Fatalf("encodeFast = %s\nencodeJSON = %s", fb, jb)
 			}
-			if dm := decodeFast(fb, 0); dm != nil && !reflect.DeepEqual(dm, m) {
+			if dm := decodeFast(fb, FDCount(m)); dm != nil && !reflect.DeepEqual(dm, m) {
 				t.Fatalf("decodeFast(encodeFast(m)) = %#v, want %#v", dm, m)
 			}
 		}

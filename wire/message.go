@@ -44,6 +44,9 @@ const (
 	TypeExecTTY = "exec-tty"
 	// TypeExecSignal is FeatureExecSignal's.
 	TypeExecSignal = "exec-signal"
+	// TypeExecRun is FeatureExecRun's: exec-start and exec-attach in one
+	// frame.
+	TypeExecRun = "exec-run"
 )
 
 // Error codes carried by error frames ([Error.Code]) and rejections
@@ -119,6 +122,15 @@ const (
 	// FeatureExecSignal: the client may send exec-signal {id, signal}
 	// (see [ExecSignal]).
 	FeatureExecSignal = "exec-signal"
+	// FeatureExecRun: the client may send exec-run (see [ExecRun]), an
+	// exec-start carrying its three descriptors, in place of exec-start
+	// and exec-attach. The worker answers it without exec-accepted:
+	// exec-started (or, for a terminal session, exec-tty then
+	// exec-started) means accepted and started; exec-rejected means
+	// refused (the descriptors were closed unused and nothing follows);
+	// exec-exit {notStarted} means accepted but never run. A command is
+	// then three frames instead of five.
+	FeatureExecRun = "exec-run"
 )
 
 // TTY is a terminal's size in character cells (FeatureTTY). A zero field
@@ -212,6 +224,14 @@ type ExecStart struct {
 	// TTY asks for a terminal session of this initial size (FeatureTTY).
 	TTY *TTY `json:"tty,omitempty"`
 }
+
+// ExecRun is an ExecStart that carries exactly three descriptors, the
+// session's stdin, stdout and stderr as exec-attach would
+// (FeatureExecRun): its members are exec-start's, and the worker answers
+// exec-started without an exec-accepted before it, or exec-rejected. A
+// terminal session's three descriptors are closed unused, as its
+// exec-attach's are.
+type ExecRun ExecStart
 
 // ExecTTY carries exactly one descriptor: the master of a terminal
 // session's pseudo-terminal (FeatureTTY), which the client reads the
@@ -344,6 +364,7 @@ func (MachineReset) Type() string     { return TypeMachineReset }
 func (MachineResetDone) Type() string { return TypeMachineResetDone }
 func (ExecTTY) Type() string          { return TypeExecTTY }
 func (ExecSignal) Type() string       { return TypeExecSignal }
+func (ExecRun) Type() string          { return TypeExecRun }
 
 // Error implements the error interface, so that an error frame can be
 // returned as an error.
@@ -396,6 +417,8 @@ func newMessage(t string) Message {
 		return &ExecTTY{}
 	case TypeExecSignal:
 		return &ExecSignal{}
+	case TypeExecRun:
+		return &ExecRun{}
 	}
 	return newFileMessage(t)
 }
@@ -403,7 +426,7 @@ func newMessage(t string) Message {
 // typeFDs reports the descriptor count of message type t.
 func typeFDs(t string) int {
 	switch t {
-	case TypeExecAttach:
+	case TypeExecAttach, TypeExecRun:
 		return 3
 	case TypeNetDialed, TypeNetListening, TypeExecTTY, TypeFileOpened, TypeFileWatch:
 		return 1
@@ -412,7 +435,7 @@ func typeFDs(t string) int {
 }
 
 // FDCount reports how many descriptors a message of m's type carries: 3 for
-// exec-attach, 1 for net-dialed, net-listening, exec-tty, file-opened and
+// exec-attach and exec-run, 1 for net-dialed, net-listening, exec-tty, file-opened and
 // file-watch, 0 otherwise
 // (and for nil).
 func FDCount(m Message) int {
@@ -467,6 +490,8 @@ func validate(m Message) error {
 		}
 		return nil
 	case *ExecStart:
+		id = m.ID
+	case *ExecRun:
 		id = m.ID
 	case *ExecAccepted:
 		id = m.ID

@@ -123,6 +123,9 @@ func allMessages() []Message {
 		&ExecStart{ID: "t1", Project: Project{ID: 1, Workspace: "/w"}, Argv: []string{"sh"}, Cwd: "/workspace", TTY: &TTY{Rows: 24, Cols: 80}},
 		&ExecTTY{ID: "t1"},
 		&ExecSignal{ID: "s1", Signal: "SIGTERM"},
+		&ExecRun{ID: "r1", Project: Project{ID: 7, Workspace: "/srv/p/7"}, Account: 3, Lease: "L1",
+			Argv: []string{"true"}, Cwd: "/workspace", Env: map[string]string{"PATH": "/bin"}},
+		&ExecRun{ID: "r2", Project: Project{ID: 1, Workspace: "/w"}, Argv: []string{"sh"}, Cwd: "/workspace", TTY: &TTY{Rows: 24, Cols: 80}},
 		&FileRequest{ID: "f1", Project: Project{ID: 7, Workspace: "/w"}, User: "1000", Op: OpList, Path: "/workspace", Depth: 2, Limit: 10},
 		&FileRequest{ID: "f2", Project: Project{ID: 7, Workspace: "/w"}, Op: OpRename, Path: "a", To: "b"},
 		&FileWatch{ID: "f3", Project: Project{ID: 7, Workspace: "/w"}, Path: "/workspace/d", Recursive: true},
@@ -170,6 +173,7 @@ func TestPinnedFrames(t *testing.T) {
 	}{
 		{&Hello{Protocol: 2}, `{"type":"hello","protocol":2}`},
 		{&ExecAttach{ID: "x"}, `{"type":"exec-attach","fds":3,"id":"x"}`},
+		{&ExecRun{ID: "x", Argv: []string{"true"}}, `{"type":"exec-run","fds":3,"id":"x","project":{"id":0,"workspace":""},"account":0,"lease":"","argv":["true"],"cwd":""}`},
 		{&NetDialed{ID: "x"}, `{"type":"net-dialed","fds":1,"id":"x"}`},
 		{&NetListen{ID: "x", Project: Project{ID: 7, Workspace: "/w"}, Port: 3128}, `{"type":"net-listen","id":"x","project":{"id":7,"workspace":"/w"},"port":3128}`},
 		{&NetListening{ID: "x"}, `{"type":"net-listening","fds":1,"id":"x"}`},

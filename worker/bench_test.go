@@ -20,6 +20,9 @@ func BenchmarkWarmExec(b *testing.B) {
 	// send exec-attach right behind exec-start without waiting for
 	// exec-accepted, saving a round trip.
 	b.Run("pipelined", func(b *testing.B) { benchWarmExec(b, true, "") })
+	// exec-run (wire.FeatureExecRun): the start and its descriptors in one
+	// frame, exec-started with no exec-accepted.
+	b.Run("exec-run", benchWarmExecRun)
 	// A named user costs a lookup round trip to the init before
 	// exec-accepted; root's forks run on the init's other forking thread.
 	b.Run("sequential-root", func(b *testing.B) { benchWarmExec(b, false, "root") })
@@ -51,6 +54,38 @@ func benchWarmExec(b *testing.B, pipelined bool, user string) {
 			if m, ok := recv(b, c).(*wire.ExecAccepted); !ok {
 				b.Fatalf("got %#v", m)
 			}
+		}
+		if m, ok := recv(b, c).(*wire.ExecStarted); !ok {
+			b.Fatalf("got %#v", m)
+		}
+		m, ok := recv(b, c).(*wire.ExecExit)
+		if !ok || m.Code == nil || *m.Code != 0 {
+			b.Fatalf("got %#v", m)
+		}
+	}
+	once("warmup")
+	var lat []time.Duration
+	for b.Loop() {
+		t0 := time.Now()
+		once("b")
+		lat = append(lat, time.Since(t0))
+	}
+	reportPercentiles(b, lat)
+}
+
+func benchWarmExecRun(b *testing.B) {
+	h := newHarness(b, nil)
+	c := h.dial(b)
+	p := h.project(b, 1)
+	null, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer null.Close()
+	once := func(id string) {
+		run := &wire.ExecRun{ID: id, Project: p, Argv: []string{"true"}, Cwd: "/workspace"}
+		if err := c.Send(run, null, null, null); err != nil {
+			b.Fatal(err)
 		}
 		if m, ok := recv(b, c).(*wire.ExecStarted); !ok {
 			b.Fatalf("got %#v", m)

@@ -12,6 +12,7 @@ package worker
 //	  |<----------- exec-accepted | (or exec-rejected {code})
 //	  |-- exec-attach [3 fds] --->|-- start {sid} [3 fds] ------------>| fork+exec
 //	  |<------------ exec-started |<------------------------ started --|
+//	  |   (or, in one frame: exec-run [3 fds], no exec-accepted)
 //	  |-- exec-cancel ----------->|-- kill {sid} --------------------->| SIGKILL holder
 //	  |<--------------- exec-exit |<------------ exit {code|signal} ---| wait4
 //	  |                           |<------------ notStarted {msg} -----| (exec failed)
@@ -42,7 +43,7 @@ import (
 )
 
 // features are the protocol-2 extensions the worker announces.
-var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY, wire.FeatureFiles, wire.FeatureExecSignal}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY, wire.FeatureFiles, wire.FeatureExecSignal, wire.FeatureExecRun}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second
@@ -191,7 +192,17 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 		c.send(&wire.Pong{ID: m.ID})
 	case *wire.Pong:
 	case *wire.ExecStart:
-		c.execStart(m)
+		if s := c.execStart(m); s != nil {
+			c.send(&wire.ExecAccepted{ID: m.ID})
+		}
+	case *wire.ExecRun:
+		// exec-start and exec-attach in one frame: no exec-accepted, the
+		// session starts at once (exec-started says it was accepted).
+		if s := c.execStart((*wire.ExecStart)(m)); s != nil {
+			s.m.attach(s, fds)
+		} else {
+			closeFDs(fds)
+		}
 	case *wire.ExecAttach:
 		c.execAttach(m, fds)
 	case *wire.ExecCancel:
@@ -232,36 +243,38 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 	return true
 }
 
-func (c *conn) execStart(m *wire.ExecStart) {
+// execStart checks and registers an accepted session, or sends
+// exec-rejected and returns nil. The caller answers an accepted one.
+func (c *conn) execStart(m *wire.ExecStart) *session {
 	reject := func(code, format string, args ...any) {
 		c.send(&wire.ExecRejected{ID: m.ID, Code: code, Message: fmt.Sprintf(format, args...)})
 	}
 	if m.ID == "" {
 		reject(wire.CodeBadField, "empty id")
-		return
+		return nil
 	}
 	if code, msg := checkArgv(m.Argv); code != "" {
 		reject(code, "%s", msg)
-		return
+		return nil
 	}
 	if code, msg := checkEnv(m.Env); code != "" {
 		reject(code, "%s", msg)
-		return
+		return nil
 	}
 	if code, msg := checkUser(m.User); code != "" {
 		reject(code, "%s", msg)
-		return
+		return nil
 	}
 	if m.Cwd != "" && !validCwd(m.Cwd) {
 		reject(wire.CodeBadCwd, "cwd %q must be a clean absolute path inside %s or %s", m.Cwd, GuestWorkspace, GuestHome)
-		return
+		return nil
 	}
 	c.mu.Lock()
 	_, dup := c.sessions[m.ID]
 	c.mu.Unlock()
 	if dup {
 		reject(wire.CodeDuplicateID, "session %q is still running on this connection", m.ID)
-		return
+		return nil
 	}
 	lim := c.w.resolve(m.Project.Limits)
 	mach, err := c.w.acquire(m.Project.ID, m.Project.Workspace, m.Project.Image, true, lim)
@@ -272,7 +285,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 		} else {
 			reject(wire.CodeMachineFailed, "%v", err)
 		}
-		return
+		return nil
 	}
 	mach.setLimits(lim)
 	env := buildEnv(m.Env, mach.imageEnv)
@@ -290,7 +303,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 			} else {
 				reject(wire.CodeMachineFailed, "%v", err)
 			}
-			return
+			return nil
 		}
 	}
 	c.w.log.Debug("exec accepted", "project", m.Project.ID, "id", m.ID, "account", m.Account, "lease", m.Lease, "program", m.Argv[0], "user", m.User)
@@ -301,7 +314,7 @@ func (c *conn) execStart(m *wire.ExecStart) {
 	c.mu.Lock()
 	c.sessions[m.ID] = s
 	c.mu.Unlock()
-	c.send(&wire.ExecAccepted{ID: m.ID})
+	return s
 }
 
 func (c *conn) execAttach(m *wire.ExecAttach, stdio []int) {

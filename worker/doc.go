@@ -350,8 +350,11 @@
 // The worker handles each connection's frames in order, so a client may
 // send exec-attach right behind exec-start without waiting for
 // exec-accepted (if the start is rejected, the attach is answered with an
-// error "unknown-session" and its descriptors are closed). Beyond what
-// package wire pins:
+// error "unknown-session" and its descriptors are closed). It announces
+// wire.FeatureExecRun: an exec-run frame is an exec-start and its attach in
+// one, handled in the same order, answered exec-started (no exec-accepted)
+// or exec-rejected (its descriptors closed); package machine sends it, so
+// a command is three frames. Beyond what package wire pins:
 //
 //   - exec-start with an empty cwd runs in the image's WorkingDir, else in
 //     /workspace; any other cwd must be a clean absolute path inside

@@ -13,7 +13,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -482,10 +481,27 @@ func (g *Group) OOMKills() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	// One pread: File.ReadAt would read again after a short read, to
+	// learn of the end of the file (a second system call per session).
 	var buf [512]byte
-	n, err := f.ReadAt(buf[:], 0)
-	if err != nil && !errors.Is(err, io.EOF) {
+	rc, err := f.SyscallConn()
+	if err != nil {
 		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	var n int
+	var perr error
+	if err := rc.Control(func(fd uintptr) {
+		for {
+			n, perr = unix.Pread(int(fd), buf[:], 0)
+			if perr != unix.EINTR {
+				return
+			}
+		}
+	}); err != nil {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	if perr != nil {
+		return 0, fmt.Errorf("cgroup: read %s: %w", f.Name(), perr)
 	}
 	if n == len(buf) { // longer than any the kernel writes: read it whole
 		b, err := os.ReadFile(f.Name())

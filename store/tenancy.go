@@ -1,0 +1,78 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// Tenancy is a project and an account's membership of it, as one read saw
+// them, with the tenancy version of that read (schema 11): every change to
+// a project or a membership, by any process, bumps the version.
+type Tenancy struct {
+	Project Project
+	Member  Member
+	// Version is the tenancy version the rows were read at. A lease created
+	// with it (NewLease.TenancyVersion) is refused with ErrTenancyChanged
+	// if any tenancy changed since.
+	Version int64
+}
+
+// ErrTenancyChanged: CreateLease was given a NewLease.TenancyVersion and a
+// project or membership changed since that version was read; no lease was
+// created. Read the tenancy again (CachedTenancy does, once this error was
+// returned) and retry.
+var ErrTenancyChanged = errors.New("store: the tenancy changed since it was read")
+
+// maxTenancyCache bounds CachedTenancy's entries; when full it starts over.
+const maxTenancyCache = 4096
+
+// tenancyCache holds the successful reads of CachedTenancy.
+type tenancyCache struct {
+	mu sync.Mutex
+	m  map[[2]int64]Tenancy // by project, account
+}
+
+// CachedTenancy returns what GetProjectMember returns, with the version of
+// the read, from memory when an earlier call read it. A cached result may
+// be out of date: the caller must make its decision take effect only
+// through CreateLease with NewLease.TenancyVersion set to the returned
+// Version, which refuses it (ErrTenancyChanged) if the tenancy changed
+// since, and drops the cached entry so that the next call reads again.
+// Only members are cached: a denial (ErrNotMember, ErrNotFound) is read
+// again on every call, so that a membership granted applies at once.
+func (s *Store) CachedTenancy(ctx context.Context, project, account int64) (Tenancy, error) {
+	k := [2]int64{project, account}
+	c := &s.tenancy
+	c.mu.Lock()
+	t, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	t, err := s.readTenancy(ctx, project, account)
+	if err != nil {
+		return t, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= maxTenancyCache {
+		c.m = make(map[[2]int64]Tenancy)
+	}
+	if old, ok := c.m[k]; !ok || old.Version < t.Version {
+		c.m[k] = t
+	}
+	c.mu.Unlock()
+	return t, nil
+}
+
+// forgetTenancy drops the cached entry of project and account if it was
+// read at version.
+func (s *Store) forgetTenancy(project, account, version int64) {
+	k := [2]int64{project, account}
+	c := &s.tenancy
+	c.mu.Lock()
+	if t, ok := c.m[k]; ok && t.Version == version {
+		delete(c.m, k)
+	}
+	c.mu.Unlock()
+}
