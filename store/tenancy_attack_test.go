@@ -153,3 +153,52 @@ func TestReleaseAndFinishOtherEntry(t *testing.T) {
 		t.Fatalf("my lease: %+v, %v; want released", l, err)
 	}
 }
+
+// TestJournalIDsNotReused: the journal keeps no AUTOINCREMENT (schema 12),
+// so an ID would be reused if the newest entry were deleted, and a project
+// or account ID reused would show its predecessor's entries to whoever
+// gets it. Deleting the newest entries' account and project removes no
+// entry; the next entry's ID is still greater; and a new account and
+// project get IDs of their own (their tables keep AUTOINCREMENT), so
+// their journal is empty.
+func TestJournalIDsNotReused(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	a, err := s.CreateAccount(ctx, "a")
+	must(t, err)
+	p, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
+	must(t, err)
+	_, err = s.AddMember(ctx, Member{Project: p.ID, Account: a.ID, Role: RoleOwner})
+	must(t, err)
+	var last int64
+	for range 3 {
+		l, err := s.CreateLease(ctx, NewLease{Account: a.ID, Project: p.ID, Kind: "terminal", TTL: time.Minute,
+			Journal: &JournalCommand{Account: a.ID, Project: p.ID, LeaseKind: "terminal", Argv: []string{"secret-of-a"}}}, time.Now())
+		must(t, err)
+		must(t, s.ReleaseHeldLease(ctx, l.ID, time.Now()))
+		last = l.Journal
+	}
+	must(t, s.DeleteProject(ctx, p.ID))
+	must(t, s.DeleteAccount(ctx, a.ID))
+	if es, err := s.ListJournal(ctx, JournalFilter{Account: a.ID}); err != nil || len(es) != 3 {
+		t.Fatalf("the deleted account's entries: %d, %v; want all 3 kept", len(es), err)
+	}
+	b, err := s.CreateAccount(ctx, "b")
+	must(t, err)
+	q, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "q", Root: "/q"})
+	must(t, err)
+	if b.ID == a.ID || q.ID == p.ID {
+		t.Fatalf("IDs reused: account %d (was %d), project %d (was %d)", b.ID, a.ID, q.ID, p.ID)
+	}
+	for _, f := range []JournalFilter{{Account: b.ID}, {Project: q.ID}} {
+		if es, err := s.ListJournal(ctx, f); err != nil || len(es) != 0 {
+			t.Fatalf("a new account's or project's journal %+v: %+v, %v; want empty", f, es, err)
+		}
+	}
+	l, err := s.CreateLease(ctx, NewLease{Account: b.ID, Project: q.ID, Kind: "terminal", TTL: time.Minute,
+		Journal: &JournalCommand{Account: b.ID, Project: q.ID, LeaseKind: "terminal", Argv: []string{"true"}}}, time.Now())
+	must(t, err)
+	if l.Journal <= last {
+		t.Fatalf("new entry ID %d, not after the newest %d", l.Journal, last)
+	}
+}
