@@ -103,7 +103,8 @@ type Session struct {
 
 	// startedByWorker is set by the reader on exec-started.
 	startedByWorker bool
-	// accepted is set by the reader on exec-accepted.
+	// accepted is set by the reader on exec-accepted, or by Exec when it
+	// sends exec-run (whose acceptance no frame announces).
 	accepted atomic.Bool
 
 	done       chan struct{}
