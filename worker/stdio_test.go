@@ -18,7 +18,7 @@ import (
 // stdin (even O_PATH) lets the command read the host's files through
 // /proc/self/fd/0 from inside its machine (which this test observed), an
 // O_PATH socket file lets it connect to a host socket, a memfd or host file
-// is a host file. exec-run is answered exec-rejected bad-field; exec-attach
+// is a host file, a TCP socket the host's network. exec-run is answered exec-rejected bad-field; exec-attach
 // ends the pending session not started. The descriptors are closed.
 func TestStdioMustBeStreams(t *testing.T) {
 	h := newHarness(t, nil)
@@ -58,6 +58,13 @@ func TestStdioMustBeStreams(t *testing.T) {
 				t.Fatal(err)
 			}
 			return os.NewFile(uintptr(fd), "memfd")
+		}},
+		{"tcp-socket", func(t *testing.T) *os.File {
+			fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return os.NewFile(uintptr(fd), "tcp")
 		}},
 		{"pidfd", func(t *testing.T) *os.File {
 			fd, err := unix.PidfdOpen(os.Getpid(), 0)
