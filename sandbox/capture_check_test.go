@@ -278,7 +278,7 @@ func TestCaptureLargeThroughPopulator(t *testing.T) {
 	if !c.overflowed() || len(out) != limit {
 		t.Fatalf("overflowed %v, kept %d bytes; want an overflow with %d", c.overflowed(), len(out), limit)
 	}
-	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit+firstBuffer+64<<10 {
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > limit+firstBuffer+allocSlack {
 		t.Fatalf("capturing %d bytes allocated %d", limit, alloc)
 	}
 	if n := populators.Load(); n != 0 {
