@@ -305,7 +305,12 @@ func (r *reader) add(src io.Reader, p []byte) {
 	r.buf = append(r.buf, p...)
 	r.populated = len(r.buf)
 	if !r.pipe {
-		r.pop = startPopulator(r.buf)
+		var room func() int
+		if c := r.c; c.limit.Combined > 0 {
+			// Half of what the combined limit still allows each stream.
+			room = func() int { return int(c.room(r.s, 0) / 2) }
+		}
+		r.pop = startPopulatorWithin(r.buf, room)
 	}
 }
 

@@ -69,6 +69,7 @@ var populateAhead = true
 // populator populates a buffer ahead of its reader (see populateStep).
 type populator struct {
 	buf    []byte       // the whole buffer (its capacity)
+	room   func() int   // if non-nil, how far past the reads it may populate
 	pos    atomic.Int64 // how far the reader read
 	done   atomic.Int64 // how far the buffer is populated (for tests)
 	woken  int          // pos at the reader's last wake-up call
@@ -79,11 +80,20 @@ type populator struct {
 
 // startPopulator starts populating b[len(b):cap(b)] if b is large enough
 // and populating is on; it returns nil if not.
-func startPopulator(b []byte) *populator {
+func startPopulator(b []byte) *populator { return startPopulatorWithin(b, nil) }
+
+// startPopulatorWithin is startPopulator populating at most room() bytes
+// past the reads, if room is not nil: a stream under a combined limit,
+// whose buffer, like the other stream's, can hold all of that limit, is
+// populated no further than its share of what the limit still allows, so
+// that the two streams' populated memory stays within the limit the
+// command was admitted for (two populators each filling their reservation
+// held twice the combined limit, output or not).
+func startPopulatorWithin(b []byte, room func() int) *populator {
 	if cap(b) < populateMin || !populateAhead {
 		return nil
 	}
-	p := &populator{buf: b[:cap(b)], woken: len(b), wake: make(chan struct{}, 1), stop: make(chan struct{}), exited: make(chan struct{})}
+	p := &populator{buf: b[:cap(b)], room: room, woken: len(b), wake: make(chan struct{}, 1), stop: make(chan struct{}), exited: make(chan struct{})}
 	p.pos.Store(int64(len(b)))
 	populators.Add(1)
 	go p.run(len(b))
@@ -99,6 +109,9 @@ func (p *populator) run(done int) {
 	for {
 		pos := int(p.pos.Load())
 		from, to := max(done, pos), min(len(p.buf), pos+populateLead)
+		if p.room != nil {
+			to = min(to, pos+p.room())
+		}
 		if from >= len(p.buf) {
 			return
 		}

@@ -145,8 +145,7 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 			cmd.Stdin = inR
 			owned = append(owned, inR)
 		} else if null := nullInput(); null != nil {
-			// Shared, not closed here: os/exec would open and close
-			// /dev/null for each command.
+			closers = append(closers, null)
 			cmd.Stdin = null
 		}
 	}
@@ -199,9 +198,7 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 		f.Close()
 	}
 	if f, ok := cmd.Stdin.(*os.File); ok {
-		if null, _ := devNull(); f != null {
-			f.Close()
-		}
+		f.Close()
 	}
 	closers = nil
 	for _, f := range []*os.File{outR, errR, inW, master} {
@@ -226,24 +223,20 @@ func startLocal(p *LocalPrepared, how localStart) (proc *localProcess, err error
 	return proc, nil
 }
 
-// devNull is /dev/null opened for reading, once: the input of the host
-// commands that read none (never closed; see nullInput).
-var devNull = sync.OnceValues(func() (*os.File, error) { return os.Open(os.DevNull) })
-
-// nullInput returns devNull if its descriptor still is the null device,
-// else nil (os/exec then opens /dev/null for the command). The check keeps
-// a command from reading another file as its input should code that does
-// not own the descriptor close it and its number be reused.
+// nullInput opens /dev/null for reading, the input of a host command that
+// reads none, or returns nil (os/exec then opens it). It is opened for
+// each command, without the runtime's poller (os/exec's open registers
+// it, then unregisters it to pass it on): one /dev/null shared by every
+// command would share its open file description, whose status flags
+// (O_NONBLOCK, O_APPEND) any command may set with fcntl, and every
+// other host command, of any project, would see them: a channel between
+// confined commands.
 func nullInput() *os.File {
-	f, err := devNull()
+	fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil
 	}
-	var st unix.Stat_t
-	if unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != unix.Mkdev(1, 3) {
-		return nil
-	}
-	return f
+	return os.NewFile(uintptr(fd), os.DevNull)
 }
 
 // streamPipe returns a pipe for one of a command's streams: end ours (0,

@@ -1,43 +1,42 @@
 package sandbox
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
 )
 
-// TestNullInputReplaced is an attack on the process, not the command: code
-// that closes a descriptor it does not own frees the shared /dev/null's
-// number, and an open of a private file takes it. A host command must then
-// not get that file as its input.
-func TestNullInputReplaced(t *testing.T) {
-	null := nullInput()
-	if null == nil {
-		t.Fatal("no shared /dev/null")
+// TestNullInputOwnDescription: each host command's /dev/null input is an
+// open file description of its own: status flags one command sets on its
+// input (fcntl F_SETFL) are not another's. A shared one was a channel
+// between confined commands of any projects, and let one make every other
+// command's input nonblocking.
+func TestNullInputOwnDescription(t *testing.T) {
+	a, b := nullInput(), nullInput()
+	if a == nil || b == nil {
+		t.Fatal("no /dev/null")
 	}
-	fd := int(null.Fd())
-	secret := filepath.Join(t.TempDir(), "secret")
-	if err := os.WriteFile(secret, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
+	defer a.Close()
+	defer b.Close()
+	var sa, sb unix.Stat_t
+	if unix.Fstat(int(a.Fd()), &sa) != nil || unix.Fstat(int(b.Fd()), &sb) != nil || sa.Rdev != unix.Mkdev(1, 3) || sb.Rdev != sa.Rdev {
+		t.Fatal("not the null device")
 	}
-	other, err := unix.Open(secret, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	fl, err := unix.FcntlInt(a.Fd(), unix.F_GETFL, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		// Put the null device back under the number, for later tests.
-		if n, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
-			_ = unix.Dup3(n, fd, unix.O_CLOEXEC)
-			unix.Close(n)
-		}
-	}()
-	if err := unix.Dup3(other, fd, unix.O_CLOEXEC); err != nil {
+	if fl&unix.O_ACCMODE != unix.O_RDONLY {
+		t.Fatalf("flags %o: not read-only", fl)
+	}
+	if _, err := unix.FcntlInt(a.Fd(), unix.F_SETFL, fl|unix.O_NONBLOCK|unix.O_APPEND); err != nil {
 		t.Fatal(err)
 	}
-	unix.Close(other)
-	if f := nullInput(); f != nil {
-		t.Fatalf("nullInput returned descriptor %d, which now names %s", f.Fd(), secret)
+	got, err := unix.FcntlInt(b.Fd(), unix.F_GETFL, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got&(unix.O_NONBLOCK|unix.O_APPEND) != 0 {
+		t.Fatalf("flags set on one command's input are another's: %o", got)
 	}
 }

@@ -198,6 +198,13 @@ func (c *conn) handle(m wire.Message, fds []int) bool {
 	case *wire.ExecRun:
 		// exec-start and exec-attach in one frame: no exec-accepted, the
 		// session starts at once (exec-started says it was accepted).
+		if m.TTY == nil {
+			if why := checkStdio(fds); why != "" {
+				closeFDs(fds)
+				c.send(&wire.ExecRejected{ID: m.ID, Code: wire.CodeBadField, Message: why})
+				break
+			}
+		}
 		if s := c.execStart((*wire.ExecStart)(m)); s != nil {
 			s.m.attach(s, fds)
 		} else {
@@ -323,6 +330,14 @@ func (c *conn) execAttach(m *wire.ExecAttach, stdio []int) {
 	c.mu.Unlock()
 	if s == nil {
 		closeFDs(stdio)
+	}
+	if s != nil && s.tty == nil {
+		if why := checkStdio(stdio); why != "" {
+			if !s.m.refuseAttach(s, stdio, why) { // closes stdio
+				c.send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: fmt.Sprintf("no session %q awaiting attach", m.ID)})
+			}
+			return
+		}
 	}
 	if s == nil || !s.m.attach(s, stdio) { // attach closes stdio in any case
 		c.send(&wire.Error{ID: m.ID, Code: wire.CodeUnknownSession, Message: fmt.Sprintf("no session %q awaiting attach", m.ID)})

@@ -356,6 +356,13 @@
 // or exec-rejected (its descriptors closed); package machine sends it, so
 // a command is three frames. Beyond what package wire pins:
 //
+//   - The descriptors of exec-attach and exec-run (but a terminal
+//     session's, which are closed unused) must each be a Unix socket, a
+//     pipe or the null device: anything else (a directory, an O_PATH
+//     descriptor, a host file or device, a memfd, a pidfd, a network
+//     socket) would reach outside the machine. exec-run is then
+//     exec-rejected "bad-field", exec-attach ends the session with
+//     exec-exit notStarted; the descriptors are closed.
 //   - exec-start with an empty cwd runs in the image's WorkingDir, else in
 //     /workspace; any other cwd must be a clean absolute path inside
 //     /workspace or /home/corral.
