@@ -37,6 +37,7 @@ const (
 	subjBareCapture = "bare exec, stdio on socketpairs read to EOF (corral's capture)"
 	subjAgentC      = "floor: C agent in a machine's namespaces (SEQPACKET, SCM_RIGHTS)"
 	subjAgentCRelay = "floor: C agent behind a Go relay (the worker's place)"
+	subjAgentCStore = "floor: C agent behind a Go relay + the contract's two store writes (lease and journal entry; release and journal end)"
 	subjAgentGo     = "floor: Go agent in a machine's namespaces"
 	subjAgentGoRly  = "floor: Go agent behind a Go relay"
 )

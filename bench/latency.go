@@ -235,6 +235,33 @@ func (cr *corral) prepareRelease(ctx context.Context) error {
 	return prep.Common().Lease.Release(ctx)
 }
 
+// storeFloor runs `true` through fc between the two store writes that
+// DESIGN's RunCommand requires around every command, as corral makes them:
+// the lease inserted with its journal entry in one statement before the
+// start, released with the journal's end in one statement before the
+// result. No tenancy, egress or supervision: the floor of the contract on
+// top of the floor of the architecture.
+func (cr *corral) storeFloor(ctx context.Context, fc *floorClient) func() error {
+	return func() error {
+		l, err := cr.st.CreateLease(ctx, store.NewLease{
+			Account: cr.alice.AccountUserID, Project: cr.managed.ID, Kind: string(sandbox.LeaseEditor),
+			Holder: "bench-floor", TTL: 15 * time.Second,
+			Journal: &store.JournalCommand{
+				Account: cr.alice.AccountUserID, Project: cr.managed.ID, Domain: "sandbox",
+				LeaseKind: string(sandbox.LeaseEditor), Argv: []string{"true"},
+				Limits: store.Limits{TimeoutMS: 10000, Stdout: 1 << 20, Stderr: 1 << 20},
+			},
+		}, time.Now())
+		if err != nil {
+			return err
+		}
+		runErr := fc.run([]string{"true"})
+		code := 0
+		_, err = cr.st.ReleaseAndFinish(ctx, l.ID, time.Now(), l.Journal, store.JournalEnd{Outcome: store.OutcomeExit, Code: &code})
+		return errors.Join(runErr, err)
+	}
+}
+
 // journalTrue writes one journal entry and finishes it, as core's journal
 // hook does around every command.
 func (cr *corral) journalTrue(ctx context.Context) error {

@@ -206,11 +206,19 @@ func run(ctx context.Context, cfg config) (*report, error) {
 		nsenter = runExec("nsenter", "-t", strconv.Itoa(ns.pid), "-a", "true")
 	}
 	managedTrue := func() error { return cr.runTrue(ctx, cr.managed, cr.alice) }
+	storeFloor := fl.subject(subjAgentCStore, fl.cRelay, fl.cSkip)
+	switch {
+	case workerSkip != "":
+		storeFloor.skip = workerSkip
+	case storeFloor.skip == "":
+		storeFloor.run = cr.storeFloor(ctx, fl.cRelay)
+	}
 	subjects := []subject{
 		{name: subjBare, run: bareTrue},
 		{name: subjBareCapture, run: bareCaptureTrue},
 		fl.subject(subjAgentC, fl.c, fl.cSkip),
 		fl.subject(subjAgentCRelay, fl.cRelay, fl.cSkip),
+		storeFloor,
 		fl.subject(subjAgentGo, fl.goAgent, fl.goSkip),
 		fl.subject(subjAgentGoRly, fl.goRelay, fl.goSkip),
 		{name: compGateway, run: func() error { return cr.gatewayTrue(ctx) }, skip: workerSkip},
@@ -258,6 +266,7 @@ func run(ctx context.Context, cfg config) (*report, error) {
 			{name: subjBareCc, run: bareTrue},
 			{name: subjBareCapture, run: bareCaptureTrue},
 			fl.concSubject(subjAgentCRelay, fl.cRelay, fl.cSkip),
+			{name: storeFloor.name, run: storeFloor.run, skip: storeFloor.skip},
 		}
 		if !cfg.short {
 			cs = append(cs, fl.concSubject(subjAgentGoRly, fl.goRelay, fl.goSkip),
