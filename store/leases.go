@@ -93,9 +93,10 @@ const (
 	// a lease is this one statement.
 	sqlInsertLease = `INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
 			VALUES (?, ?, ?, ?, ?, ?, 'live', ?, ?, ?, ?)`
-	// sqlInsertLeaseAt is sqlInsertLease if the tenancy version is still ?11.
+	// sqlInsertLeaseAt is sqlInsertLease if the project's tenancy version
+	// (schema 16) is still ?11.
 	sqlInsertLeaseAt = `INSERT INTO leases (id, account, project, kind, domain, holder, state, ttl_ms, created_at, heartbeat_at, expires_at)
-			SELECT ?1, ?2, ?3, ?4, ?5, ?6, 'live', ?7, ?8, ?9, ?10 WHERE (SELECT v FROM tenancy_version WHERE id = 1) = ?11`
+			SELECT ?1, ?2, ?3, ?4, ?5, ?6, 'live', ?7, ?8, ?9, ?10 WHERE (SELECT tenancy_version FROM projects WHERE id = ?3) = ?11`
 	sqlHeartbeat = `UPDATE lease_clock SET expires_at = ?1 + ttl_ms
 			WHERE seq IN (SELECT seq FROM leases WHERE id IN (SELECT value FROM json_each(?2)))
 			  AND expires_at >= ?1`

@@ -113,7 +113,7 @@ const (
 	sqlGetMember  = "SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?"
 	sqlGetTenancy = `SELECT p.id, p.kind, p.name, p.root, p.created_at, p.image, p.limit_memory, p.limit_pids,
 		p.limit_cpu_millis, p.limit_disk, p.limit_tmp, p.network, m.role, m.trusted, m.created_at,
-		(SELECT v FROM tenancy_version WHERE id = 1)
+		p.tenancy_version
 		FROM projects p LEFT JOIN members m ON m.project = p.id AND m.account = ?2 WHERE p.id = ?1`
 )
 

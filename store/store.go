@@ -22,9 +22,10 @@
 // never corrupts the database.
 //
 // A command's tenancy read may come from memory (CachedTenancy): every
-// project and membership change bumps a version in the database, and the
-// command's lease insert checks it, so that no decision taken on an
-// outdated read is ever written.
+// change to a project or to its memberships bumps that project's version
+// in the database, and the command's lease insert checks its project's
+// version, so that no decision taken on an outdated read is ever written,
+// and one tenant's changes cost no other tenant a refused insert.
 //
 // The schema is versioned (PRAGMA user_version) and its migrations are
 // compiled into the binary. Exactly one kind of process should migrate (the
@@ -46,6 +47,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/errdefs"
@@ -143,7 +145,8 @@ type Store struct {
 	wr  writer   // the group commit of the hot writes (exec)
 	raw rawStmts // its batches' statements (runBatch)
 
-	tenancy tenancyCache // CachedTenancy's reads
+	tenancy        tenancyCache // CachedTenancy's reads
+	tenancyRefused atomic.Int64 // leases refused with ErrTenancyChanged
 
 	egressAppends sync.Map // project id → *atomic.Int64: AppendEgress calls
 }

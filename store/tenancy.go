@@ -7,19 +7,22 @@ import (
 )
 
 // Tenancy is a project and an account's membership of it, as one read saw
-// them, with the tenancy version of that read (schema 11): every change to
-// a project or a membership, by any process, bumps the version.
+// them, with the project's tenancy version as of that read (schema 16):
+// every change to the project or to one of its memberships, by any
+// process, bumps the project's version. Other projects' changes do not.
 type Tenancy struct {
 	Project Project
 	Member  Member
-	// Version is the tenancy version the rows were read at. A lease created
-	// with it (NewLease.TenancyVersion) is refused with ErrTenancyChanged
-	// if any tenancy changed since.
+	// Version is the project's tenancy version the rows were read at. A
+	// lease created with it (NewLease.TenancyVersion) is refused with
+	// ErrTenancyChanged if the project or any of its memberships changed
+	// since.
 	Version int64
 }
 
-// ErrTenancyChanged: CreateLease was given a NewLease.TenancyVersion and a
-// project or membership changed since that version was read; no lease was
+// ErrTenancyChanged: CreateLease was given a NewLease.TenancyVersion and the
+// project or one of its memberships changed since that version was read
+// (or the project was deleted); no lease was
 // created. Read the tenancy again (CachedTenancy does, once this error was
 // returned) and retry.
 var ErrTenancyChanged = errors.New("store: the tenancy changed since it was read")
@@ -66,8 +69,10 @@ func (s *Store) CachedTenancy(ctx context.Context, project, account int64) (Tena
 }
 
 // forgetTenancy drops the cached entry of project and account if it was
-// read at version.
+// read at version, after a lease under that version was refused (which
+// it counts).
 func (s *Store) forgetTenancy(project, account, version int64) {
+	s.tenancyRefused.Add(1)
 	k := [2]int64{project, account}
 	c := &s.tenancy
 	c.mu.Lock()

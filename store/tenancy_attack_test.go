@@ -14,7 +14,7 @@ import (
 // plain SQL connection that knows nothing of the cache (another tool, an
 // older process's statement) refuses a lease under the version read
 // before it; so do a member's removal by cascade from its account and
-// a project change. A binary of an older schema cannot open the migrated
+// a project change, while another project's changes do not. A binary of an older schema cannot open the migrated
 // file to write around the triggers.
 func TestTenancyTriggersAfterMigration(t *testing.T) {
 	ctx := context.Background()
@@ -27,8 +27,8 @@ func TestTenancyTriggersAfterMigration(t *testing.T) {
 	}
 	for _, q := range []string{
 		"INSERT INTO accounts (id, name, created_at) VALUES (1, 'alice', 0), (2, 'bob', 0)",
-		"INSERT INTO projects (id, kind, name, root, created_at) VALUES (1, 'host', 'p', '/p', 0)",
-		"INSERT INTO members (project, account, role, trusted, created_at) VALUES (1, 1, 'owner', 1, 0), (1, 2, 'member', 1, 0)",
+		"INSERT INTO projects (id, kind, name, root, created_at) VALUES (1, 'host', 'p', '/p', 0), (2, 'host', 'q', '/q', 0)",
+		"INSERT INTO members (project, account, role, trusted, created_at) VALUES (1, 1, 'owner', 1, 0), (1, 2, 'member', 1, 0), (2, 1, 'owner', 1, 0)",
 		"PRAGMA user_version = 10",
 	} {
 		if _, err := db.Exec(q); err != nil {
@@ -37,7 +37,7 @@ func TestTenancyTriggersAfterMigration(t *testing.T) {
 	}
 	s := openTest(t, path, Options{Migrate: true})
 	for _, name := range []string{"tenancy_member_insert", "tenancy_member_update", "tenancy_member_delete",
-		"tenancy_project_update", "tenancy_project_delete", "command_end_insert", "command_start_insert"} {
+		"tenancy_project_update", "command_end_insert", "command_start_insert"} {
 		var n int
 		if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM sqlite_schema WHERE type = 'trigger' AND name = ?", name).Scan(&n); err != nil || n != 1 {
 			t.Errorf("trigger %s after migration: %d, %v", name, n, err)
@@ -105,8 +105,19 @@ func TestTenancyTriggersAfterMigration(t *testing.T) {
 		t.Fatalf("after the account's deletion: %v, want ErrNotMember", err)
 	}
 
-	// A project change (the network switched) by raw SQL.
+	// Another project's changes (its member's trust, its network) leave
+	// project 1's version alone (schema 16).
 	ten = read(1)
+	for _, q := range []string{"UPDATE members SET trusted = 0 WHERE project = 2", "UPDATE projects SET network = 1 - network WHERE id = 2"} {
+		if _, err := raw.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := withJournal(1, ten.Version); err != nil {
+		t.Fatalf("lease after another project's changes: %v", err)
+	}
+
+	// A project change (the network switched) by raw SQL.
 	if _, err := raw.Exec("UPDATE projects SET network = 1 - network WHERE id = 1"); err != nil {
 		t.Fatal(err)
 	}
