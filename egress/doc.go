@@ -48,8 +48,11 @@
 // [Manager] is core's egress service (core.Build starts it): before every
 // managed session it arms a proxy-mode project's machine (starting the
 // machine first with a session of its own when it does not run, so that
-// the proxies listen before the real program does), returns the proxy
-// environment ([Env]) for the session, journals every record in the store
+// the proxies listen before the real program does), under the policy it
+// reads then or, through [Manager.SessionPolicy], the one the command's
+// preparation read with its tenancy (whose version the command's lease
+// insert checks, so a policy changed by any process applies to the next
+// command), returns the proxy environment ([Env]) for the session, journals every record in the store
 // (GET /v1/projects/{id}/egress/log), re-reads live machines' policies
 // every second, and closes the listeners when the project's last session
 // ends.

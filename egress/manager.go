@@ -19,8 +19,16 @@ import (
 // when none was stored).
 func LoadPolicy(ctx context.Context, st *store.Store, project int64) (Policy, error) {
 	s, err := st.EgressPolicy(ctx, project)
-	if err != nil || s == "" {
+	if err != nil {
 		return Policy{Mode: ModeNone}, err
+	}
+	return parseStored(project, s)
+}
+
+// parseStored parses project's stored policy JSON ("": mode none).
+func parseStored(project int64, s string) (Policy, error) {
+	if s == "" {
+		return Policy{Mode: ModeNone}, nil
 	}
 	var p Policy
 	if err := json.Unmarshal([]byte(s), &p); err != nil {
@@ -158,6 +166,19 @@ func (mg *Manager) journal(r Record) {
 // not be armed) leaves nothing counted: the session should not run, as it
 // would find no proxy.
 func (mg *Manager) Session(ctx context.Context, p machine.Project, account int64) (env map[string]string, release func(), err error) {
+	return mg.session(ctx, p, account, func() (Policy, error) { return LoadPolicy(ctx, mg.st, p.ID) })
+}
+
+// SessionPolicy is Session under the project's stored policy as the caller
+// read it (the JSON of store.Tenancy.EgressPolicy, "" for mode none),
+// instead of reading it again: the caller must know it is current, as a
+// preparation does whose lease insert confirmed the tenancy version of that
+// read (a policy change bumps it).
+func (mg *Manager) SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string) (env map[string]string, release func(), err error) {
+	return mg.session(ctx, p, account, func() (Policy, error) { return parseStored(p.ID, stored) })
+}
+
+func (mg *Manager) session(ctx context.Context, p machine.Project, account int64, load func() (Policy, error)) (env map[string]string, release func(), err error) {
 	mg.mu.Lock()
 	if mg.closed {
 		mg.mu.Unlock()
@@ -173,7 +194,7 @@ func (mg *Manager) Session(ctx context.Context, p machine.Project, account int64
 	var once sync.Once
 	release = func() { once.Do(func() { mg.release(p.ID) }) }
 
-	pol, err := LoadPolicy(ctx, mg.st, p.ID)
+	pol, err := load()
 	if err != nil {
 		release()
 		return nil, nil, err

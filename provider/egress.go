@@ -20,3 +20,15 @@ type Egress interface {
 	// session (it would find no proxy).
 	Session(ctx context.Context, p machine.Project, account int64) (env map[string]string, release func(), err error)
 }
+
+// PolicyEgress is an Egress that can start a session under the project's
+// stored policy as the preparation read it, with the tenancy
+// (store.Tenancy.EgressPolicy: JSON, "" for mode none), instead of reading
+// it again (*egress.Manager implements it). The provider uses it only when
+// the command's lease was inserted under the version of that read, which a
+// policy change bumps (store schema 17): a policy changed by any process
+// before the lease applies to the command.
+type PolicyEgress interface {
+	Egress
+	SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string) (env map[string]string, release func(), err error)
+}

@@ -32,7 +32,12 @@ const GuestHome = "/home/corral"
 // workspace path with /workspace. The environment is the machine's (PATH,
 // HOME, LANG, TERM, USER), then Options.Env, then the request's Env, which
 // wins.
-func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project) (sandbox.Prepared, error) {
+//
+// policy, if not nil, is the project's stored egress policy as the tenancy
+// read saw it (store.Tenancy.EgressPolicy), whose version the lease insert
+// checks (mintLease): the session starts under it instead of reading it
+// again (PolicyEgress).
+func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project, policy *string) (sandbox.Prepared, error) {
 	if p.gateway == nil || !p.gateway.HasTransport() {
 		return nil, fmt.Errorf("provider: project %d: %w", proj.ID, machine.ErrNoPrivilegedTransport)
 	}
@@ -93,6 +98,7 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		req:    req,
 		lease:  l,
 		egress: p.egress,
+		policy: policy,
 	}
 	// Work under an expired lease is cancelled, even if its holder died.
 	l.Watch(func() { _ = m.cancel(context.Background()) })
@@ -160,7 +166,8 @@ type managedExec struct {
 	gw     *machine.Gateway
 	req    machine.ExecRequest
 	lease  *lease.Lease
-	egress Egress // nil: no egress service
+	egress Egress  // nil: no egress service
+	policy *string // the stored egress policy, confirmed by the lease insert; nil: not read
 
 	mu        sync.Mutex
 	session   *machine.Session
@@ -176,7 +183,16 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 	m.mu.Unlock()
 	req, release := m.req, func() {}
 	if m.egress != nil {
-		env, rel, err := m.egress.Session(ctx, req.Project, req.Account)
+		var (
+			env map[string]string
+			rel func()
+			err error
+		)
+		if pe, ok := m.egress.(PolicyEgress); ok && m.policy != nil {
+			env, rel, err = pe.SessionPolicy(ctx, req.Project, req.Account, *m.policy)
+		} else {
+			env, rel, err = m.egress.Session(ctx, req.Project, req.Account)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("provider: project %d: network: %w", req.Project.ID, err)
 		}

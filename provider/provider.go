@@ -203,7 +203,11 @@ func (p *Provider) prepare(ctx context.Context, in sandbox.ExecInput, actor sand
 		}
 		return p.prepareHost(ctx, in, actor, proj, member)
 	case store.ProjectManaged:
-		return p.prepareManaged(ctx, in, actor, proj)
+		var policy *string // the egress policy, when the lease insert confirms its read
+		if checked {
+			policy = &ten.EgressPolicy
+		}
+		return p.prepareManaged(ctx, in, actor, proj, policy)
 	default:
 		return nil, fmt.Errorf("provider: project %d: %s projects are not supported yet: %w", proj.ID, proj.Kind, errors.ErrUnsupported)
 	}

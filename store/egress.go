@@ -34,9 +34,10 @@ func (s *Store) SetEgressPolicy(ctx context.Context, project int64, policyJSON s
 // EgressPolicy returns project's stored policy JSON, "" when none was set
 // (mode none). It does not check that the project exists.
 //
-// Every managed command's preparation reads it (package egress, as each
-// session starts), so it runs as a hot read: a prepared statement, with
-// ctx's cancellation checked before and not watched during (see hot).
+// A managed command's session start reads it (package egress) when its
+// preparation did not read it with the tenancy (Tenancy.EgressPolicy), so
+// it runs as a hot read: a prepared statement, with ctx's cancellation
+// checked before and not watched during (see hot).
 func (s *Store) EgressPolicy(ctx context.Context, project int64) (string, error) {
 	st, err := s.readStmt(ctx, sqlEgressPolicy)
 	if err != nil {

@@ -113,8 +113,9 @@ const (
 	sqlGetMember  = "SELECT project, account, role, trusted, created_at FROM members WHERE project = ? AND account = ?"
 	sqlGetTenancy = `SELECT p.id, p.kind, p.name, p.root, p.created_at, p.image, p.limit_memory, p.limit_pids,
 		p.limit_cpu_millis, p.limit_disk, p.limit_tmp, p.network, m.role, m.trusted, m.created_at,
-		p.tenancy_version
-		FROM projects p LEFT JOIN members m ON m.project = p.id AND m.account = ?2 WHERE p.id = ?1`
+		p.tenancy_version, e.policy
+		FROM projects p LEFT JOIN members m ON m.project = p.id AND m.account = ?2
+		LEFT JOIN egress_policies e ON e.project = p.id WHERE p.id = ?1`
 )
 
 func scanProject(r scanner, what string) (Project, error) {
@@ -279,13 +280,14 @@ func (s *Store) readTenancy(ctx context.Context, project, account int64) (Tenanc
 		role            sql.NullString
 		trusted, joined sql.NullInt64
 		version         int64
+		policy          sql.NullString
 	)
 	hctx, err := hot(ctx)
 	if err != nil {
 		return Tenancy{}, fmt.Errorf("store: project %d: %w", project, err)
 	}
 	err = st.QueryRowContext(hctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
-		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &p.Network, &role, &trusted, &joined, &version)
+		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &p.Network, &role, &trusted, &joined, &version, &policy)
 	if err != nil {
 		return Tenancy{}, classify(err, fmt.Sprintf("project %d", project))
 	}
@@ -294,7 +296,7 @@ func (s *Store) readTenancy(ctx context.Context, project, account int64) (Tenanc
 		return Tenancy{Project: p}, fmt.Errorf("store: account %d in project %d: %w", account, project, errNotMember)
 	}
 	m := Member{Project: project, Account: account, Role: Role(role.String), Trusted: trusted.Int64 != 0, Created: fromMS(joined.Int64)}
-	return Tenancy{Project: p, Member: m, Version: version}, nil
+	return Tenancy{Project: p, Member: m, Version: version, EgressPolicy: policy.String}, nil
 }
 
 // CreatedProjects returns how many projects account created: those it

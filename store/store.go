@@ -21,11 +21,13 @@
 // loss or kernel crash may undo the last commits before a checkpoint, but
 // never corrupts the database.
 //
-// A command's tenancy read may come from memory (CachedTenancy): every
-// change to a project or to its memberships bumps that project's version
-// in the database, and the command's lease insert checks its project's
-// version, so that no decision taken on an outdated read is ever written,
-// and one tenant's changes cost no other tenant a refused insert.
+// A command's tenancy read (its project, the actor's membership and the
+// project's egress policy) may come from memory (CachedTenancy): every
+// change to a project, to its memberships or to its egress policy bumps
+// that project's version in the database, and the command's lease insert
+// checks its project's version, so that no decision taken on an outdated
+// read is ever written, and one tenant's changes cost no other tenant a
+// refused insert.
 //
 // The schema is versioned (PRAGMA user_version) and its migrations are
 // compiled into the binary. Exactly one kind of process should migrate (the

@@ -7,9 +7,10 @@ import (
 )
 
 // Tenancy is a project and an account's membership of it, as one read saw
-// them, with the project's tenancy version as of that read (schema 16):
-// every change to the project or to one of its memberships, by any
-// process, bumps the project's version. Other projects' changes do not.
+// them, with the project's egress policy and its tenancy version as of that
+// read (schema 16): every change to the project, to one of its memberships
+// or to its egress policy, by any process, bumps the project's version.
+// Other projects' changes do not.
 type Tenancy struct {
 	Project Project
 	Member  Member
@@ -18,10 +19,16 @@ type Tenancy struct {
 	// ErrTenancyChanged if the project or any of its memberships changed
 	// since.
 	Version int64
+	// EgressPolicy is the project's stored egress policy as of the same
+	// read (what Store.EgressPolicy returns: JSON, "" for none). A policy
+	// change bumps the project's version too (schema 17), so a lease
+	// created under Version confirms the policy was still this one.
+	EgressPolicy string
 }
 
 // ErrTenancyChanged: CreateLease was given a NewLease.TenancyVersion and the
-// project or one of its memberships changed since that version was read
+// project, one of its memberships or its egress policy changed since that
+// version was read
 // (or the project was deleted); no lease was
 // created. Read the tenancy again (CachedTenancy does, once this error was
 // returned) and retry.
@@ -36,8 +43,8 @@ type tenancyCache struct {
 	m  map[[2]int64]Tenancy // by project, account
 }
 
-// CachedTenancy returns what GetProjectMember returns, with the version of
-// the read, from memory when an earlier call read it. A cached result may
+// CachedTenancy returns what GetProjectMember returns, with the project's
+// egress policy and the version of the read, from memory when an earlier call read it. A cached result may
 // be out of date: the caller must make its decision take effect only
 // through CreateLease with NewLease.TenancyVersion set to the returned
 // Version, which refuses it (ErrTenancyChanged) if the tenancy changed

@@ -117,7 +117,28 @@ func TestTenancyTriggersAfterMigration(t *testing.T) {
 		t.Fatalf("lease after another project's changes: %v", err)
 	}
 
+	// The project's egress policy set, changed and deleted by raw SQL
+	// (schema 17): each refuses a lease under the version before it, and
+	// the next read has the policy.
+	for _, q := range []string{
+		`INSERT INTO egress_policies (project, policy, updated_at) VALUES (1, '{"mode":"proxy"}', 0)`,
+		`UPDATE egress_policies SET policy = '{"mode":"proxy","allow":["a.example"]}' WHERE project = 1`,
+		`DELETE FROM egress_policies WHERE project = 1`,
+	} {
+		ten = read(1)
+		if _, err := raw.Exec(q); err != nil {
+			t.Fatal(err)
+		}
+		refused(q, 1, ten)
+		var want string
+		must(t, raw.QueryRow("SELECT coalesce((SELECT policy FROM egress_policies WHERE project = 1), '')").Scan(&want))
+		if got := read(1).EgressPolicy; got != want {
+			t.Fatalf("after %s: cached policy %q, want %q", q, got, want)
+		}
+	}
+
 	// A project change (the network switched) by raw SQL.
+	ten = read(1)
 	if _, err := raw.Exec("UPDATE projects SET network = 1 - network WHERE id = 1"); err != nil {
 		t.Fatal(err)
 	}

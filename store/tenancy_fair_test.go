@@ -26,7 +26,7 @@ func TestTenancyChurnCostsOthersNothing(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
 	s := openTest(t, path, Options{Migrate: true}) // B's process
-	other := openTest(t, path, Options{})         // A's process, and the admin's
+	other := openTest(t, path, Options{})          // A's process, and the admin's
 
 	acct := func(name string) int64 {
 		a, err := s.CreateAccount(ctx, name)
