@@ -104,11 +104,23 @@ type Manager struct {
 	done     chan struct{}
 }
 
+// take returns the policy to apply: pol read at version ver, or the one
+// e has if it was read later (a session prepared before a policy change
+// may start after the change was applied). Called with mg.mu held.
+func (e *managed) take(pol Policy, ver int64) Policy {
+	if ver < e.version {
+		return e.policy
+	}
+	e.policy, e.version = pol, ver
+	return pol
+}
+
 type managed struct {
 	project  machine.Project
 	account  int64
 	sessions int
 	policy   Policy
+	version  int64    // the project's tenancy version policy was read at (store.Tenancy.Version)
 	m        *Machine // nil unless armed
 	arming   chan struct{}
 }
@@ -166,19 +178,34 @@ func (mg *Manager) journal(r Record) {
 // not be armed) leaves nothing counted: the session should not run, as it
 // would find no proxy.
 func (mg *Manager) Session(ctx context.Context, p machine.Project, account int64) (env map[string]string, release func(), err error) {
-	return mg.session(ctx, p, account, func() (Policy, error) { return LoadPolicy(ctx, mg.st, p.ID) })
+	return mg.session(ctx, p, account, func() (Policy, int64, error) { return mg.load(ctx, p.ID) })
+}
+
+// load reads project's stored policy and its version.
+func (mg *Manager) load(ctx context.Context, project int64) (Policy, int64, error) {
+	s, ver, err := mg.st.EgressPolicyAt(ctx, project)
+	if err != nil {
+		return Policy{Mode: ModeNone}, 0, err
+	}
+	pol, err := parseStored(project, s)
+	return pol, ver, err
 }
 
 // SessionPolicy is Session under the project's stored policy as the caller
 // read it (the JSON of store.Tenancy.EgressPolicy, "" for mode none),
 // instead of reading it again: the caller must know it is current, as a
 // preparation does whose lease insert confirmed the tenancy version of that
-// read (a policy change bumps it).
-func (mg *Manager) SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string) (env map[string]string, release func(), err error) {
-	return mg.session(ctx, p, account, func() (Policy, error) { return parseStored(p.ID, stored) })
+// read (a policy change bumps it). version is that version
+// (store.Tenancy.Version): a policy the Manager applied meanwhile from a
+// later read (the poller, PolicyChanged) is kept instead.
+func (mg *Manager) SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string, version int64) (env map[string]string, release func(), err error) {
+	return mg.session(ctx, p, account, func() (Policy, int64, error) {
+		pol, err := parseStored(p.ID, stored)
+		return pol, version, err
+	})
 }
 
-func (mg *Manager) session(ctx context.Context, p machine.Project, account int64, load func() (Policy, error)) (env map[string]string, release func(), err error) {
+func (mg *Manager) session(ctx context.Context, p machine.Project, account int64, load func() (Policy, int64, error)) (env map[string]string, release func(), err error) {
 	mg.mu.Lock()
 	if mg.closed {
 		mg.mu.Unlock()
@@ -194,18 +221,18 @@ func (mg *Manager) session(ctx context.Context, p machine.Project, account int64
 	var once sync.Once
 	release = func() { once.Do(func() { mg.release(p.ID) }) }
 
-	pol, err := load()
+	pol, ver, err := load()
 	if err != nil {
 		release()
 		return nil, nil, err
 	}
+	mg.mu.Lock()
+	pol = e.take(pol, ver)
+	mg.mu.Unlock()
 	if pol.Mode != ModeProxy {
-		mg.mu.Lock()
-		e.policy = pol
-		mg.mu.Unlock()
 		return nil, release, nil
 	}
-	if err := mg.arm(ctx, e, pol); err != nil {
+	if err := mg.arm(ctx, e, pol, ver); err != nil {
 		release()
 		return nil, nil, err
 	}
@@ -232,15 +259,17 @@ func (mg *Manager) release(project int64) {
 	}
 }
 
-// arm makes sure e's machine has its proxies, under policy pol.
-func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy) error {
+// arm makes sure e's machine has its proxies, under policy pol read at
+// version ver, or a later one e has. The machine's policy is set under
+// mg.mu, so that of two arms the later read's policy stays.
+func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy, ver int64) error {
 	for {
 		mg.mu.Lock()
-		e.policy = pol
+		pol = e.take(pol, ver)
 		if e.m != nil {
-			m := e.m
+			err := e.m.SetPolicy(pol)
 			mg.mu.Unlock()
-			return m.SetPolicy(pol)
+			return err
 		}
 		if w := e.arming; w != nil { // another session is arming it
 			mg.mu.Unlock()
@@ -253,6 +282,7 @@ func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy) error {
 		}
 		w := make(chan struct{})
 		e.arming = w
+		armedAt := e.version
 		mg.mu.Unlock()
 		m, err := mg.armNew(ctx, e, pol)
 		mg.mu.Lock()
@@ -265,6 +295,9 @@ func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy) error {
 				return errors.New("egress: machine released while arming")
 			}
 			e.m = m
+			if e.version > armedAt { // a later read while arming (mode none refuses all)
+				err = m.SetPolicy(e.policy)
+			}
 		}
 		mg.mu.Unlock()
 		return err
@@ -311,13 +344,16 @@ func (mg *Manager) PolicyChanged(ctx context.Context, project int64) {
 
 // refresh applies e's stored policy: arming, updating or disarming.
 func (mg *Manager) refresh(ctx context.Context, e *managed) {
-	pol, err := LoadPolicy(ctx, mg.st, e.project.ID)
+	pol, ver, err := mg.load(ctx, e.project.ID)
 	if err != nil {
 		mg.log.Warn("egress: policy", "project", e.project.ID, "err", err)
 		return
 	}
 	mg.mu.Lock()
 	live := e.sessions > 0 && mg.machines[e.project.ID] == e
+	if live {
+		pol = e.take(pol, ver)
+	}
 	armed := e.m
 	mg.mu.Unlock()
 	if !live {
@@ -325,17 +361,20 @@ func (mg *Manager) refresh(ctx context.Context, e *managed) {
 	}
 	switch {
 	case pol.Mode == ModeProxy:
-		if err := mg.arm(ctx, e, pol); err != nil {
+		if err := mg.arm(ctx, e, pol, ver); err != nil {
 			mg.log.Warn("egress: arm", "project", e.project.ID, "err", err)
 		}
 	case armed != nil:
 		mg.mu.Lock()
-		if e.m == armed {
+		if e.m == armed && e.policy.Mode != ModeProxy {
 			e.m = nil
+		} else {
+			armed = nil // re-armed under a later proxy policy meanwhile
 		}
-		e.policy = pol
 		mg.mu.Unlock()
-		armed.Close()
+		if armed != nil {
+			armed.Close()
+		}
 	}
 }
 

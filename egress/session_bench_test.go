@@ -57,7 +57,7 @@ func BenchmarkSessionPolicy(b *testing.B) {
 		start func() (map[string]string, func(), error)
 	}{
 		{"read", func() (map[string]string, func(), error) { return mg.Session(ctx, mp, 1) }},
-		{"handed", func() (map[string]string, func(), error) { return mg.SessionPolicy(ctx, mp, 1, "") }},
+		{"handed", func() (map[string]string, func(), error) { return mg.SessionPolicy(ctx, mp, 1, "", 1) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var cpu time.Duration

@@ -30,5 +30,7 @@ type Egress interface {
 // before the lease applies to the command.
 type PolicyEgress interface {
 	Egress
-	SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string) (env map[string]string, release func(), err error)
+	// SessionPolicy is Session under stored, the policy as read at the
+	// project's tenancy version version (store.Tenancy.Version).
+	SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string, version int64) (env map[string]string, release func(), err error)
 }

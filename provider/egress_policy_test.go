@@ -38,7 +38,7 @@ func (e *policyEgress) Session(ctx context.Context, p machine.Project, _ int64) 
 	return nil, func() {}, nil
 }
 
-func (e *policyEgress) SessionPolicy(_ context.Context, _ machine.Project, _ int64, stored string) (map[string]string, func(), error) {
+func (e *policyEgress) SessionPolicy(_ context.Context, _ machine.Project, _ int64, stored string, _ int64) (map[string]string, func(), error) {
 	e.mu.Lock()
 	e.got = append(e.got, stored)
 	e.mu.Unlock()

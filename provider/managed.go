@@ -33,11 +33,10 @@ const GuestHome = "/home/corral"
 // HOME, LANG, TERM, USER), then Options.Env, then the request's Env, which
 // wins.
 //
-// policy, if not nil, is the project's stored egress policy as the tenancy
-// read saw it (store.Tenancy.EgressPolicy), whose version the lease insert
-// checks (mintLease): the session starts under it instead of reading it
-// again (PolicyEgress).
-func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project, policy *string) (sandbox.Prepared, error) {
+// ten, if not nil, is the tenancy read whose version the lease insert
+// checks (mintLease): the session starts under its egress policy
+// (store.Tenancy.EgressPolicy) instead of reading it again (PolicyEgress).
+func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, actor sandbox.Actor, proj store.Project, ten *store.Tenancy) (sandbox.Prepared, error) {
 	if p.gateway == nil || !p.gateway.HasTransport() {
 		return nil, fmt.Errorf("provider: project %d: %w", proj.ID, machine.ErrNoPrivilegedTransport)
 	}
@@ -98,7 +97,9 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		req:    req,
 		lease:  l,
 		egress: p.egress,
-		policy: policy,
+	}
+	if ten != nil {
+		m.policy, m.policyVersion = &ten.EgressPolicy, ten.Version
 	}
 	// Work under an expired lease is cancelled, even if its holder died.
 	l.Watch(func() { _ = m.cancel(context.Background()) })
@@ -166,8 +167,11 @@ type managedExec struct {
 	gw     *machine.Gateway
 	req    machine.ExecRequest
 	lease  *lease.Lease
-	egress Egress  // nil: no egress service
-	policy *string // the stored egress policy, confirmed by the lease insert; nil: not read
+	egress Egress // nil: no egress service
+	// policy is the stored egress policy, confirmed by the lease insert
+	// under policyVersion; nil: not read.
+	policy        *string
+	policyVersion int64
 
 	mu        sync.Mutex
 	session   *machine.Session
@@ -189,7 +193,7 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 			err error
 		)
 		if pe, ok := m.egress.(PolicyEgress); ok && m.policy != nil {
-			env, rel, err = pe.SessionPolicy(ctx, req.Project, req.Account, *m.policy)
+			env, rel, err = pe.SessionPolicy(ctx, req.Project, req.Account, *m.policy, m.policyVersion)
 		} else {
 			env, rel, err = m.egress.Session(ctx, req.Project, req.Account)
 		}

@@ -203,11 +203,11 @@ func (p *Provider) prepare(ctx context.Context, in sandbox.ExecInput, actor sand
 		}
 		return p.prepareHost(ctx, in, actor, proj, member)
 	case store.ProjectManaged:
-		var policy *string // the egress policy, when the lease insert confirms its read
+		var read *store.Tenancy // its egress policy, when the lease insert confirms the read
 		if checked {
-			policy = &ten.EgressPolicy
+			read = &ten
 		}
-		return p.prepareManaged(ctx, in, actor, proj, policy)
+		return p.prepareManaged(ctx, in, actor, proj, read)
 	default:
 		return nil, fmt.Errorf("provider: project %d: %s projects are not supported yet: %w", proj.ID, proj.Kind, errors.ErrUnsupported)
 	}

@@ -13,7 +13,11 @@ import (
 // that package egress validates and reads, and the journal of outbound
 // connections.
 
-const sqlEgressPolicy = "SELECT policy FROM egress_policies WHERE project = ?"
+const (
+	sqlEgressPolicy   = "SELECT policy FROM egress_policies WHERE project = ?"
+	sqlEgressPolicyAt = `SELECT coalesce(e.policy, ''), p.tenancy_version
+		FROM projects p LEFT JOIN egress_policies e ON e.project = p.id WHERE p.id = ?`
+)
 
 // SetEgressPolicy stores project's policy (JSON, validated by the caller:
 // package egress). An unknown project is ErrNotFound.
@@ -56,6 +60,33 @@ func (s *Store) EgressPolicy(ctx context.Context, project int64) (string, error)
 		return "", classify(err, fmt.Sprintf("egress policy of project %d", project))
 	}
 	return v, nil
+}
+
+// EgressPolicyAt is EgressPolicy with the project's tenancy version as of
+// the read (Tenancy.Version: every policy change bumps it, schema 17), by
+// which a caller applying policies read at different times can tell the
+// newer one. An unknown project is "" at version 0.
+func (s *Store) EgressPolicyAt(ctx context.Context, project int64) (string, int64, error) {
+	st, err := s.readStmt(ctx, sqlEgressPolicyAt)
+	if err != nil {
+		return "", 0, err
+	}
+	hctx, err := hot(ctx)
+	if err != nil {
+		return "", 0, fmt.Errorf("store: egress policy of project %d: %w", project, err)
+	}
+	var (
+		v       string
+		version int64
+	)
+	err = st.QueryRowContext(hctx, project).Scan(&v, &version)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", 0, nil
+	}
+	if err != nil {
+		return "", 0, classify(err, fmt.Sprintf("egress policy of project %d", project))
+	}
+	return v, version, nil
 }
 
 // EgressEntry is one row of the egress journal.

@@ -116,7 +116,7 @@ const (
 
 var (
 	hotWriteStmts = []string{sqlInsertLease, sqlInsertLeaseAt, sqlHeartbeat, sqlRelease, sqlReleaseRow, sqlJournalStart, sqlJournalFinish, sqlCommandEnd, sqlCommandStart}
-	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy}
+	hotReadStmts  = []string{sqlAnyDue, sqlGetProject, sqlGetMember, sqlGetTenancy, sqlAuthenticate, sqlEgressPolicy, sqlEgressPolicyAt}
 )
 
 // scanLease scans leaseCols, then extra.
