@@ -6,10 +6,12 @@
 // rules, and mints the lease last, once every check passed: a refused
 // preparation leaves nothing behind. The tenancy is read from the store's
 // cache (store.CachedTenancy) and takes effect only through the lease
-// insert, which refuses a lease if any project or membership changed since
-// that read (store.ErrTenancyChanged; the preparation then reads again):
-// a membership revoked or a trust withdrawn, by any process, applies to
-// the next command. The provider never runs anything; core's
+// insert, which refuses a lease if the project, one of its memberships or
+// its egress policy changed since that read (store.ErrTenancyChanged; the
+// preparation then reads again): a membership revoked, a trust withdrawn
+// or an egress policy tightened, by any process, applies to the next
+// command, whose managed session starts under the policy of that read
+// (PolicyEgress). Other projects' changes cost it nothing. The provider never runs anything; core's
 // sandbox.Control does.
 //
 // Host projects (see prepareHost) are prepared as a *sandbox.LocalPrepared,
