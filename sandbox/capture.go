@@ -3,6 +3,7 @@ package sandbox
 import (
 	"encoding/binary"
 	"io"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -170,8 +171,13 @@ func (c *capture) read(src io.Reader, name Stream, s *stream, limit int64) {
 		r.keep = c.limit.Combined
 	}
 	defer r.finish()
-	// An idle stream (most stderrs) holds no buffer while it waits.
-	waitReadable(src)
+	// An idle stream (most stderrs) holds no buffer while it waits: its
+	// first read lands in r.first, made by the wait itself (see
+	// firstRead); pend is what of it the loop has not taken yet.
+	pend, pendErr := firstRead(src, r.first[:])
+	if len(pend) == 0 && pendErr != nil {
+		return // an empty stream: EOF (or an error) at once
+	}
 	r.sc = getScratch()
 	for {
 		room := c.room(s, limit)
@@ -195,7 +201,17 @@ func (c *capture) read(src io.Reader, name Stream, s *stream, limit int64) {
 				p = p[:min(len(p), int(room))]
 			}
 		}
-		n, err := src.Read(p)
+		var n int
+		var err error
+		switch {
+		case len(pend) > 0:
+			n = copy(p, pend)
+			pend = pend[n:]
+		case pendErr != nil:
+			err = pendErr
+		default:
+			n, err = src.Read(p)
+		}
 		if n > 0 {
 			a := c.accept(s, limit, n)
 			if a > 0 && c.live != nil {
@@ -253,6 +269,9 @@ type reader struct {
 	// populated is how much of buf the reader populated ahead of its
 	// reads (a pipe's); -1 if it does not.
 	populated int
+
+	// first receives the stream's first read (see firstRead).
+	first [firstReadSize]byte
 }
 
 // populate returns how much of the n bytes the next read may fill, past
@@ -434,27 +453,54 @@ func getScratch() *scratch {
 	return scratchPool.Get().(*scratch)
 }
 
-// waitReadable returns once src has something to read (data, EOF or an
-// error), or at once if src cannot be polled.
-func waitReadable(src io.Reader) {
+// firstReadSize bounds the read a stream's wait makes (see firstRead).
+const firstReadSize = 512
+
+// firstRead waits until src has something to read (data, EOF or an error)
+// and returns the first read of it, made into p by the wait itself: the
+// read that finds the stream empty parks in the runtime's poller, and the
+// one after the wake-up is the read (an empty stream, such as most
+// stderrs, costs two reads: nothing, then EOF; polling for readiness
+// first, then reading, cost a poll(2) more each time). A src that cannot
+// be polled is not read: firstRead returns nothing and no error, and the
+// caller reads it as before.
+func firstRead(src io.Reader, p []byte) ([]byte, error) {
 	sc, ok := src.(syscall.Conn)
 	if !ok {
-		return
+		return nil, nil
 	}
 	rc, err := sc.SyscallConn()
 	if err != nil {
-		return
+		return nil, nil
 	}
-	// Read resets the descriptor's readiness before it calls f: f must
-	// look itself, and returns false to wait for the next edge. An error
-	// (a closed stream, a descriptor that cannot be polled) ends the wait;
-	// the next Read reports it.
-	var fds [1]unix.PollFd
-	_ = rc.Read(func(fd uintptr) bool {
-		fds[0] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
-		n, err := unix.Poll(fds[:], 0)
-		return err != nil || n > 0
+	// Read resets the descriptor's readiness before it calls f, and waits
+	// for the next edge when f returns false. An error of the wait itself
+	// (a closed stream, a descriptor that cannot be polled) leaves nothing
+	// read: the caller's next Read reports it.
+	n := 0
+	var rerr error
+	werr := rc.Read(func(fd uintptr) bool {
+		for {
+			n, rerr = unix.Read(int(fd), p)
+			switch rerr {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				n, rerr = 0, nil
+				return false
+			}
+			return true
+		}
 	})
+	switch {
+	case werr != nil:
+		return nil, nil
+	case rerr != nil:
+		return nil, &os.PathError{Op: "read", Path: "stream", Err: rerr}
+	case n == 0:
+		return nil, io.EOF
+	}
+	return p[:n], nil
 }
 
 // grow returns a new buffer holding b, with room for at least need bytes
