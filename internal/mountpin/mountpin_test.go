@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -62,14 +63,25 @@ func TestHoldersFindsAnotherNamespace(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	run("umount", mnt)
+	// Another process of the host (a test of another package making a
+	// private mount namespace while the file system was mounted here) may
+	// hold a copy too: the holder must be among those found.
 	pids, devs := Holders(img)
-	if len(pids) != 1 || pids[0] != holder.Process.Pid || len(devs) != 1 {
-		t.Fatalf("Holders = %v %v, want [%d] and one device", pids, devs, holder.Process.Pid)
+	if !slices.Contains(pids, holder.Process.Pid) || len(devs) != 1 {
+		t.Fatalf("Holders = %v %v, want %d among them and one device", pids, devs, holder.Process.Pid)
+	}
+	if len(pids) > 1 {
+		t.Logf("other mount namespaces hold it too: %v", pids)
 	}
 	holder.Process.Kill()
 	holder.Wait()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if pids, devs := Holders(img); len(pids) == 0 && len(devs) == 0 {
+		pids, devs := Holders(img)
+		if len(pids) == 0 && len(devs) == 0 {
+			return
+		}
+		if len(pids) > 0 && !slices.Contains(pids, holder.Process.Pid) {
+			t.Logf("held by other mount namespaces after the holder exited: %v", pids)
 			return
 		}
 		if time.Now().After(deadline) {
