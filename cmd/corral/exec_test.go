@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,9 +71,18 @@ func TestExecTTYUnderTmux(t *testing.T) {
 		t.Fatalf("pane:\n%s", pane)
 	}
 	tmux(t, sock, "resize-window", "-t", "x", "-x", "100", "-y", "30")
-	tmux(t, sock, "send-keys", "-t", "x", "stty size; echo mark-$((40+3))", "Enter")
-	if pane := awaitPane(t, sock, "mark-43"); !strings.Contains(pane, "30 100") {
-		t.Fatalf("after the resize:\n%s", pane)
+	// The resize travels (tmux → SIGWINCH → corral exec → the machine's
+	// terminal) while the keys are typed: ask again until it arrived.
+	for i := 0; ; i++ {
+		tmux(t, sock, "send-keys", "-t", "x", fmt.Sprintf("stty size; echo mark-$((%d+1))", 100+i), "Enter")
+		pane := awaitPane(t, sock, fmt.Sprintf("mark-%d", 101+i))
+		if strings.Contains(pane, "30 100") {
+			break
+		}
+		if i == 50 {
+			t.Fatalf("after the resize:\n%s", pane)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	tmux(t, sock, "send-keys", "-t", "x", "exit 3", "Enter")
 	deadline := time.Now().Add(30 * time.Second)
