@@ -76,16 +76,25 @@ func (m *machine) attach(s *session, stdio []int) bool {
 	if err == nil || errors.Is(err, ctl.ErrClosed) {
 		return true // on ErrClosed the init is gone: read() ends the session
 	}
+	m.endNotStarted(s, stateStarting, "cannot pass the command to the machine: "+err.Error())
+	return true
+}
+
+// endNotStarted ends s, if it is still in state from (pending, or starting
+// before the init got it), as not started: it is forgotten, its machine
+// reference released, and its exit, notStarted with why, sent. It reports
+// whether it did.
+func (m *machine) endNotStarted(s *session, from int, why string) bool {
 	m.mu.Lock()
-	if s.state != stateStarting {
+	if s.state != from {
 		m.mu.Unlock()
-		return true
+		return false
 	}
 	delete(m.bySID, s.sid)
 	s.state = stateDone
 	m.releaseLocked(true)
 	m.mu.Unlock()
-	s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cannot pass the command to the machine: " + err.Error()})
+	s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: why})
 	return true
 }
 
@@ -101,14 +110,11 @@ func (s *session) startMsg() *ctl.Msg {
 // cancel kills s's process tree, or ends it if it was not started. An
 // exit follows either way (or has been sent already). Idempotent.
 func (m *machine) cancel(s *session) {
+	if m.endNotStarted(s, statePending, "cancelled before it was attached") {
+		return
+	}
 	m.mu.Lock()
 	switch s.state {
-	case statePending:
-		delete(m.bySID, s.sid)
-		s.state = stateDone
-		m.releaseLocked(true)
-		m.mu.Unlock()
-		s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: "cancelled before it was attached"})
 	case stateStarting, stateRunning:
 		s.cancelled = true
 		m.mu.Unlock()

@@ -4,8 +4,6 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // checkStdio reports why descriptors received as a session's standard
@@ -57,15 +55,5 @@ func checkStdio(fds []int) string {
 // having closed the descriptors too, if s was not pending.
 func (m *machine) refuseAttach(s *session, stdio []int, why string) bool {
 	closeFDs(stdio)
-	m.mu.Lock()
-	if s.state != statePending {
-		m.mu.Unlock()
-		return false
-	}
-	delete(m.bySID, s.sid)
-	s.state = stateDone
-	m.releaseLocked(true)
-	m.mu.Unlock()
-	s.c.finish(s, &wire.ExecExit{ID: s.id, NotStarted: true, Message: why})
-	return true
+	return m.endNotStarted(s, statePending, why)
 }
