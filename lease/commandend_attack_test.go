@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"errors"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -19,22 +18,8 @@ import (
 // reconciler marked interrupted keeps that outcome.
 func TestReleaseAndFinishExpired(t *testing.T) {
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "corral.db")
 	c := newClock()
-	daemonStore, err := store.Open(ctx, path, store.Options{Migrate: true, Now: c.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer daemonStore.Close()
-	runnerStore, err := store.Open(ctx, path, store.Options{Now: c.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer runnerStore.Close()
-	p, err := daemonStore.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	daemonStore, runnerStore, p := sharedStores(t, c)
 	journal := InterruptJournal(daemonStore, nil)
 	daemon := NewManager(daemonStore, Options{Holder: "daemon", HeartbeatWindow: -1, OnExpired: journal})
 	runner := NewManager(runnerStore, Options{Holder: "runner", HeartbeatWindow: -1})

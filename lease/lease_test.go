@@ -264,23 +264,35 @@ func TestOverdueFoundByHolder(t *testing.T) {
 	}
 }
 
-// The daemon's reconciler expires a runner's lease; the runner's own sweep
-// then cancels the runner's work. Both processes share one file.
-func TestExpiryAcrossProcesses(t *testing.T) {
+// sharedStores opens one database twice, as the daemon's and a runner's
+// stores on clock c, with one managed project; they close with the test.
+func sharedStores(t *testing.T, c *clock) (daemonStore, runnerStore *store.Store, p store.Project) {
+	t.Helper()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
-	c := newClock()
 	daemonStore, err := store.Open(ctx, path, store.Options{Migrate: true, Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer daemonStore.Close()
-	runnerStore, err := store.Open(ctx, path, store.Options{Now: c.Now})
+	t.Cleanup(func() { daemonStore.Close() })
+	runnerStore, err = store.Open(ctx, path, store.Options{Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer runnerStore.Close()
-	p, _ := daemonStore.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
+	t.Cleanup(func() { runnerStore.Close() })
+	p, err = daemonStore.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return daemonStore, runnerStore, p
+}
+
+// The daemon's reconciler expires a runner's lease; the runner's own sweep
+// then cancels the runner's work. Both processes share one file.
+func TestExpiryAcrossProcesses(t *testing.T) {
+	ctx := context.Background()
+	c := newClock()
+	daemonStore, runnerStore, p := sharedStores(t, c)
 
 	var daemonHooked, runnerHooked []string
 	journal := InterruptJournal(daemonStore, nil)
