@@ -378,7 +378,7 @@ func newInit(init string) (*initProc, error) {
 		}
 	}
 	rules := Policy{Init: exe}
-	key, prepare := "", func() error { return prepareInit(rules) }
+	key, prepare := "", func() error { return prepareInit(func() (int, error) { return ruleset(rules) }) }
 	if isStatic {
 		// A memfd, which Landlock can name no rule for, nor restricts: the
 		// static init opens nothing, so its thread is allowed nothing,
@@ -414,12 +414,12 @@ func newInit(init string) (*initProc, error) {
 }
 
 // prepareInit prepares the calling (locked) thread for starting inits:
-// empty capability sets, restricted by the ruleset of rules.
-func prepareInit(rules Policy) error {
+// empty capability sets, restricted by the ruleset makeRuleset makes.
+func prepareInit(makeRuleset func() (int, error)) error {
 	if err := dropCapabilities(); err != nil {
 		return err
 	}
-	fd, err := ruleset(rules)
+	fd, err := makeRuleset()
 	if err != nil {
 		return err
 	}
@@ -429,21 +429,10 @@ func prepareInit(rules Policy) error {
 }
 
 // prepareStaticInit prepares the calling (locked) thread for starting the
-// static init (see staticInit): empty capability sets, restricted by a
-// ruleset that handles every access right (as a command's does) and allows
-// none.
-func prepareStaticInit() error {
-	if err := dropCapabilities(); err != nil {
-		return err
-	}
-	fd, err := denyAllRuleset()
-	if err != nil {
-		return err
-	}
-	err = restrictThread(fd)
-	unix.Close(fd)
-	return err
-}
+// static init (see staticInit), which opens nothing: restricted by a
+// ruleset that handles every access right (as a command's does) and
+// allows none.
+func prepareStaticInit() error { return prepareInit(denyAllRuleset) }
 
 // devNull is /dev/null, opened once, the output of the inits that have one.
 var devNull = sync.OnceValues(func() (*os.File, error) { return os.OpenFile(os.DevNull, os.O_RDWR, 0) })
