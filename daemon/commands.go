@@ -11,7 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
+
+	"github.com/corral-sandbox/corral/internal/utf8tail"
 
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
@@ -302,7 +303,7 @@ func (s *ndjsonStream) chunk(st sandbox.Stream, p []byte) {
 	// A multi-byte character split between chunks is sent whole with the
 	// next one.
 	buf := append(s.held[st], p...)
-	keep := incompleteTail(buf)
+	keep := utf8tail.Incomplete(buf)
 	text := string(buf[:len(buf)-keep])
 	s.held[st] = append(s.held[st][:0:0], buf[len(buf)-keep:]...)
 	if text != "" {
@@ -365,20 +366,6 @@ func (s *ndjsonStream) failLocked() {
 		s.failed = true
 		s.broken()
 	}
-}
-
-// incompleteTail returns how many bytes at b's end begin a UTF-8 sequence
-// that more bytes could complete.
-func incompleteTail(b []byte) int {
-	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax+1; i-- {
-		if utf8.RuneStart(b[i]) {
-			if !utf8.FullRune(b[i:]) {
-				return len(b) - i
-			}
-			return 0
-		}
-	}
-	return 0
 }
 
 // countingBody counts the bytes read from a request body.

@@ -13,6 +13,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/corral-sandbox/corral/internal/utf8tail"
+
 	"github.com/coder/websocket"
 )
 
@@ -353,7 +355,7 @@ func pumpOutput(o *outputRing, stream byte, r io.Reader) {
 		n += held
 		held = 0
 		if err == nil {
-			held = incompleteUTF8(buf[:n])
+			held = utf8tail.Incomplete(buf[:n])
 		}
 		o.write(stream, buf[:n-held])
 		copy(buf, buf[n-held:n])
@@ -361,29 +363,4 @@ func pumpOutput(o *outputRing, stream byte, r io.Reader) {
 			return
 		}
 	}
-}
-
-// incompleteUTF8 returns the length of an incomplete UTF-8 sequence at the
-// end of b (0 if there is none).
-func incompleteUTF8(b []byte) int {
-	for i := 1; i <= 3 && i <= len(b); i++ {
-		c := b[len(b)-i]
-		if c < 0x80 {
-			return 0
-		}
-		if c >= 0xC0 { // a leading byte: is its sequence complete?
-			need := 2
-			switch {
-			case c >= 0xF0:
-				need = 4
-			case c >= 0xE0:
-				need = 3
-			}
-			if i < need {
-				return i
-			}
-			return 0
-		}
-	}
-	return 0
 }

@@ -12,6 +12,8 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/corral-sandbox/corral/internal/utf8tail"
+
 	"golang.org/x/sys/unix"
 )
 
@@ -359,7 +361,7 @@ func (r *reader) check(final bool) {
 		p := r.buf[r.checked:]
 		n := len(p)
 		if !final {
-			n -= incompleteTail(p)
+			n -= utf8tail.Incomplete(p)
 		}
 		if a := asciiPrefix(p[:n]); utf8.Valid(p[a:n]) {
 			r.checked += n
@@ -409,35 +411,6 @@ func asciiPrefix(p []byte) int {
 		n += 64
 	}
 	return n
-}
-
-// incompleteTail returns how many bytes at p's end begin a UTF-8 sequence
-// that p ends before it is complete (0 to 3): bytes a later read may
-// complete.
-func incompleteTail(p []byte) int {
-	for i := 1; i <= min(len(p), utf8.UTFMax-1); i++ {
-		c := p[len(p)-i]
-		if c < utf8.RuneSelf {
-			return 0
-		}
-		if c >= 0xC0 { // a leading byte, or an invalid one
-			if c < 0xC2 || c > 0xF4 {
-				return 0 // never valid: the check fails on it now
-			}
-			need := 2
-			switch {
-			case c >= 0xF0:
-				need = 4
-			case c >= 0xE0:
-				need = 3
-			}
-			if need > i {
-				return i
-			}
-			return 0
-		}
-	}
-	return 0
 }
 
 func (r *reader) putScratch() {

@@ -127,23 +127,6 @@ func TestCaptureValidResultNotCopied(t *testing.T) {
 	}
 }
 
-func TestIncompleteTail(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want int
-	}{
-		{"", 0}, {"a", 0}, {"é", 0}, {"\xc3", 1}, {"a\xe2\x82", 2}, {"\xe2", 1}, {"€", 0},
-		{"\xf0\x9d\x84", 3}, {"𝄞", 0}, {"\x82\x82\x82", 0}, {"\xff", 0},
-	} {
-		if got := incompleteTail([]byte(tc.in)); got != tc.want {
-			t.Errorf("incompleteTail(%q) = %d, want %d", tc.in, got, tc.want)
-		}
-		if n := len(tc.in) - incompleteTail([]byte(tc.in)); utf8.ValidString(tc.in) && !utf8.ValidString(tc.in[:n]) {
-			t.Errorf("%q: cut inside a complete sequence", tc.in)
-		}
-	}
-}
-
 // TestNoZero: the buffer has the capacity asked for, and what is written to
 // it is what its string shows.
 func TestNoZero(t *testing.T) {
