@@ -44,7 +44,7 @@ atomically. Symlinks are not copied (they are reported and skipped).
 
 Through a daemon (--daemon ADDR --project-id N) any project of the account
 (--token, default $CORRAL_TOKEN); with --project DIR a managed project run by
-a private worker, as corral run does (root).`,
+the state directory's shared worker, as corral run does (root).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if status := cpMain(cmd, &f, args[0], args[1]); status != 0 {

@@ -101,6 +101,7 @@ func TestCpProjectPrivateWorker(t *testing.T) {
 	if err := os.Mkdir(ws, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { stopSharedWorker(t, state) })
 	local := t.TempDir()
 	bin := makeTree(t, local)
 	if _, errs, status := cli("cp", "--state", state, "--project", ws, filepath.Join(local, "tree"), ":/home/corral/t"); status != 0 {

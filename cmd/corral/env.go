@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/image"
+	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -101,10 +104,7 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 		return nil, err
 	}
 	if f.image != "" && f.image != proj.Image {
-		// Recorded: later runs without --image keep it. The machine picks
-		// it up at its next start (a private worker's machines start with
-		// it), discarding the upper layer made over the previous image.
-		if err := st.SetProjectMachine(ctx, proj.ID, f.image, proj.Limits); err != nil {
+		if err := changeImage(ctx, state, c, proj, f.image); err != nil {
 			return nil, err
 		}
 	}
@@ -169,4 +169,35 @@ func ensureProject(ctx context.Context, st *store.Store, kind store.ProjectKind,
 		return st.ProjectByName(ctx, string(kind)+":"+root)
 	}
 	return p, err
+}
+
+// changeImage records name as proj's image, after checking that the image
+// store holds it (a name that is not there is refused, and nothing is
+// recorded) and stopping the project's machine, which the shared worker
+// may keep running on the previous image (refused while other commands
+// use it). The machine's next start discards the upper layer made over
+// the previous image.
+func changeImage(ctx context.Context, state string, c *core.Core, proj store.Project, name string) error {
+	if name != image.BaseName {
+		imgs, err := image.Open(filepath.Join(state, "images"), image.Options{Logger: cliLogger()})
+		if err != nil {
+			return err
+		}
+		if _, err := imgs.Get(ctx, name); errors.Is(err, image.ErrNotFound) {
+			return fmt.Errorf("--image %s: no such image (see corral image list; base is the default)", name)
+		} else if err != nil {
+			return fmt.Errorf("--image %s: %w", name, err)
+		}
+	}
+	if gw := c.Gateway(); gw != nil && gw.HasTransport() {
+		err := daemon.ResetMachine(ctx, c.Store(), gw, proj)
+		switch {
+		case errors.Is(err, store.ErrProjectBusy):
+			return fmt.Errorf("--image %s: project %s is in use by other commands; its image can change once they ended", name, proj.Name)
+		case err != nil && !errors.Is(err, machine.ErrUnsupported):
+			return fmt.Errorf("--image %s: stopping the machine: %w", name, err)
+		}
+	}
+	// Recorded: later runs without --image keep it.
+	return c.Store().SetProjectMachine(ctx, proj.ID, name, proj.Limits)
 }

@@ -44,7 +44,7 @@ func newExecCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "exec [-i] [-t] [-e K=V] [-w DIR] [-u USER] (--project DIR | --daemon ADDR --project-id N) -- CMD [ARG...]",
 		Short: "Run an interactive command (a shell) in a project",
-		Long: `Run a command in a managed project (--project DIR, through a private
+		Long: `Run a command in a managed project (--project DIR, through the shared
 worker as corral run does) or through a daemon (--daemon ADDR --project-id N,
 over its WebSocket session API), like docker exec.
 

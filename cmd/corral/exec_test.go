@@ -63,6 +63,7 @@ func TestExecTTYUnderTmux(t *testing.T) {
 	}
 	tmux(t, sock, "new-session", "-d", "-s", "x", "-x", "80", "-y", "24", script, self, filepath.Join(dir, "state"), ws, status)
 	t.Cleanup(func() { _ = exec.Command("tmux", "-S", sock, "kill-server").Run() })
+	t.Cleanup(func() { stopSharedWorker(t, filepath.Join(dir, "state")) })
 
 	awaitPane(t, sock, "$") // the prompt (capture-pane trims its space)
 	tmux(t, sock, "send-keys", "-t", "x", "tty; stty size; echo mark-$((40+2))", "Enter")
@@ -152,13 +153,14 @@ func TestExecProjectEnv(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("managed projects need root (CI runs as root)")
 	}
-	// The private worker is this test binary run as corral.
+	// The shared worker is this test binary run as corral.
 	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
 	state := t.TempDir()
 	ws := filepath.Join(t.TempDir(), "proj")
 	if err := os.Mkdir(ws, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { stopSharedWorker(t, state) })
 	out, errs, status := cli("exec", "--state", state, "--project", ws, "-e", "FOO=a=b", "-e", "X_1=2", "--",
 		"sh", "-c", `printf '%s %s' "$FOO" "$X_1"; exit 4`)
 	if status != 4 || out != "a=b 2" {

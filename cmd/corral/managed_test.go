@@ -11,13 +11,13 @@ import (
 )
 
 // TestRunProjectPrivateWorker runs `corral run --project DIR` as root: corral
-// starts a private worker, registers DIR as a managed project, runs the
+// starts the shared worker, registers DIR as a managed project, runs the
 // command in its machine at /workspace and stops the worker.
 func TestRunProjectPrivateWorker(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("managed projects need root (CI runs as root)")
 	}
-	// The private worker is this test binary run as corral.
+	// The shared worker is this test binary run as corral.
 	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
 	state := t.TempDir()
 	ws := filepath.Join(t.TempDir(), "proj")

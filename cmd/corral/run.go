@@ -35,6 +35,7 @@ type runFlags struct {
 
 	state        string
 	workerSocket string
+	workerIdle   time.Duration
 	image        string
 
 	daemon    string
@@ -73,7 +74,13 @@ sandbox's defaults; -e NAME passes corral's own $NAME, if set. -e wins over
 --env-file, a later value over an earlier one. With -i corral's own stdin
 becomes the command's (streamed; through --daemon it is sent whole, at most
 16 MiB); without it the command's input is empty and corral's stdin is not
-read.`,
+read.
+
+--project runs go through the state directory's shared worker
+(STATE/worker.sock): the first run starts it in the background, later runs
+(in parallel, on any project) use it, and it exits with its machines once no
+run has used it for --worker-idle (default 1m). Its log is STATE/worker.log.
+--worker-socket PATH uses a worker started otherwise (corral worker).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			status := runMain(cmd, &f, args)
@@ -99,6 +106,7 @@ read.`,
 	fl.BoolVarP(&f.interactive, "interactive", "i", false, "make corral's stdin the command's stdin")
 	fl.StringVar(&f.state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
 	fl.StringVar(&f.workerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one (--project)")
+	fl.DurationVar(&f.workerIdle, "worker-idle", DefaultWorkerIdle, "a shared worker this run starts exits after this long without runs (--project)")
 	fl.StringVar(&f.image, "image", "", "the machine's image `NAME` (--project; recorded for the project; default base)")
 	fl.StringVar(&f.daemon, "daemon", "", "run through the corral daemon at `ADDR` (a Unix socket path or host:port)")
 	fl.StringVar(&f.token, "token", "", "bearer token for --daemon (default $CORRAL_TOKEN)")

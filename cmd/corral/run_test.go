@@ -25,6 +25,7 @@ func TestMain(m *testing.M) {
 // corral runs the CLI in-process with a private state directory.
 func corral(t *testing.T, state string, args ...string) (stdout, stderr string, status int) {
 	t.Helper()
+	t.Cleanup(func() { stopSharedWorker(t, state) })
 	var out, errb bytes.Buffer
 	status = execute(append([]string{"run", "--state", state}, args...), &out, &errb)
 	return out.String(), errb.String(), status

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -22,7 +23,8 @@ func newWorkerCmd() *cobra.Command {
 		cgroupParent                string
 		images                      string
 		ownWorkspaces               bool
-		idle                        time.Duration
+		idle, exitIdle              time.Duration
+		idleLock                    string
 		memory, tmp, disk           sizeFlag
 		pids                        int64
 		cpus                        float64
@@ -44,6 +46,9 @@ and from the uid given by --allow-uid (the daemon's); others get a
 			}
 			if socket == "" || projectsRoot == "" {
 				return errors.New("--socket and --projects-root are required")
+			}
+			if (exitIdle > 0) != (idleLock != "") {
+				return errors.New("--exit-idle and --idle-lock go together")
 			}
 			if state == "" {
 				state = "/var/lib/corral/worker"
@@ -74,6 +79,25 @@ and from the uid given by --allow-uid (the daemon's); others get a
 			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			// An idle worker exits holding the users' lock, which the
+			// process's end releases.
+			held := make(chan *os.File, 1)
+			if exitIdle > 0 {
+				go func() {
+					if f := exitWhenIdle(ctx, idleLock, exitIdle); f != nil {
+						held <- f
+						log.Info("worker idle: exiting", "idle", exitIdle.String())
+						stop()
+					}
+				}()
+			}
+			defer func() {
+				select {
+				case f := <-held:
+					runtime.KeepAlive(f)
+				default:
+				}
+			}()
 			log.Info("worker listening", "socket", socket, "projectsRoot", projectsRoot)
 			serveErr := w.Serve(ctx, ln)
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -93,6 +117,8 @@ and from the uid given by --allow-uid (the daemon's); others get a
 	fl.BoolVar(&ownWorkspaces, "own-workspaces", false, "give root-owned workspaces to their projects' unprivileged ids before the first start (for managed workspaces, not user checkouts)")
 	fl.StringVar(&cgroupParent, "cgroup-parent", "", "machine cgroup parent `PATH`, relative to the worker's own cgroup (v1, delegated v2) or the v2 root; default corral-<hash of the state directory>")
 	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
+	fl.DurationVar(&exitIdle, "exit-idle", 0, "exit once the lock file --idle-lock has been free (no corral run holds it shared) for this long (the shared worker of corral run --project)")
+	fl.StringVar(&idleLock, "idle-lock", "", "the users' lock `FILE` of --exit-idle")
 	fl.Var(&memory, "memory", "memory limit per machine (default 1GiB)")
 	fl.Int64Var(&pids, "pids", 0, "task limit per machine (default 512)")
 	fl.Uint32Var(&allowUID, "allow-uid", 0, "also serve connections from this `UID` (the daemon's; root is always served)")

@@ -62,6 +62,11 @@ type Options struct {
 	// Pdeathsig, if non-zero, is sent to the worker when this process
 	// dies.
 	Pdeathsig syscall.Signal
+	// Setsid starts the worker in a session (and process group) of its
+	// own, so that signals a terminal sends to this process's group
+	// (Ctrl-C) do not reach it: for a worker meant to outlive this
+	// process.
+	Setsid bool
 	// ReadyTimeout bounds the wait for the handshake; zero means
 	// DefaultReadyTimeout.
 	ReadyTimeout time.Duration
@@ -110,8 +115,8 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 	// A grandchild that kept the stderr pipe open must not hold up the
 	// reaping of the worker.
 	cmd.WaitDelay = 5 * time.Second
-	if opts.Pdeathsig != 0 {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: opts.Pdeathsig}
+	if opts.Pdeathsig != 0 || opts.Setsid {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: opts.Pdeathsig, Setsid: opts.Setsid}
 	}
 	if err := pdeath.Start(cmd); err != nil { // Pdeathsig: this process, not this thread
 		return nil, fmt.Errorf("workerproc: start %s: %w", opts.Exe, err)
