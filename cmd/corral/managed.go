@@ -132,6 +132,7 @@ func startSharedWorker(ctx context.Context, state, sock string, idle time.Durati
 		Stdout: logf,
 		Stderr: logf,
 		Setsid: true,
+		Dir:    "/", // it outlives this run: it must not hold its directory busy
 	})
 	if err != nil {
 		return fmt.Errorf("%w%s", err, logTail(logPath))

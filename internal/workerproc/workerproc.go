@@ -52,6 +52,8 @@ type Options struct {
 	Socket string
 	// Env is the worker's environment; nil means this process's.
 	Env []string
+	// Dir is the worker's working directory; empty means this process's.
+	Dir string
 	// Stdout and Stderr receive the worker's output; nil discards it.
 	// Start keeps the last 4 KiB of stderr to explain a failed start,
 	// except when Stderr is an *os.File: the worker then writes to the
@@ -98,6 +100,7 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 	}
 	cmd := exec.Command(opts.Exe, opts.Args...)
 	cmd.Env = opts.Env
+	cmd.Dir = opts.Dir
 	cmd.Stdout = opts.Stdout
 	var tail *tailBuffer
 	if f, ok := opts.Stderr.(*os.File); ok {
