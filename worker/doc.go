@@ -263,8 +263,11 @@
 // the workspace's own unprivileged owner. A workspace owned by a host user
 // U other than root is an idmapped mount (open_tree and mount_setattr with
 // MOUNT_ATTR_IDMAP) showing U as the guest user inside: what the guest
-// creates belongs to U on the host; other host ids show as the overflow id
-// inside. A workspace owned by root is not idmapped (that would make the
+// user creates belongs to U on the host; every other id of the machine's
+// range maps to itself, so that guest root and the image's other users
+// write the workspace too, their files belonging on the host to their own
+// unprivileged ids of the machine; other host ids (root's among them) show
+// as the overflow id inside and no guest write can produce them. A workspace owned by root is not idmapped (that would make the
 // guest's files root's: a file capability or a git hook written there
 // would run as host root): it is bound as it is, root's files show as the
 // overflow id and are writable only through their "other" permission

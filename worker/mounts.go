@@ -21,7 +21,8 @@ import (
 //
 // No guest id may write as host root. A workspace owned by a host user U
 // other than root is idmapped so that U is the guest user inside: what the
-// guest creates belongs to U. A root-owned workspace is not idmapped: it is
+// guest user creates belongs to U, what the machine's other ids (guest
+// root) create to their own host ids (see workspaceMap). A root-owned workspace is not idmapped: it is
 // bound as is, so that what the guest creates belongs to the guest user's
 // host id (root's files show as the overflow id inside and are writable
 // only through their "other" bits) — unless Config.OwnWorkspaces, in which
@@ -45,12 +46,12 @@ func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.Fi
 	if uid != 0 && uid != guestUID {
 		// A root group is not mapped either: the guest's files then get
 		// the guest group's host id.
-		gmap := idMap{inner: gid, outer: guestGID, size: 1}
+		ginner := gid
 		if gid == 0 {
-			gmap.inner = guestGID
+			ginner = guestGID
 		}
 		var release func()
-		userns, release, err = m.w.userns(idMap{inner: uid, outer: guestUID, size: 1}, gmap)
+		userns, release, err = m.w.userns(m.workspaceMap(uid, guestUID), m.workspaceMap(ginner, guestGID))
 		if err != nil {
 			m.w.log.Warn("idmapped mounts unavailable, binding the workspace as is", "project", m.id, "err", err)
 		} else {
@@ -76,6 +77,30 @@ func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.Fi
 	}
 	mounts = append(mounts, hm)
 	return mounts, nil
+}
+
+// workspaceMap is the uid (or gid) map of an idmapped workspace whose
+// owner is the host id owner: owner shows as guest (the guest user's host
+// id) inside, and every other id of the machine's range maps to itself, so
+// that guest root and the image's other users write the workspace too,
+// their files belonging on the host to their own unprivileged ids of the
+// machine (an unmapped writer would get EOVERFLOW). Host root, and every
+// host id outside the range but owner, stays unmapped: nothing the guest
+// writes can become theirs. An owner inside the machine's range (owner ==
+// guest included) gets the identity map of the whole range.
+func (m *machine) workspaceMap(owner, guest uint32) []idMap {
+	lo, hi := m.hostUID, m.hostUID+RangeSize
+	if owner >= lo && owner < hi {
+		return []idMap{{inner: lo, outer: lo, size: RangeSize}}
+	}
+	maps := []idMap{{inner: owner, outer: guest, size: 1}}
+	if guest > lo {
+		maps = append(maps, idMap{inner: lo, outer: lo, size: guest - lo})
+	}
+	if guest+1 < hi {
+		maps = append(maps, idMap{inner: guest + 1, outer: guest + 1, size: hi - guest - 1})
+	}
+	return maps
 }
 
 // ownHome makes home belong to the guest user's host id. A home a previous
@@ -124,8 +149,8 @@ func (m *machine) layerUserns() *nsPromise {
 			return
 		}
 		p.f, p.release, p.err = m.w.userns(
-			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize},
-			idMap{inner: ids.Start, outer: m.hostUID, size: RangeSize})
+			[]idMap{{inner: ids.Start, outer: m.hostUID, size: RangeSize}},
+			[]idMap{{inner: ids.Start, outer: m.hostUID, size: RangeSize}})
 	}()
 	return p
 }
@@ -219,6 +244,17 @@ func chownFrom(dir string, fromUID, fromGID, uid, gid uint32) error {
 // [inner, inner+size) inside are [outer, outer+size) outside.
 type idMap struct{ inner, outer, size uint32 }
 
+// nsKey is the cache key of a user namespace with these maps.
+func nsKey(uids, gids []idMap) string { return fmt.Sprint(uids, gids) }
+
+func sysMaps(maps []idMap) []syscall.SysProcIDMap {
+	out := make([]syscall.SysProcIDMap, len(maps))
+	for i, e := range maps {
+		out[i] = syscall.SysProcIDMap{ContainerID: int(e.inner), HostID: int(e.outer), Size: int(e.size)}
+	}
+	return out
+}
+
 // maxUserns bounds the user namespaces a worker keeps for idmapped mounts.
 const maxUserns = 512
 
@@ -226,8 +262,8 @@ const maxUserns = 512
 // and the function to call when done with it: one the worker keeps (a
 // machine's restart spawns no helper for its namespaces), or, once the
 // worker keeps maxUserns, a new one that release closes.
-func (w *Worker) userns(uids, gids idMap) (f *os.File, release func(), err error) {
-	key := [2]idMap{uids, gids}
+func (w *Worker) userns(uids, gids []idMap) (f *os.File, release func(), err error) {
+	key := nsKey(uids, gids)
 	w.nsMu.Lock()
 	f = w.nsCache[key]
 	w.nsMu.Unlock()
@@ -255,7 +291,7 @@ func (w *Worker) userns(uids, gids idMap) (f *os.File, release func(), err error
 // maps. Used for an idmapped mount, it shows a file owned on disk by inner
 // as owned by outer. A helper process (this binary, see MaybeRunInit)
 // creates it and is killed once the descriptor is open.
-func holdUserns(self string, uids, gids idMap) (*os.File, error) {
+func holdUserns(self string, uids, gids []idMap) (*os.File, error) {
 	r, wr, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -266,8 +302,8 @@ func holdUserns(self string, uids, gids idMap) (*os.File, error) {
 	cmd.Stdin = r
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: []syscall.SysProcIDMap{{ContainerID: int(uids.inner), HostID: int(uids.outer), Size: int(uids.size)}},
-		GidMappings: []syscall.SysProcIDMap{{ContainerID: int(gids.inner), HostID: int(gids.outer), Size: int(gids.size)}},
+		UidMappings: sysMaps(uids),
+		GidMappings: sysMaps(gids),
 	}
 	err = cmd.Start()
 	r.Close()

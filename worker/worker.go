@@ -229,7 +229,7 @@ type Worker struct {
 	closeNet sync.Once
 
 	nsMu    sync.Mutex
-	nsCache map[[2]idMap]*os.File // user namespaces of idmapped mounts, by maps
+	nsCache map[string]*os.File // user namespaces of idmapped mounts, by maps
 	// configHook, when set (by tests), edits every machine's init config.
 	configHook func(*ctl.Config)
 	lock       *os.File // the state directory's lock, held until Shutdown
@@ -358,7 +358,7 @@ func New(cfg Config) (*Worker, error) {
 		used:      make(map[int]bool),
 		resetting: make(map[int64]chan struct{}),
 		latest:    make(map[int64]*machine),
-		nsCache:   make(map[[2]idMap]*os.File),
+		nsCache:   make(map[string]*os.File),
 		conns:     make(map[*conn]struct{}),
 	}
 	if w.images == nil {

@@ -173,3 +173,79 @@ func TestRunProjectFsmonitorAttack(t *testing.T) {
 		t.Fatal("host root's git status ran the guest's fsmonitor")
 	}
 }
+
+// TestWorkspaceWritableByRoot: on a checkout of an ordinary user, the
+// default user and guest root both write the workspace — `corral run
+// --user root` and `corral cp -u root` (before: EOVERFLOW, "Value too large
+// for defined data type", for root) — and nothing they write is owned on
+// the host by root or set-id: the default user's files are the checkout
+// owner's, root's belong to its machine's unprivileged id.
+func TestWorkspaceWritableByRoot(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
+	state := t.TempDir()
+	ws := filepath.Join(t.TempDir(), "proj")
+	if err := os.MkdirAll(filepath.Join(ws, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ws, "sub", "old"), []byte("old"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const owner = 4242
+	if out, err := exec.Command("chown", "-R", "4242:4242", ws).CombinedOutput(); err != nil {
+		t.Fatalf("chown: %v %s", err, out)
+	}
+	script := `set -e; echo $(id -u) > mine-$(id -u); mkdir -p dir-$(id -u)/x; echo more >> sub/old; ` +
+		`chmod u+s mine-$(id -u) 2>/dev/null && echo setuid-allowed; cat sub/old`
+	for _, user := range []string{"", "root"} {
+		args := []string{"--project", ws}
+		if user != "" {
+			args = append(args, "--user", user)
+		}
+		out, errs, status := corral(t, state, append(args, "--", "sh", "-c", script)...)
+		if status != 0 || strings.Contains(out, "setuid-allowed") || !strings.HasPrefix(out, "old") {
+			t.Fatalf("user %q: %d %q %q", user, status, out, errs)
+		}
+	}
+	src := filepath.Join(t.TempDir(), "src")
+	if err := os.WriteFile(src, []byte("copied"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, status := cli("cp", "--state", state, "--project", ws, "-u", "root", src, ":copied-by-root"); status != 0 {
+		t.Fatalf("cp -u root into the workspace: %d %s", status, errs)
+	}
+	var rootFiles int
+	err := filepath.WalkDir(ws, func(p string, _ os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
+			return err
+		}
+		if st.Uid == 0 || st.Gid == 0 || st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+			t.Errorf("%s: uid %d gid %d mode %o on the host", p, st.Uid, st.Gid, st.Mode)
+		}
+		base := filepath.Base(p)
+		switch {
+		case base == "mine-1000" || base == "dir-1000":
+			if st.Uid != owner {
+				t.Errorf("%s: the default user's file is owned by %d, want the checkout's owner %d", p, st.Uid, owner)
+			}
+		case base == "mine-0" || base == "dir-0" || base == "copied-by-root":
+			rootFiles++
+			if st.Uid == owner {
+				t.Errorf("%s: guest root's file is owned by the checkout's owner", p)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rootFiles != 3 {
+		t.Errorf("guest root's files: %d of 3", rootFiles)
+	}
+}
