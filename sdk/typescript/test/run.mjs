@@ -1,0 +1,26 @@
+// Runs the suite against one daemon of its own: starts it with
+// sdk/testdaemon/start, runs `node --test` over the test files with its
+// CORRAL_URL, CORRAL_TOKEN and CORRAL_ADMIN_TOKEN, stops it.
+
+import { spawnSync } from "node:child_process";
+import { readdirSync } from "node:fs";
+import { join } from "node:path";
+
+import { sdkDir, startDaemon } from "./helpers.mjs";
+
+const d = await startDaemon();
+let status = 1;
+try {
+  const files = readdirSync(join(sdkDir, "test"))
+    .filter((f) => f.endsWith(".test.mjs"))
+    .map((f) => join("test", f));
+  const r = spawnSync(process.execPath, ["--test", "--test-concurrency=1", ...process.argv.slice(2), ...files], {
+    cwd: sdkDir,
+    stdio: "inherit",
+    env: { ...process.env, CORRAL_URL: d.url, CORRAL_TOKEN: d.token, CORRAL_ADMIN_TOKEN: d.adminToken },
+  });
+  status = r.status ?? 1;
+} finally {
+  await d.stop();
+}
+process.exit(status);
