@@ -4,7 +4,7 @@
 // message per text message).
 
 import { Caller, envQuery, projectPath } from "./caller.js";
-import { CorralError, errorFor, ProtocolError } from "./errors.js";
+import { CorralError, DeadlineError, errorFor, ProtocolError } from "./errors.js";
 import { bytesOf, ChunkDecoder } from "./output.js";
 import type { Message, Socket } from "./socket.js";
 import type { CallOptions, Exit, OutputChunk } from "./types.js";
@@ -47,8 +47,17 @@ export class Session implements AsyncIterable<OutputChunk> {
       rows: o.tty?.rows,
       cols: o.tty?.cols,
     };
-    const s = await c.socket(projectPath(projectId, "sessions"), q, "session " + argv[0], o);
-    const first = await s.next();
+    const what = "session " + argv[0];
+    const s = await c.socket(projectPath(projectId, "sessions"), q, what, o);
+    // The deadline bounds the wait for "started" too.
+    const ms = o.deadlineMs ?? c.deadlineMs;
+    const timer = ms > 0 && Number.isFinite(ms) ? setTimeout(() => s.fail(new DeadlineError("timeout", `corral: ${what}: not started within the client's deadline of ${ms} ms`)), ms) : undefined;
+    let first: Message | undefined;
+    try {
+      first = await s.next();
+    } finally {
+      clearTimeout(timer);
+    }
     const f = first && frame(first);
     if (f?.type === "started") return new Session(s, String(f.leaseId ?? ""));
     s.close();

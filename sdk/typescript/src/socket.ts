@@ -41,6 +41,7 @@ export class Socket {
     private readonly closeImpl: (code: number, reason: string) => void,
     private readonly pause: () => void,
     private readonly resume: () => void,
+    private readonly terminate: () => void,
   ) {
     this.closedPromise = new Promise((r) => (this.resolveClosed = r));
   }
@@ -59,6 +60,13 @@ export class Socket {
   /** Closes the socket (1000 by default). */
   close(code = 1000, reason = ""): void {
     if (!this.ended) this.closeImpl(code, reason);
+  }
+
+  /** Ends the socket at once (no closing handshake): its reads throw `err`. */
+  fail(err: CorralError): void {
+    if (this.ended) return;
+    this.end({ code: 1006, reason: err.message }, err);
+    this.terminate();
   }
 
   /** The next message, or undefined once the socket closed normally. */
@@ -122,8 +130,9 @@ export class Socket {
     close: (code: number, reason: string) => void,
     pause: () => void,
     resume: () => void,
+    terminate: () => void,
   ): { socket: Socket; push: (m: Message) => void; end: (c: Closed, err?: CorralError) => void } {
-    const s = new Socket(what, send, close, pause, resume);
+    const s = new Socket(what, send, close, pause, resume, terminate);
     return { socket: s, push: (m) => s.push(m), end: (c, err) => s.end(c, err) };
   }
 }
@@ -140,6 +149,7 @@ async function openNode(ep: Endpoint, path: string, token: string, what: string,
     (code, reason) => ws.close(code, reason),
     () => ws.pause(),
     () => ws.resume(),
+    () => ws.terminate(),
   );
   return new Promise<Socket>((resolve, reject) => {
     let opened = false;
@@ -197,6 +207,7 @@ async function openStandard(ep: Endpoint, path: string, token: string, what: str
     (code, reason) => ws.close(code, reason),
     () => {},
     () => {},
+    () => ws.close(),
   );
   return new Promise<Socket>((resolve, reject) => {
     let opened = false;
