@@ -1,0 +1,178 @@
+"""Commands: results, errors of each kind with their partial output, live
+output, on the real daemon."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import corral
+from conftest import Daemon, unique
+
+
+def test_nonzero_exit_is_a_result(project: corral.Project) -> None:
+    r = project.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert (r.code, r.signal, r.oom_killed, r.ok) == (3, None, False, False)
+    assert (r.stdout, r.stderr, r.stdout_bytes) == ("out\n", "err\n", b"out\n")
+
+
+def test_signal_is_a_result(project: corral.Project) -> None:
+    r = project.run(["sh", "-c", "echo before; kill -TERM $$"])
+    assert (r.code, r.signal, r.stdout) == (None, "SIGTERM", "before\n")
+
+
+def test_run_options(project: corral.Project) -> None:
+    project.files.mkdir("sub")
+    r = project.run(["sh", "-c", 'cat; printf "%s" "$GREETING"; pwd'], stdin=b"in\xff\n", env={"GREETING": "hi"},
+                    cwd="/workspace/sub")
+    assert r.stdout_bytes == b"in\xff\nhi/workspace/sub\n"
+    assert r.stdout == "in\ufffd\nhi/workspace/sub\n"
+    assert project.run(["id", "-u"], user="0").stdout == "0\n"
+
+
+def test_timeout_with_partial_output(project: corral.Project) -> None:
+    with pytest.raises(corral.Timeout) as e:
+        project.run(["sh", "-c", "echo partial; echo half >&2; sleep 30"], timeout=1)
+    assert (e.value.kind, e.value.stdout, e.value.stderr) == ("timeout", "partial\n", "half\n")
+
+
+def test_overflow_with_partial_output(project: corral.Project) -> None:
+    with pytest.raises(corral.Overflow) as e:
+        project.run(["sh", "-c", "printf 0123456789abcdef; sleep 5"], limits=corral.OutputLimit(stdout=10))
+    assert e.value.status in (None, 413)
+    assert e.value.stdout_bytes == b"0123456789"
+
+
+def test_start_error(project: corral.Project) -> None:
+    with pytest.raises(corral.Start) as e:
+        project.run(["/no/such/program"])
+    assert e.value.kind == "start" and e.value.stdout == ""
+
+
+def test_prepare_error(project: corral.Project) -> None:
+    with pytest.raises(corral.Prepare) as e:
+        project.run(["true"], env={"BAD NAME": "x"})
+    assert e.value.status == 400
+
+
+def test_callbacks_and_stream(project: corral.Project) -> None:
+    seen = []
+    r = project.run(["sh", "-c", "echo a; sleep 0.2; echo b >&2; sleep 0.2; echo c"],
+                    on_stdout=lambda c: seen.append(("o", c.text)), on_stderr=lambda c: seen.append(("e", c.text)))
+    assert seen == [("o", "a\n"), ("e", "b\n"), ("o", "c\n")]
+    assert r.stdout == "a\nc\n"
+    s = project.stream(["sh", "-c", "echo x; exit 4"])
+    assert [c.data for c in s] == [b"x\n"]
+    assert s.result is not None and s.result.code == 4
+
+
+@pytest.mark.parametrize("cut", [1, 2])
+def test_utf8_character_split_between_chunks_arrives_whole(project: corral.Project, cut: int) -> None:
+    # "€" is E2 82 AC. The command writes it in two parts, a pause between,
+    # so that the daemon sends two chunks cut inside it.
+    euro = "€".encode()
+    first, rest = "".join(f"\\{b:03o}" for b in euro[:cut]), "".join(f"\\{b:03o}" for b in euro[cut:])
+    script = f"printf 'a{first}'; sleep 0.5; printf '{rest}b'; printf 'x{first}' >&2; sleep 0.5; printf '{rest}y' >&2"
+    chunks = list(project.stream(["sh", "-c", script]))
+    for c in chunks:
+        c.data.decode("utf-8")  # strict: no chunk ends inside a character
+    out = [c.data for c in chunks if c.stream == "stdout"]
+    err = [c.data for c in chunks if c.stream == "stderr"]
+    # "a" came before the pause, alone: the cut was there, and held back.
+    assert out == [b"a", "€b".encode()]
+    assert err == [b"x", "€y".encode()]
+    with project.session(["sh", "-c", script]) as s:
+        got = list(s)
+        for c in got:
+            c.data.decode("utf-8")
+        assert b"".join(c.data for c in got if c.stream == "stdout") == "a€b".encode()
+        assert [c.data for c in got if c.stream == "stdout"][0] == b"a"
+
+
+def test_errors_of_the_api(daemon: Daemon, client: corral.Corral, other_client: corral.Corral,
+                           project: corral.Project) -> None:
+    with pytest.raises(corral.Unauthorized) as e:
+        with corral.Corral(daemon.url, "corral_not-a-token") as bad:
+            bad.projects.list()
+    assert e.value.status == 401
+    # Another account's project answers as one that does not exist.
+    with pytest.raises(corral.Forbidden) as f:
+        other_client.project(project.id).run(["true"])
+    assert f.value.status == 403
+    with pytest.raises(corral.Forbidden):
+        other_client.projects.get(project.id)
+    with pytest.raises(corral.NotFound):
+        project.processes.get("proc_" + "0" * 32)
+    with corral.Corral(daemon.url, daemon.admin_token) as admin:
+        with pytest.raises(corral.NotFound):
+            admin.project(999999).egress()
+    with pytest.raises(corral.Invalid):
+        project.files.stat("../etc")
+    with pytest.raises(corral.Conflict):
+        client.projects.create(project.info.name)
+
+
+def test_rate_limited_carries_retry_after(project: corral.Project) -> None:
+    procs = []
+    try:
+        with pytest.raises(corral.RateLimited) as e:
+            for _ in range(40):  # 16 running processes per project
+                procs.append(project.processes.start(["sleep", "120"]))
+        assert e.value.status == 429 and e.value.kind == "busy"
+        assert e.value.retry_after is not None and e.value.retry_after > 0
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_project_settings(client: corral.Corral, other_client: corral.Corral) -> None:
+    p = client.projects.create(unique("settings"))
+    try:
+        assert p.info.kind == "managed" and p.info.role == "owner"
+        assert p.id in [i.id for i in client.projects.list()]
+        m = p.set_machine(limits=corral.Limits(memory=256 << 20, pids=100))
+        assert (m.limits.memory, m.limits.pids) == (256 << 20, 100)
+        assert client.projects.get(p.id).info.machine.limits.pids == 100
+        policy = p.set_egress(corral.EgressPolicy(mode="proxy", allow=["pypi.org"]))
+        assert p.egress() == policy == corral.EgressPolicy("proxy", ["pypi.org"], [])
+        assert p.egress_log() == []
+        other = other_client.whoami()["name"]
+        added = p.add_member(other)
+        assert (added.account, added.role) == (other, "member")
+        assert sorted(m.account for m in p.members()) == sorted([client.whoami()["name"], other])
+        assert other_client.project(p.id).run(["echo", "member"]).stdout == "member\n"
+        p.run(["sh", "-c", "echo x > /etc/changed"], user="0")
+        p.reset()
+        assert p.run(["cat", "/etc/changed"]).code != 0
+    finally:
+        p.delete()
+    with pytest.raises(corral.Forbidden):
+        client.projects.get(p.id)
+
+
+def test_async_client_has_the_same_surface(daemon: Daemon) -> None:
+    async def main() -> None:
+        async with corral.AsyncCorral(daemon.url, daemon.token) as c:
+            p = await c.projects.create(unique("async"))
+            try:
+                r = await p.run(["sh", "-c", "echo hi; exit 5"])
+                assert (r.code, r.stdout) == (5, "hi\n")
+                got = []
+
+                async def on_out(ch: corral.Chunk) -> None:
+                    got.append(ch.text)
+                await p.run(["echo", "cb"], on_stdout=on_out)
+                assert got == ["cb\n"]
+                s = p.stream(["sh", "-c", "echo a; echo b >&2"])
+                assert sorted([c.text async for c in s]) == ["a\n", "b\n"]
+                with pytest.raises(corral.Timeout) as e:
+                    await p.run(["sh", "-c", "echo p; sleep 10"], timeout=0.5)
+                assert e.value.stdout == "p\n"
+                await p.files.write("a.txt", "async")
+                assert await p.files.read("a.txt") == b"async"
+                proc = await p.processes.start(["sh", "-c", "echo bg"])
+                assert b"".join([c.data async for c in proc.output()]) == b"bg\n"
+            finally:
+                await p.delete()
+    asyncio.run(main())
