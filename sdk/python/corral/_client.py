@@ -411,6 +411,7 @@ class AsyncSession:
         # consumed, as the daemon reads the command's.
         self._queue: "asyncio.Queue[Any]" = asyncio.Queue(256)
         self._ended = False
+        self._unread: Optional[Chunk] = None  # what expect read past its pattern
         self._reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -457,6 +458,9 @@ class AsyncSession:
     async def read(self, timeout: Optional[float] = None) -> Optional[Chunk]:
         """The next chunk of output, or None once the session ended; with
         ``timeout``, asyncio.TimeoutError if none came in that many seconds."""
+        if self._unread is not None:
+            item, self._unread = self._unread, None
+            return item
         if self._ended:
             return None
         item = await (asyncio.wait_for(self._queue.get(), timeout) if timeout is not None else self._queue.get())
@@ -466,10 +470,10 @@ class AsyncSession:
         return item  # type: ignore[no-any-return]
 
     async def expect(self, pattern: Union[bytes, str], timeout: float = 10.0) -> bytes:
-        """Reads output until it contains ``pattern``; returns what was read
-        (it ends with the pattern's first occurrence's end, rest dropped).
-        Raises asyncio.TimeoutError after ``timeout`` seconds, EOFError if
-        the session ended first."""
+        """Reads output (of both streams) until it contains ``pattern`` and
+        returns it, up to the end of the pattern's first occurrence; what
+        came after it is read next. Raises asyncio.TimeoutError after
+        ``timeout`` seconds, EOFError if the session ended first."""
         want = pattern.encode() if isinstance(pattern, str) else pattern
         seen = b""
         loop = asyncio.get_running_loop()
@@ -479,7 +483,10 @@ class AsyncSession:
             if c is None:
                 raise EOFError(f"the session ended before {pattern!r}; output: {seen[-500:]!r}")
             seen += c.data
-        return seen[: seen.index(want) + len(want)]
+        cut = seen.index(want) + len(want)
+        if cut < len(seen):
+            self._unread = Chunk(c.stream, seen[cut:])
+        return seen[:cut]
 
     async def write(self, data: Union[bytes, str]) -> None:
         """Sends ``data`` to its stdin (keystrokes on a terminal)."""
@@ -731,21 +738,8 @@ class AsyncFiles:
         the old or the whole new file. ``mode`` defaults to 0644 for a new
         file. Each read or write of the transfer has the deadline; the
         transfer as a whole none."""
-        if isinstance(data, str):
-            data = data.encode()
-        elif hasattr(data, "read"):
-            data = _file_chunks(data)
-        elif not isinstance(data, (bytes, bytearray, memoryview)) and not hasattr(data, "__aiter__"):
-            data = _sync_chunks(data)
         params = query(("path", path), ("mode", None if mode is None else format(mode, "04o")), ("user", user))
-        try:
-            resp = await self._conn.http.put(self._path, params=params, content=data,
-                                             headers={"Content-Type": "application/octet-stream"})
-        except LINK_ERRORS as e:
-            raise link_error(e, self._conn.deadline) from e
-        if resp.status_code >= 400:
-            from ._errors import from_answer
-            raise from_answer(resp.status_code, resp.content, dict(resp.headers))
+        resp = await self._conn.upload("PUT", self._path, params, data)
         return FileInfo.from_json(resp.json())
 
     async def stat(self, path: str, *, user: Optional[str] = None) -> FileInfo:
@@ -791,19 +785,6 @@ class AsyncFiles:
         ws = await self._conn.websocket(self._path + "/watch", query(
             ("path", path or None), ("recursive", recursive or None), ("user", user)))
         return AsyncWatch(ws)
-
-
-async def _file_chunks(f: Any) -> AsyncIterator[bytes]:
-    while True:
-        b = f.read(64 << 10)
-        if not b:
-            return
-        yield b
-
-
-async def _sync_chunks(it: Iterable[bytes]) -> AsyncIterator[bytes]:
-    for b in it:
-        yield b
 
 
 class AsyncFileReader:

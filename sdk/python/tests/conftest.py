@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 import shutil
 import subprocess
 import tempfile
@@ -101,6 +103,32 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
+def delete_project(p: corral.Project) -> None:
+    """Deletes p once the leases of its closed sessions and watches are
+    released (the daemon releases them just after the socket closed)."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            p.delete()
+            return
+        except corral.Conflict:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+async def delete_project_async(p: corral.AsyncProject) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            await p.delete()
+            return
+        except corral.Conflict:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
 @pytest.fixture
 def project(client: corral.Corral) -> Iterator[corral.Project]:
     """A new managed project, deleted (its processes killed) afterwards."""
@@ -109,4 +137,4 @@ def project(client: corral.Corral) -> Iterator[corral.Project]:
     for proc in p.processes.list():
         if proc.running:
             p.processes.get(proc.id).kill()
-    p.delete()
+    delete_project(p)

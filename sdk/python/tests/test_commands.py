@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import corral
-from conftest import Daemon, unique
+from conftest import Daemon, delete_project_async, unique
 
 
 def test_nonzero_exit_is_a_result(project: corral.Project) -> None:
@@ -174,5 +174,5 @@ def test_async_client_has_the_same_surface(daemon: Daemon) -> None:
                 proc = await p.processes.start(["sh", "-c", "echo bg"])
                 assert b"".join([c.data async for c in proc.output()]) == b"bg\n"
             finally:
-                await p.delete()
+                await delete_project_async(p)
     asyncio.run(main())
