@@ -55,7 +55,7 @@ OPERATIONS: Dict[str, Optional[str]] = {
 }
 
 _SITE_TRAFFIC = "a site's own traffic, for browsers (open it with AsyncProject.site_url)"
-for _method in ("Get", "Post", "Put", "Patch", "Delete"):
+for _method in ("Get", "Head", "Post", "Put", "Patch", "Delete", "Options"):
     OPERATIONS["siteRedirect" + _method] = None
     OPERATIONS["site" + _method] = None
 
