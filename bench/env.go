@@ -226,7 +226,7 @@ func workerChild(args []string) error {
 type corral struct {
 	core *core.Core
 	ctl  *sandbox.Control
-	st   *store.Store
+	st   store.Store
 	w    *workerProc
 
 	alice sandbox.Actor // member of every project, not trusted

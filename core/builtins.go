@@ -31,7 +31,7 @@ type Deps struct {
 // (see PluginFactory), never a factory made with Plugin.
 type internals struct {
 	Deps
-	store   *store.Store
+	store   store.Store
 	leases  *lease.Manager
 	gateway *machine.Gateway
 	selfExe string

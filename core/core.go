@@ -25,7 +25,7 @@ import (
 type Options struct {
 	// Store is the database. If nil, Build opens StorePath (and closes it
 	// on Close).
-	Store *store.Store
+	Store store.Store
 	// StorePath is the database file used when Store is nil.
 	StorePath string
 	// Migrate lets Build create and migrate the database. A process that
@@ -66,7 +66,7 @@ type Options struct {
 
 // Core is a built corral core. Close it when done.
 type Core struct {
-	store       *store.Store
+	store       store.Store
 	ownStore    bool
 	leases      *lease.Manager
 	gateway     *machine.Gateway
@@ -235,7 +235,7 @@ func (c *Core) interrupt(leaseIDs []string, message string) {
 }
 
 // Store returns the core's database.
-func (c *Core) Store() *store.Store { return c.store }
+func (c *Core) Store() store.Store { return c.store }
 
 // Leases returns the lease manager.
 func (c *Core) Leases() *lease.Manager { return c.leases }

@@ -113,7 +113,7 @@ for i in $(seq 1 60); do c=$(curl -sS -o /dev/null -w '%%{http_code}' http://up.
 	}
 }
 
-func waitRows(t *testing.T, st *store.Store, project int64, n int) {
+func waitRows(t *testing.T, st store.Store, project int64, n int) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {

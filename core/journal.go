@@ -17,7 +17,7 @@ import (
 // (lease.JournalStart, which the provider passes on), and the outcome of a
 // command that exited with the lease's release, in one write too
 // (lease.Lease.ReleaseAndFinish).
-func journal(st *store.Store, logf func(msg string, args ...any)) func(sandbox.Record) *sandbox.JournalEntry {
+func journal(st store.Store, logf func(msg string, args ...any)) func(sandbox.Record) *sandbox.JournalEntry {
 	return func(start sandbox.Record) *sandbox.JournalEntry {
 		js := &lease.JournalStart{Command: store.JournalCommand{
 			Account:   start.Actor.AccountUserID,

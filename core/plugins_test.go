@@ -17,7 +17,7 @@ import (
 // lease "not-a-lease", with no tenancy check, no lease and no journal row.
 var internalTypes = []reflect.Type{
 	reflect.TypeFor[*machine.Gateway](),
-	reflect.TypeFor[*store.Store](),
+	reflect.TypeFor[store.Store](),
 	reflect.TypeFor[*lease.Manager](),
 	reflect.TypeFor[*core.Core](),
 	reflect.TypeFor[machine.PrivilegedTransport](),

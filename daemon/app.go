@@ -148,7 +148,7 @@ const DefaultMaxAccountProjects = 100
 // http.Handler; Close it when done (after the server stopped).
 type App struct {
 	core    *core.Core
-	store   *store.Store
+	store   store.Store
 	opts    AppOptions
 	log     *slog.Logger
 	metrics *Metrics

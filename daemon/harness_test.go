@@ -114,7 +114,7 @@ type env struct {
 	sock    string
 	core    *core.Core
 	app     *App
-	st      *store.Store
+	st      store.Store
 	metrics *Metrics
 	http    *http.Client
 }

@@ -165,7 +165,7 @@ func (a *App) resetMachine(w http.ResponseWriter, r *http.Request) error {
 // machine.Gateway.Reset). It refuses with store.ErrProjectBusy while the
 // project has a live lease or its machine has sessions; without a
 // privileged transport it is machine.ErrNoPrivilegedTransport.
-func ResetMachine(ctx context.Context, st *store.Store, gw *machine.Gateway, p store.Project) error {
+func ResetMachine(ctx context.Context, st store.Store, gw *machine.Gateway, p store.Project) error {
 	live, err := st.ProjectLiveLeases(ctx, p.ID)
 	if err != nil {
 		return err

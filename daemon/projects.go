@@ -58,7 +58,7 @@ type ProjectSpec struct {
 // Projects creates and deletes projects with their workspaces. The CLI uses
 // it directly on the database; the HTTP API through the App.
 type Projects struct {
-	Store *store.Store
+	Store store.Store
 	// StateDir is the daemon's state directory; managed workspaces live in
 	// StateDir/projects. Empty refuses managed projects.
 	StateDir string

@@ -283,7 +283,7 @@ func (s *siteConns) count() int {
 
 // recheck closes the connections whose token was revoked or whose account
 // is no longer a member of the site's project.
-func (s *siteConns) recheck(ctx context.Context, st *store.Store) {
+func (s *siteConns) recheck(ctx context.Context, st store.Store) {
 	type member struct{ project, account int64 }
 	s.mu.Lock()
 	tokens := map[int64]bool{}
@@ -306,7 +306,7 @@ func (s *siteConns) recheck(ctx context.Context, st *store.Store) {
 }
 
 // run rechecks every interval until ctx ends.
-func (s *siteConns) run(ctx context.Context, st *store.Store, interval time.Duration) {
+func (s *siteConns) run(ctx context.Context, st store.Store, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

@@ -17,7 +17,7 @@ import (
 
 // LoadPolicy returns project's stored policy (the zero Policy, mode none,
 // when none was stored).
-func LoadPolicy(ctx context.Context, st *store.Store, project int64) (Policy, error) {
+func LoadPolicy(ctx context.Context, st store.Store, project int64) (Policy, error) {
 	s, err := st.EgressPolicy(ctx, project)
 	if err != nil {
 		return Policy{Mode: ModeNone}, err
@@ -40,7 +40,7 @@ func parseStored(project int64, s string) (Policy, error) {
 // StorePolicy validates p and stores it for project (normalized). Errors
 // wrap ErrBadPolicy for a bad policy, store.ErrNotFound for an unknown
 // project.
-func StorePolicy(ctx context.Context, st *store.Store, project int64, p Policy) (Policy, error) {
+func StorePolicy(ctx context.Context, st store.Store, project int64, p Policy) (Policy, error) {
 	p = p.Normalized()
 	if _, err := p.Compile(); err != nil {
 		return Policy{}, err
@@ -65,7 +65,7 @@ type ManagerOptions struct {
 	// if set, is called after the Manager journaled a record.
 	Service Options
 	// Store holds the policies and receives the journal rows. Required.
-	Store *store.Store
+	Store store.Store
 	// Gateway reaches the machines. Required.
 	Gateway Gateway
 	// Poll is how often the policies of live machines are re-read; 0
@@ -90,7 +90,7 @@ type ManagerOptions struct {
 // new session re-arms the new machine.
 type Manager struct {
 	svc   *Service
-	st    *store.Store
+	st    store.Store
 	gw    Gateway
 	log   *slog.Logger
 	poll  time.Duration

@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 type env struct {
 	t     *testing.T
 	core  *core.Core
-	st    *store.Store
+	st    store.Store
 	alice sandbox.Actor
 	bob   sandbox.Actor // not a member
 	p     store.Project

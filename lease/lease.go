@@ -85,7 +85,7 @@ type Options struct {
 // concurrent use. A Manager starts no goroutine of its own except while
 // Run runs and while heartbeats wait for their shared transaction.
 type Manager struct {
-	st     *store.Store
+	st     store.Store
 	ttl    time.Duration
 	sweep  time.Duration
 	window time.Duration
@@ -105,7 +105,7 @@ type Manager struct {
 }
 
 // NewManager returns a Manager for the leases in st.
-func NewManager(st *store.Store, opts Options) *Manager {
+func NewManager(st store.Store, opts Options) *Manager {
 	m := &Manager{
 		st: st, ttl: opts.TTL, sweep: opts.SweepInterval, window: opts.HeartbeatWindow,
 		now: opts.Now, log: opts.Logger, holder: opts.Holder, hook: opts.OnExpired, onSweep: opts.OnSweep,
@@ -297,7 +297,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // journal entries still running under an expired lease interrupted: their
 // commands were cancelled (or their holder died) and will never report an
 // end. Failures are logged (to slog.Default() if log is nil).
-func InterruptJournal(st *store.Store, log *slog.Logger) func(store.Lease) {
+func InterruptJournal(st store.Store, log *slog.Logger) func(store.Lease) {
 	if log == nil {
 		log = slog.Default()
 	}

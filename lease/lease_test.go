@@ -61,7 +61,7 @@ func (c *calls) expect(t *testing.T, want int32) {
 }
 
 type fixture struct {
-	st      *store.Store
+	st      store.Store
 	clock   *clock
 	project int64
 }
@@ -266,7 +266,7 @@ func TestOverdueFoundByHolder(t *testing.T) {
 
 // sharedStores opens one database twice, as the daemon's and a runner's
 // stores on clock c, with one managed project; they close with the test.
-func sharedStores(t *testing.T, c *clock) (daemonStore, runnerStore *store.Store, p store.Project) {
+func sharedStores(t *testing.T, c *clock) (daemonStore, runnerStore store.Store, p store.Project) {
 	t.Helper()
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")

@@ -19,7 +19,7 @@ var _ PolicyEgress = (*egress.Manager)(nil)
 // policyEgress records the stored policy each session started under, and
 // whether it was handed over (SessionPolicy) or read (Session).
 type policyEgress struct {
-	st *store.Store
+	st store.Store
 	mu sync.Mutex
 	// got is the stored policy of each session; read counts the sessions
 	// that read it themselves.

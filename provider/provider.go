@@ -54,7 +54,7 @@ const PrepareTimeout = 30 * time.Second
 // Options configure a Provider.
 type Options struct {
 	// Store holds projects and members. Required.
-	Store *store.Store
+	Store store.Store
 	// Leases mints the leases that cover executions. Required.
 	Leases *lease.Manager
 	// Domain is stamped on every lease this provider mints (the registry
@@ -88,7 +88,7 @@ type Options struct {
 // Provider prepares executions for corral's projects. It is safe for
 // concurrent use.
 type Provider struct {
-	store   *store.Store
+	store   store.Store
 	leases  *lease.Manager
 	gateway *machine.Gateway
 	domain  string

@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 
 // fixture is a store with one host project, one member and the provider.
 type fixture struct {
-	st        *store.Store
+	st        store.Store
 	leases    *lease.Manager
 	p         *Provider
 	ctrl      *sandbox.Control

@@ -40,7 +40,7 @@ import (
 type env struct {
 	state   string
 	daemon  *core.Core
-	st      *store.Store
+	st      store.Store
 	actor   sandbox.Actor
 	host    store.Project
 	managed store.Project

@@ -40,8 +40,7 @@ const TokenPrefix = "corral_"
 // one token: authentication is a read unless the recorded use is older.
 const lastUsedGranularity = time.Minute
 
-// CreateAccount creates an account. A duplicate name is ErrExists.
-func (s *Store) CreateAccount(ctx context.Context, name string) (Account, error) {
+func (s *sqliteStore) CreateAccount(ctx context.Context, name string) (Account, error) {
 	a := Account{Name: name, Created: s.stamp()}
 	err := s.w.QueryRowContext(ctx,
 		"INSERT INTO accounts (name, created_at) VALUES (?, ?) RETURNING id",
@@ -52,20 +51,17 @@ func (s *Store) CreateAccount(ctx context.Context, name string) (Account, error)
 	return a, nil
 }
 
-// GetAccount returns the account with the given ID, or ErrNotFound.
-func (s *Store) GetAccount(ctx context.Context, id int64) (Account, error) {
+func (s *sqliteStore) GetAccount(ctx context.Context, id int64) (Account, error) {
 	return scanAccount(s.r.QueryRowContext(ctx, "SELECT id, name, created_at FROM accounts WHERE id = ?", id),
 		fmt.Sprintf("account %d", id))
 }
 
-// AccountByName returns the account with the given name, or ErrNotFound.
-func (s *Store) AccountByName(ctx context.Context, name string) (Account, error) {
+func (s *sqliteStore) AccountByName(ctx context.Context, name string) (Account, error) {
 	return scanAccount(s.r.QueryRowContext(ctx, "SELECT id, name, created_at FROM accounts WHERE name = ?", name),
 		"account "+strconvQuote(name))
 }
 
-// ListAccounts returns every account, by ID.
-func (s *Store) ListAccounts(ctx context.Context) ([]Account, error) {
+func (s *sqliteStore) ListAccounts(ctx context.Context) ([]Account, error) {
 	rows, err := s.r.QueryContext(ctx, "SELECT id, name, created_at FROM accounts ORDER BY id")
 	if err != nil {
 		return nil, fmt.Errorf("store: list accounts: %w", err)
@@ -102,17 +98,13 @@ func HashToken(plaintext string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-// CreateToken mints a new bearer token for account and stores its hash. It
-// returns the plaintext, which cannot be recovered later. An unknown
-// account is ErrNotFound.
-func (s *Store) CreateToken(ctx context.Context, account int64, name string) (string, Token, error) {
-	var raw [32]byte
-	if _, err := rand.Read(raw[:]); err != nil {
-		return "", Token{}, fmt.Errorf("store: create token: %w", err)
+func (s *sqliteStore) CreateToken(ctx context.Context, account int64, name string) (string, Token, error) {
+	plaintext, err := newToken()
+	if err != nil {
+		return "", Token{}, err
 	}
-	plaintext := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
 	t := Token{Account: account, Name: name, Created: s.stamp()}
-	err := s.w.QueryRowContext(ctx,
+	err = s.w.QueryRowContext(ctx,
 		"INSERT INTO tokens (account, hash, name, created_at) VALUES (?, ?, ?, ?) RETURNING id",
 		account, HashToken(plaintext), name, ms(t.Created)).Scan(&t.ID)
 	if err != nil {
@@ -121,25 +113,27 @@ func (s *Store) CreateToken(ctx context.Context, account int64, name string) (st
 	return plaintext, t, nil
 }
 
+// newToken returns a new bearer token's plaintext.
+func newToken() (string, error) {
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return "", fmt.Errorf("store: create token: %w", err)
+	}
+	return TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:]), nil
+}
+
 // sqlAuthenticate finds a live token's account by the token's hash; every
 // daemon request runs it.
 const sqlAuthenticate = `SELECT a.id, a.name, a.created_at, t.id, t.last_used_at
 	FROM tokens t JOIN accounts a ON a.id = t.account
 	WHERE t.hash = ? AND t.revoked_at IS NULL`
 
-// Authenticate returns the account a live bearer token belongs to. A token
-// that is unknown or revoked is ErrNotFound; the error never says which.
-// The token is looked up by its hash, so the plaintext is never compared.
-// It records the token's use at most once per minute.
-func (s *Store) Authenticate(ctx context.Context, plaintext string) (Account, error) {
+func (s *sqliteStore) Authenticate(ctx context.Context, plaintext string) (Account, error) {
 	a, _, err := s.AuthenticateToken(ctx, plaintext)
 	return a, err
 }
 
-// AuthenticateToken is Authenticate that also returns the token's ID (for
-// credentials derived from the token, which must end when it is revoked:
-// see LiveToken).
-func (s *Store) AuthenticateToken(ctx context.Context, plaintext string) (Account, int64, error) {
+func (s *sqliteStore) AuthenticateToken(ctx context.Context, plaintext string) (Account, int64, error) {
 	if !strings.HasPrefix(plaintext, TokenPrefix) {
 		return Account{}, 0, fmt.Errorf("store: authenticate: %w", ErrNotFound)
 	}
@@ -174,10 +168,7 @@ func (s *Store) AuthenticateToken(ctx context.Context, plaintext string) (Accoun
 	return a, tokenID, nil
 }
 
-// TokensByID returns the tokens with the given IDs that still exist
-// (revoked ones included, with Revoked set). A token whose account was
-// deleted no longer exists. One query, for any number of IDs.
-func (s *Store) TokensByID(ctx context.Context, ids []int64) (map[int64]Token, error) {
+func (s *sqliteStore) TokensByID(ctx context.Context, ids []int64) (map[int64]Token, error) {
 	out := make(map[int64]Token, len(ids))
 	if len(ids) == 0 {
 		return out, nil
@@ -228,11 +219,7 @@ func scanToken(r scanner) (Token, error) {
 	return t, nil
 }
 
-// DeleteAccount deletes an account with its tokens and memberships. An
-// account that is the only owner of a project is refused with ErrSoleOwner
-// (make someone else owner, or delete the project, first). An unknown
-// account is ErrNotFound.
-func (s *Store) DeleteAccount(ctx context.Context, id int64) error {
+func (s *sqliteStore) DeleteAccount(ctx context.Context, id int64) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		var name string
 		if err := tx.QueryRowContext(ctx, "SELECT name FROM accounts WHERE id = ?", id).Scan(&name); err != nil {
@@ -257,9 +244,7 @@ func (s *Store) DeleteAccount(ctx context.Context, id int64) error {
 	})
 }
 
-// RevokeToken revokes a token. Revoking a revoked token is a no-op; an
-// unknown token is ErrNotFound.
-func (s *Store) RevokeToken(ctx context.Context, id int64) error {
+func (s *sqliteStore) RevokeToken(ctx context.Context, id int64) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		var revoked sql.NullInt64
 		if err := tx.QueryRowContext(ctx, "SELECT revoked_at FROM tokens WHERE id = ?", id).Scan(&revoked); err != nil {
@@ -275,9 +260,7 @@ func (s *Store) RevokeToken(ctx context.Context, id int64) error {
 	})
 }
 
-// ListTokens returns the account's tokens (live and revoked), by ID. An
-// account of 0 lists every account's tokens.
-func (s *Store) ListTokens(ctx context.Context, account int64) ([]Token, error) {
+func (s *sqliteStore) ListTokens(ctx context.Context, account int64) ([]Token, error) {
 	rows, err := s.r.QueryContext(ctx, `
 		SELECT id, account, name, created_at, last_used_at, revoked_at
 		FROM tokens WHERE account = ? OR ? = 0 ORDER BY id`, account, account)

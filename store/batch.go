@@ -134,13 +134,13 @@ func hot(ctx context.Context) (context.Context, error) {
 //
 // Busy handling is unchanged: a batch's BEGIN IMMEDIATE waits for another
 // process's write lock up to the busy timeout, as a lone statement does.
-func (s *Store) exec(ctx context.Context, q string, args ...any) execResult {
+func (s *sqliteStore) exec(ctx context.Context, q string, args ...any) execResult {
 	return s.write(ctx, q, false, args)
 }
 
 // execQuery is exec for a statement that returns one row of one integer
 // (INSERT ... RETURNING): the result's lastID is that integer.
-func (s *Store) execQuery(ctx context.Context, q string, args ...any) execResult {
+func (s *sqliteStore) execQuery(ctx context.Context, q string, args ...any) execResult {
 	return s.write(ctx, q, true, args)
 }
 
@@ -156,7 +156,7 @@ func runStmt(ctx context.Context, st *sql.Stmt, query bool, args []any) execResu
 	return execResult{rows: 1, lastID: v}
 }
 
-func (s *Store) write(ctx context.Context, q string, query bool, args []any) execResult {
+func (s *sqliteStore) write(ctx context.Context, q string, query bool, args []any) execResult {
 	st, err := s.writeStmt(ctx, q)
 	if err != nil {
 		return execResult{err: err}
@@ -199,7 +199,7 @@ func (s *Store) write(ctx context.Context, q string, query bool, args []any) exe
 
 // handOff ends a run: it passes the queued requests to the first of them,
 // which runs them, or marks the writer idle if none is left.
-func (s *Store) handOff() {
+func (s *sqliteStore) handOff() {
 	w := &s.wr
 	for {
 		w.mu.Lock()
@@ -239,7 +239,7 @@ var testHookBatch func(n int)
 
 // runBatch runs the statements of batch, which its first request's caller
 // runs, and answers every other request.
-func (s *Store) runBatch(batch []*writeReq) {
+func (s *sqliteStore) runBatch(batch []*writeReq) {
 	defer func() {
 		for _, r := range batch[1:] {
 			r.wake <- struct{}{}
@@ -321,7 +321,7 @@ type rawStmts struct {
 
 // runRaw runs q with args on dc, the driver's write connection, inside
 // runBatch's transaction.
-func (s *Store) runRaw(ctx context.Context, dc any, q string, query bool, args []any) execResult {
+func (s *sqliteStore) runRaw(ctx context.Context, dc any, q string, query bool, args []any) execResult {
 	st, err := s.rawStmt(dc, q)
 	if err != nil {
 		return execResult{err: err}
@@ -361,7 +361,7 @@ func (s *Store) runRaw(ctx context.Context, dc any, q string, query bool, args [
 }
 
 // rawStmt returns q prepared on dc, the driver's write connection.
-func (s *Store) rawStmt(dc any, q string) (driver.Stmt, error) {
+func (s *sqliteStore) rawStmt(dc any, q string) (driver.Stmt, error) {
 	rs := &s.raw
 	if rs.dc != dc {
 		// A new connection (database/sql replaced a broken one): the old
@@ -384,7 +384,7 @@ func (s *Store) rawStmt(dc any, q string) (driver.Stmt, error) {
 }
 
 // closeRaw closes the raw statements (as the Store closes).
-func (s *Store) closeRaw() {
+func (s *sqliteStore) closeRaw() {
 	conn, err := s.w.Conn(context.Background())
 	if err != nil {
 		return
@@ -418,7 +418,7 @@ func namedValues(args []any) ([]driver.NamedValue, error) {
 // failBatch sets the result of every request of batch that succeeded or was
 // yet to run to err. The others keep their own error: their statement was
 // undone or skipped either way.
-func (s *Store) failBatch(batch []*writeReq, failed *writeReq, err error) {
+func (s *sqliteStore) failBatch(batch []*writeReq, failed *writeReq, err error) {
 	for _, r := range batch {
 		if r != failed && r.res.err == nil {
 			r.res = execResult{err: err}

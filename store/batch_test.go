@@ -15,7 +15,7 @@ import (
 // holdWriter takes the store's write connection in a transaction, so that
 // the next hot write waits for it (running alone, the writer busy) and the
 // ones after it queue. release commits the transaction.
-func holdWriter(t *testing.T, s *Store) (release func()) {
+func holdWriter(t *testing.T, s *sqliteStore) (release func()) {
 	t.Helper()
 	tx, err := s.w.BeginTx(context.Background(), nil)
 	if err != nil {
@@ -34,7 +34,7 @@ func holdWriter(t *testing.T, s *Store) (release func()) {
 }
 
 // waitWriter waits until the writer is busy and n requests are queued.
-func waitWriter(t *testing.T, s *Store, n int) {
+func waitWriter(t *testing.T, s *sqliteStore, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		s.wr.mu.Lock()
@@ -73,7 +73,7 @@ func countBatches(t *testing.T, also func(n int)) func() []int {
 	}
 }
 
-func testProject(t *testing.T, s *Store) int64 {
+func testProject(t *testing.T, s *sqliteStore) int64 {
 	t.Helper()
 	p, err := s.CreateProject(context.Background(), NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
 	if err != nil {
@@ -419,7 +419,7 @@ func TestHotStatementContext(t *testing.T) {
 // open, and its files, alive after close).
 func TestBatchStatementsClosed(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "corral.db")
-	s, err := Open(context.Background(), path, Options{Migrate: true})
+	s, err := openSQLite(context.Background(), path, Options{Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}

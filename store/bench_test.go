@@ -15,10 +15,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func benchLeases(b *testing.B, n int) (*Store, []string) {
+func benchLeases(b *testing.B, n int) (*sqliteStore, []string) {
 	b.Helper()
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(b.TempDir(), "corral.db"), Options{Migrate: true})
+	s, err := openSQLite(ctx, filepath.Join(b.TempDir(), "corral.db"), Options{Migrate: true})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 // a refused one does not fail the others.
 func TestReleaseAndFinish(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	s, err := openSQLite(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
 	must(t, err)
 	defer s.Close()
 	p, err := s.CreateProject(ctx, NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
@@ -137,7 +137,7 @@ func TestReleaseAndFinish(t *testing.T) {
 // starts, batched, get distinct IDs that are their entries'.
 func TestCreateLeaseWithJournal(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	s, err := openSQLite(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
 	must(t, err)
 	defer s.Close()
 	acct, err := s.CreateAccount(ctx, "a")

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -19,9 +20,7 @@ const (
 		FROM projects p LEFT JOIN egress_policies e ON e.project = p.id WHERE p.id = ?`
 )
 
-// SetEgressPolicy stores project's policy (JSON, validated by the caller:
-// package egress). An unknown project is ErrNotFound.
-func (s *Store) SetEgressPolicy(ctx context.Context, project int64, policyJSON string) error {
+func (s *sqliteStore) SetEgressPolicy(ctx context.Context, project int64, policyJSON string) error {
 	res, err := s.w.ExecContext(ctx, `INSERT INTO egress_policies (project, policy, updated_at)
 		SELECT id, ?, ? FROM projects WHERE id = ?
 		ON CONFLICT (project) DO UPDATE SET policy = excluded.policy, updated_at = excluded.updated_at`,
@@ -35,14 +34,7 @@ func (s *Store) SetEgressPolicy(ctx context.Context, project int64, policyJSON s
 	return nil
 }
 
-// EgressPolicy returns project's stored policy JSON, "" when none was set
-// (mode none). It does not check that the project exists.
-//
-// A managed command's session start reads it (package egress) when its
-// preparation did not read it with the tenancy (Tenancy.EgressPolicy), so
-// it runs as a hot read: a prepared statement, with ctx's cancellation
-// checked before and not watched during (see hot).
-func (s *Store) EgressPolicy(ctx context.Context, project int64) (string, error) {
+func (s *sqliteStore) EgressPolicy(ctx context.Context, project int64) (string, error) {
 	st, err := s.readStmt(ctx, sqlEgressPolicy)
 	if err != nil {
 		return "", err
@@ -62,11 +54,7 @@ func (s *Store) EgressPolicy(ctx context.Context, project int64) (string, error)
 	return v, nil
 }
 
-// EgressPolicyAt is EgressPolicy with the project's tenancy version as of
-// the read (Tenancy.Version: every policy change bumps it, schema 17), by
-// which a caller applying policies read at different times can tell the
-// newer one. An unknown project is "" at version 0.
-func (s *Store) EgressPolicyAt(ctx context.Context, project int64) (string, int64, error) {
+func (s *sqliteStore) EgressPolicyAt(ctx context.Context, project int64) (string, int64, error) {
 	st, err := s.readStmt(ctx, sqlEgressPolicyAt)
 	if err != nil {
 		return "", 0, err
@@ -120,9 +108,21 @@ var maxEgressRows int64 = MaxEgressRows
 // deletions of its rows beyond maxEgressRows.
 const egressPruneEvery = 64
 
-// AppendEgress journals one connection attempt and returns its id. The
-// project's oldest rows beyond MaxEgressRows are deleted.
-func (s *Store) AppendEgress(ctx context.Context, e EgressEntry) (int64, error) {
+// egressPruner counts each project's AppendEgress calls, for either
+// backend, to delete its rows beyond maxEgressRows every egressPruneEvery
+// of them. Its zero value is ready.
+type egressPruner struct {
+	appends sync.Map // project id → *atomic.Int64
+}
+
+// due counts an append of project and reports whether its rows are due
+// for pruning.
+func (p *egressPruner) due(project int64) bool {
+	n, _ := p.appends.LoadOrStore(project, new(atomic.Int64))
+	return n.(*atomic.Int64).Add(1)%egressPruneEvery == 0
+}
+
+func (s *sqliteStore) AppendEgress(ctx context.Context, e EgressEntry) (int64, error) {
 	res, err := s.w.ExecContext(ctx, `INSERT INTO egress_log (account, project, protocol, name, addr, port,
 		verdict, rule, error, bytes_in, bytes_out, started_at, duration_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		e.Account, e.Project, e.Protocol, e.Name, e.Addr, e.Port, e.Verdict, e.Rule, e.Error,
@@ -134,8 +134,7 @@ func (s *Store) AppendEgress(ctx context.Context, e EgressEntry) (int64, error) 
 	if err != nil {
 		return 0, err
 	}
-	n, _ := s.egressAppends.LoadOrStore(e.Project, new(atomic.Int64))
-	if n.(*atomic.Int64).Add(1)%egressPruneEvery == 0 {
+	if s.egress.due(e.Project) {
 		if _, err := s.w.ExecContext(ctx, `DELETE FROM egress_log WHERE project = ?1 AND id <=
 			(SELECT id FROM egress_log WHERE project = ?1 ORDER BY id DESC LIMIT 1 OFFSET ?2)`, e.Project, maxEgressRows); err != nil {
 			return id, classify(err, "prune egress journal")
@@ -144,9 +143,7 @@ func (s *Store) AppendEgress(ctx context.Context, e EgressEntry) (int64, error) 
 	return id, nil
 }
 
-// EgressLog returns project's most recent journal rows, newest first, at
-// most limit of them (limit <= 0 means 100).
-func (s *Store) EgressLog(ctx context.Context, project int64, limit int) ([]EgressEntry, error) {
+func (s *sqliteStore) EgressLog(ctx context.Context, project int64, limit int) ([]EgressEntry, error) {
 	if limit <= 0 {
 		limit = 100
 	}

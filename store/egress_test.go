@@ -11,7 +11,7 @@ import (
 
 func TestEgress(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	s, err := openSQLite(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestEgress(t *testing.T) {
 // appends); other projects' rows are untouched.
 func TestEgressJournalBounded(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	s, err := openSQLite(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestEgressJournalBounded(t *testing.T) {
 // argv, its cut marked.
 func TestJournalArgvBounded(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	s, err := openSQLite(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,11 +11,7 @@ import (
 // Permissions beyond membership (schema version 4): an account's host-path
 // grant, and a project's export remotes.
 
-// SetHostPaths grants (on) or revokes the use of host paths to an account:
-// creating host projects and managed projects copied from a host
-// directory, where the daemon permits host paths at all. It is idempotent;
-// an unknown account is ErrNotFound.
-func (s *Store) SetHostPaths(ctx context.Context, account int64, on bool) error {
+func (s *sqliteStore) SetHostPaths(ctx context.Context, account int64, on bool) error {
 	v := 0
 	if on {
 		v = 1
@@ -30,9 +26,7 @@ func (s *Store) SetHostPaths(ctx context.Context, account int64, on bool) error 
 	return nil
 }
 
-// HostPaths reports whether the account was granted host paths. An
-// unknown account is ErrNotFound.
-func (s *Store) HostPaths(ctx context.Context, account int64) (bool, error) {
+func (s *sqliteStore) HostPaths(ctx context.Context, account int64) (bool, error) {
 	var v int
 	err := s.r.QueryRowContext(ctx, "SELECT host_paths FROM accounts WHERE id = ?", account).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -44,11 +38,7 @@ func (s *Store) HostPaths(ctx context.Context, account int64) (bool, error) {
 	return v == 1, nil
 }
 
-// SetExportRemotes sets the remote patterns a project may be exported to
-// (narrowing the daemon's); nil or empty means the daemon's alone. An
-// empty or multi-line pattern is refused with an error; an unknown project
-// is ErrNotFound.
-func (s *Store) SetExportRemotes(ctx context.Context, project int64, patterns []string) error {
+func (s *sqliteStore) SetExportRemotes(ctx context.Context, project int64, patterns []string) error {
 	for _, p := range patterns {
 		if p == "" || strings.ContainsAny(p, "\r\n") {
 			return fmt.Errorf("store: export remote pattern %q: empty or multi-line", p)
@@ -64,9 +54,7 @@ func (s *Store) SetExportRemotes(ctx context.Context, project int64, patterns []
 	return nil
 }
 
-// ExportRemotes returns the project's export remote patterns (nil for
-// none). An unknown project is ErrNotFound.
-func (s *Store) ExportRemotes(ctx context.Context, project int64) ([]string, error) {
+func (s *sqliteStore) ExportRemotes(ctx context.Context, project int64) ([]string, error) {
 	var v string
 	err := s.r.QueryRowContext(ctx, "SELECT export_remotes FROM projects WHERE id = ?", project).Scan(&v)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -10,7 +10,7 @@ import (
 
 func TestGrants(t *testing.T) {
 	ctx := context.Background()
-	s, err := Open(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
+	s, err := openSQLite(ctx, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -113,9 +113,7 @@ func boundArgv(argv []string) []string {
 	return out
 }
 
-// JournalStart records that a command starts now and returns its entry's
-// ID, which JournalFinish takes.
-func (s *Store) JournalStart(ctx context.Context, in JournalCommand) (int64, error) {
+func (s *sqliteStore) JournalStart(ctx context.Context, in JournalCommand) (int64, error) {
 	argvJSON, limitsJSON, err := journalJSON(in)
 	if err != nil {
 		return 0, fmt.Errorf("store: journal start: %w", err)
@@ -145,9 +143,7 @@ func journalJSON(in JournalCommand) (argv, limits string, err error) {
 	return string(argvJSON), string(limitsJSON), nil
 }
 
-// JournalFinish records how the command of entry id ended. An unknown or
-// already finished entry is ErrNotFound (an entry ends once).
-func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) error {
+func (s *sqliteStore) JournalFinish(ctx context.Context, id int64, end JournalEnd) error {
 	if err := end.validate(); err != nil {
 		return fmt.Errorf("store: journal finish %d: %w", id, err)
 	}
@@ -172,19 +168,7 @@ func (s *Store) JournalFinish(ctx context.Context, id int64, end JournalEnd) err
 const sqlCommandEnd = `INSERT INTO command_end (lease, released_at, journal, outcome, code, signal, oom_killed, error_kind,
 		stdout_bytes, stderr_bytes, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
-// ReleaseAndFinish releases a live lease (as ReleaseHeldLease does) and
-// records how the command of journal entry id ended (as JournalFinish
-// does), in one write: a command's end costs one statement and one commit
-// instead of two. journaled reports that the entry was finished with the
-// release (an entry no longer running, as JournalFinish would report
-// ErrNotFound, is left as it is).
-//
-// If the lease is not releasable at once, the entry is not touched
-// (journaled is false) and the lease is examined as ReleaseHeldLease
-// examines it: err then wraps ErrLeaseExpired or ErrNotFound, or is nil
-// for a lease released already (release is idempotent). An invalid end is
-// an error and nothing is written.
-func (s *Store) ReleaseAndFinish(ctx context.Context, lease string, at time.Time, id int64, end JournalEnd) (journaled bool, err error) {
+func (s *sqliteStore) ReleaseAndFinish(ctx context.Context, lease string, at time.Time, id int64, end JournalEnd) (journaled bool, err error) {
 	if err := end.validate(); err != nil {
 		return false, fmt.Errorf("store: journal finish %d: %w", id, err)
 	}
@@ -232,10 +216,7 @@ func (e JournalEnd) validate() error {
 	return nil
 }
 
-// JournalInterrupt marks every running entry of a lease interrupted with
-// message and returns how many it marked. A lease reconciler calls it for
-// the leases it expires: their commands can no longer report an end.
-func (s *Store) JournalInterrupt(ctx context.Context, lease, message string) (int, error) {
+func (s *sqliteStore) JournalInterrupt(ctx context.Context, lease, message string) (int, error) {
 	res, err := s.w.ExecContext(ctx,
 		"UPDATE journal SET ended_at = ?, outcome = 'interrupted', message = ? WHERE lease = ? AND outcome IS NULL",
 		ms(s.now()), message, lease)
@@ -246,13 +227,7 @@ func (s *Store) JournalInterrupt(ctx context.Context, lease, message string) (in
 	return int(n), nil
 }
 
-// JournalInterruptReleased marks interrupted, with message, every running
-// entry whose lease was released before the given time, and returns how
-// many it marked. Such an entry's process released the lease and died
-// before recording the command's end (RunCommand releases, then its caller
-// journals the outcome): no expiry will close it. before leaves the live
-// process that is between the two writes its time.
-func (s *Store) JournalInterruptReleased(ctx context.Context, before time.Time, message string) (int, error) {
+func (s *sqliteStore) JournalInterruptReleased(ctx context.Context, before time.Time, message string) (int, error) {
 	res, err := s.w.ExecContext(ctx, `UPDATE journal SET ended_at = ?, outcome = 'interrupted', message = ?
 		WHERE outcome IS NULL AND EXISTS (SELECT 1 FROM leases l
 			WHERE l.id = journal.lease AND l.state = 'released' AND l.released_at < ?)`,
@@ -277,8 +252,7 @@ type JournalFilter struct {
 	Limit int
 }
 
-// ListJournal returns the newest entries matching f, newest first.
-func (s *Store) ListJournal(ctx context.Context, f JournalFilter) ([]JournalEntry, error) {
+func (s *sqliteStore) ListJournal(ctx context.Context, f JournalFilter) ([]JournalEntry, error) {
 	var (
 		where []string
 		args  []any
@@ -353,9 +327,7 @@ type Artifact struct {
 	Deleted time.Time // zero while it exists
 }
 
-// RecordArtifact records a file core created. An unknown project is
-// ErrNotFound.
-func (s *Store) RecordArtifact(ctx context.Context, project int64, path, lease string) (Artifact, error) {
+func (s *sqliteStore) RecordArtifact(ctx context.Context, project int64, path, lease string) (Artifact, error) {
 	if path == "" {
 		return Artifact{}, fmt.Errorf("store: record artifact: empty path")
 	}
@@ -369,9 +341,7 @@ func (s *Store) RecordArtifact(ctx context.Context, project int64, path, lease s
 	return a, nil
 }
 
-// ListArtifacts returns a project's artifacts, oldest first; deleted ones
-// only if includeDeleted.
-func (s *Store) ListArtifacts(ctx context.Context, project int64, includeDeleted bool) ([]Artifact, error) {
+func (s *sqliteStore) ListArtifacts(ctx context.Context, project int64, includeDeleted bool) ([]Artifact, error) {
 	q := "SELECT id, project, path, lease, created_at, deleted_at FROM artifacts WHERE project = ?"
 	if !includeDeleted {
 		q += " AND deleted_at IS NULL"
@@ -400,9 +370,7 @@ func (s *Store) ListArtifacts(ctx context.Context, project int64, includeDeleted
 	return out, nil
 }
 
-// MarkArtifactDeleted records that an artifact was deleted. Marking it again
-// is a no-op; an unknown artifact is ErrNotFound.
-func (s *Store) MarkArtifactDeleted(ctx context.Context, id int64) error {
+func (s *sqliteStore) MarkArtifactDeleted(ctx context.Context, id int64) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		var deleted sql.NullInt64
 		if err := tx.QueryRowContext(ctx, "SELECT deleted_at FROM artifacts WHERE id = ?", id).Scan(&deleted); err != nil {

@@ -138,10 +138,7 @@ func scanLease(r scanner, what string, extra ...any) (Lease, error) {
 	return l, nil
 }
 
-// CreateLease inserts a live lease that expires at at+TTL. An unknown
-// project is ErrNotFound; a duplicate ID is ErrExists; a tenancy changed
-// since n.TenancyVersion is ErrTenancyChanged.
-func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Lease, error) {
+func (s *sqliteStore) CreateLease(ctx context.Context, n NewLease, at time.Time) (Lease, error) {
 	if n.Kind == "" {
 		return Lease{}, errors.New("store: create lease: kind is required")
 	}
@@ -180,7 +177,7 @@ func (s *Store) CreateLease(ctx context.Context, n NewLease, at time.Time) (Leas
 		return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
 	}
 	if r.rows == 0 {
-		s.forgetTenancy(n.Project, n.Account, n.TenancyVersion)
+		s.tenancy.forget(n.Project, n.Account, n.TenancyVersion)
 		return Lease{}, fmt.Errorf("store: create lease for project %d: %w", n.Project, ErrTenancyChanged)
 	}
 	return l, nil
@@ -196,7 +193,7 @@ const sqlCommandStart = `INSERT INTO command_start (id, account, project, kind, 
 
 // createCommand is CreateLease with n.Journal: the lease l and the entry
 // in one statement.
-func (s *Store) createCommand(ctx context.Context, l Lease, n NewLease) (Lease, error) {
+func (s *sqliteStore) createCommand(ctx context.Context, l Lease, n NewLease) (Lease, error) {
 	argv, limits, err := journalJSON(*n.Journal)
 	if err != nil {
 		return Lease{}, fmt.Errorf("store: journal start: %w", err)
@@ -213,14 +210,13 @@ func (s *Store) createCommand(ctx context.Context, l Lease, n NewLease) (Lease, 
 		l.Journal = r.lastID
 		return l, nil
 	case sqliteCode(r.err) == sqlite3.SQLITE_CONSTRAINT_TRIGGER && strings.Contains(r.err.Error(), "tenancy changed"):
-		s.forgetTenancy(n.Project, n.Account, n.TenancyVersion)
+		s.tenancy.forget(n.Project, n.Account, n.TenancyVersion)
 		return Lease{}, fmt.Errorf("store: create lease for project %d: %w", n.Project, ErrTenancyChanged)
 	}
 	return Lease{}, classify(r.err, fmt.Sprintf("create lease for project %d", n.Project))
 }
 
-// GetLease returns the lease with the given ID, or ErrNotFound.
-func (s *Store) GetLease(ctx context.Context, id string) (Lease, error) {
+func (s *sqliteStore) GetLease(ctx context.Context, id string) (Lease, error) {
 	return scanLease(s.r.QueryRowContext(ctx, "SELECT "+leaseCols+leaseFrom+" WHERE l.id = ?", id),
 		"lease "+id)
 }
@@ -233,10 +229,7 @@ type LeaseFilter struct {
 	Holder  string
 }
 
-// ListLeases returns the leases matching f, oldest first. Listing the live
-// leases reads only theirs; any other listing reads the project's lease
-// history, or the whole history if f.Project is zero.
-func (s *Store) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error) {
+func (s *sqliteStore) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error) {
 	var (
 		where []string
 		args  []any
@@ -269,7 +262,7 @@ type querier interface {
 	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 }
 
-func (s *Store) queryLeases(ctx context.Context, q querier, query string, args ...any) ([]Lease, error) {
+func (s *sqliteStore) queryLeases(ctx context.Context, q querier, query string, args ...any) ([]Lease, error) {
 	rows, err := q.QueryContext(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("store: leases: %w", err)
@@ -289,8 +282,7 @@ func (s *Store) queryLeases(ctx context.Context, q querier, query string, args .
 	return out, nil
 }
 
-// LeasesByID returns the leases with the given IDs that exist, keyed by ID.
-func (s *Store) LeasesByID(ctx context.Context, ids []string) (map[string]Lease, error) {
+func (s *sqliteStore) LeasesByID(ctx context.Context, ids []string) (map[string]Lease, error) {
 	out := make(map[string]Lease, len(ids))
 	if len(ids) == 0 {
 		return out, nil
@@ -306,8 +298,7 @@ func (s *Store) LeasesByID(ctx context.Context, ids []string) (map[string]Lease,
 	return out, nil
 }
 
-// LiveLeaseCount returns the number of live leases, overdue ones included.
-func (s *Store) LiveLeaseCount(ctx context.Context) (int, error) {
+func (s *sqliteStore) LiveLeaseCount(ctx context.Context) (int, error) {
 	var n int
 	if err := s.r.QueryRowContext(ctx, "SELECT count(*) FROM lease_clock").Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: count live leases: %w", err)
@@ -315,11 +306,7 @@ func (s *Store) LiveLeaseCount(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// ProjectLiveLeases returns the number of live leases on a project, overdue
-// ones included. A caller that must not act under a live lease (workspace
-// reset, stopping an idle machine) checks it; only DeleteProject checks it
-// in the same transaction as its action.
-func (s *Store) ProjectLiveLeases(ctx context.Context, project int64) (int, error) {
+func (s *sqliteStore) ProjectLiveLeases(ctx context.Context, project int64) (int, error) {
 	var n int
 	if err := s.r.QueryRowContext(ctx,
 		sqlCountProjectLive, project).Scan(&n); err != nil {
@@ -328,10 +315,7 @@ func (s *Store) ProjectLiveLeases(ctx context.Context, project int64) (int, erro
 	return n, nil
 }
 
-// HeartbeatLease extends a live lease to expire at at plus its TTL. It
-// fails with ErrLeaseExpired if the lease expired or is overdue,
-// ErrLeaseReleased if it was released, ErrNotFound if it does not exist.
-func (s *Store) HeartbeatLease(ctx context.Context, id string, at time.Time) error {
+func (s *sqliteStore) HeartbeatLease(ctx context.Context, id string, at time.Time) error {
 	errs, err := s.HeartbeatLeases(ctx, []string{id}, at)
 	if err != nil {
 		return err
@@ -339,11 +323,7 @@ func (s *Store) HeartbeatLease(ctx context.Context, id string, at time.Time) err
 	return errs[0]
 }
 
-// HeartbeatLeases heartbeats many leases in one transaction, which costs
-// far less per lease than one HeartbeatLease each. errs[i] is the outcome
-// for ids[i], as HeartbeatLease would report it; err is a failure of the
-// whole batch, in which case no lease was extended.
-func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time) (errs []error, err error) {
+func (s *sqliteStore) HeartbeatLeases(ctx context.Context, ids []string, at time.Time) (errs []error, err error) {
 	errs = make([]error, len(ids))
 	if len(ids) == 0 {
 		return errs, nil
@@ -422,12 +402,7 @@ func (s *Store) HeartbeatLeases(ctx context.Context, ids []string, at time.Time)
 	return errs, nil
 }
 
-// ReleaseLease releases a live lease and returns its row. Releasing a
-// released lease returns its row and nil: release is idempotent. A lease
-// that expired, or is overdue, is not released and the error wraps
-// ErrLeaseExpired (an overdue lease stays live until ExpireLeases marks it).
-// An unknown lease is ErrNotFound.
-func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Lease, error) {
+func (s *sqliteStore) ReleaseLease(ctx context.Context, id string, at time.Time) (Lease, error) {
 	// The common case, a live lease on time, is one statement.
 	upd, err := s.writeStmt(ctx, sqlReleaseRow)
 	if err != nil {
@@ -440,10 +415,7 @@ func (s *Store) ReleaseLease(ctx context.Context, id string, at time.Time) (Leas
 	return s.releaseSlow(ctx, id, at)
 }
 
-// ReleaseHeldLease releases a lease as ReleaseLease does, with the same
-// outcomes and errors, but does not return the lease's row: it is for the
-// lease's holder, who has it, and costs less.
-func (s *Store) ReleaseHeldLease(ctx context.Context, id string, at time.Time) error {
+func (s *sqliteStore) ReleaseHeldLease(ctx context.Context, id string, at time.Time) error {
 	r := s.exec(ctx, sqlRelease, id, ms(at))
 	if r.err != nil {
 		return fmt.Errorf("store: release lease %s: %w", id, r.err)
@@ -457,7 +429,7 @@ func (s *Store) ReleaseHeldLease(ctx context.Context, id string, at time.Time) e
 
 // releaseSlow is the rest of ReleaseLease when its single statement
 // released nothing.
-func (s *Store) releaseSlow(ctx context.Context, id string, at time.Time) (Lease, error) {
+func (s *sqliteStore) releaseSlow(ctx context.Context, id string, at time.Time) (Lease, error) {
 	// Nothing was released: find out why, and release the lease if it
 	// became releasable in between (another process's heartbeat).
 	if testHookReleaseFallback != nil {
@@ -493,11 +465,7 @@ func (s *Store) releaseSlow(ctx context.Context, id string, at time.Time) (Lease
 // single statement released nothing, before it looks for the reason.
 var testHookReleaseFallback func()
 
-// ExpireLeases marks every overdue live lease (ExpiresAt before at) expired
-// and returns them, in their new state. Each lease is returned by exactly
-// one call, across every process sharing the database. When no lease is
-// overdue it only reads.
-func (s *Store) ExpireLeases(ctx context.Context, at time.Time) ([]Lease, error) {
+func (s *sqliteStore) ExpireLeases(ctx context.Context, at time.Time) ([]Lease, error) {
 	now := ms(at)
 	var due bool
 	st, err := s.readStmt(ctx, sqlAnyDue)

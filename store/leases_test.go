@@ -12,7 +12,7 @@ import (
 
 // checkClockInvariant fails unless exactly the live leases have a
 // lease_clock row, each with its lease's project, and the counts agree.
-func checkClockInvariant(t *testing.T, s *Store, projects ...int64) {
+func checkClockInvariant(t *testing.T, s *sqliteStore, projects ...int64) {
 	t.Helper()
 	ctx := context.Background()
 	var bad int
@@ -173,7 +173,7 @@ func TestConcurrentReleaseAcrossHandles(t *testing.T) {
 			t.Fatal(err)
 		}
 		errs := make(chan error, 2)
-		for _, st := range []*Store{a, b} {
+		for _, st := range []*sqliteStore{a, b} {
 			go func() {
 				got, err := st.ReleaseLease(ctx, l.ID, c.Now())
 				if err == nil && (got.State != LeaseReleased || !got.ReleasedAt.Equal(c.Now())) {

@@ -16,7 +16,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
 	db := rawDB(t, path)
-	if _, err := db.Exec(loadMigrations()[0].sql); err != nil {
+	if _, err := db.Exec(loadMigrations(SchemeSQLite)[0].sql); err != nil {
 		t.Fatal(err)
 	}
 	const t0 = 1_800_000_000_000
@@ -137,7 +137,7 @@ func TestMigrateJournalRowid(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
 	db := rawDB(t, path)
-	for _, m := range loadMigrations()[:11] {
+	for _, m := range loadMigrations(SchemeSQLite)[:11] {
 		if _, err := db.Exec(m.sql); err != nil {
 			t.Fatalf("%s: %v", m.name, err)
 		}

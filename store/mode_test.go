@@ -29,7 +29,7 @@ func TestFileModesIgnoreUmask(t *testing.T) {
 	ctx := context.Background()
 	t.Run("new", func(t *testing.T) {
 		db := filepath.Join(t.TempDir(), "corral.db")
-		s, err := Open(ctx, db, Options{Migrate: true})
+		s, err := openSQLite(ctx, db, Options{Migrate: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -41,7 +41,7 @@ func TestFileModesIgnoreUmask(t *testing.T) {
 	})
 	t.Run("existing 0644", func(t *testing.T) {
 		db := filepath.Join(t.TempDir(), "corral.db")
-		s, err := Open(ctx, db, Options{Migrate: true})
+		s, err := openSQLite(ctx, db, Options{Migrate: true})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +49,7 @@ func TestFileModesIgnoreUmask(t *testing.T) {
 		if err := os.Chmod(db, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		s, err = Open(ctx, db, Options{})
+		s, err = openSQLite(ctx, db, Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -83,9 +83,7 @@ type Member struct {
 	Created time.Time
 }
 
-// CreateProject creates a project. A duplicate name is ErrExists; an invalid
-// kind or an empty name or root is an error (not a sentinel).
-func (s *Store) CreateProject(ctx context.Context, p NewProject) (Project, error) {
+func (s *sqliteStore) CreateProject(ctx context.Context, p NewProject) (Project, error) {
 	if p.Kind != ProjectManaged && p.Kind != ProjectHost {
 		return Project{}, fmt.Errorf("store: create project %q: invalid kind %q", p.Name, p.Kind)
 	}
@@ -132,8 +130,7 @@ func scanProject(r scanner, what string) (Project, error) {
 	return p, nil
 }
 
-// GetProject returns the project with the given ID, or ErrNotFound.
-func (s *Store) GetProject(ctx context.Context, id int64) (Project, error) {
+func (s *sqliteStore) GetProject(ctx context.Context, id int64) (Project, error) {
 	st, err := s.readStmt(ctx, sqlGetProject)
 	if err != nil {
 		return Project{}, err
@@ -141,14 +138,12 @@ func (s *Store) GetProject(ctx context.Context, id int64) (Project, error) {
 	return scanProject(st.QueryRowContext(ctx, id), fmt.Sprintf("project %d", id))
 }
 
-// ProjectByName returns the project with the given name, or ErrNotFound.
-func (s *Store) ProjectByName(ctx context.Context, name string) (Project, error) {
+func (s *sqliteStore) ProjectByName(ctx context.Context, name string) (Project, error) {
 	return scanProject(s.r.QueryRowContext(ctx, "SELECT "+projectCols+" FROM projects WHERE name = ?", name),
 		fmt.Sprintf("project %q", name))
 }
 
-// ListProjects returns every project, by ID.
-func (s *Store) ListProjects(ctx context.Context) ([]Project, error) {
+func (s *sqliteStore) ListProjects(ctx context.Context) ([]Project, error) {
 	rows, err := s.r.QueryContext(ctx, "SELECT "+projectCols+" FROM projects ORDER BY id")
 	if err != nil {
 		return nil, fmt.Errorf("store: list projects: %w", err)
@@ -168,12 +163,7 @@ func (s *Store) ListProjects(ctx context.Context) ([]Project, error) {
 	return out, nil
 }
 
-// DeleteProject deletes a project with its members, lease history and
-// artifact records (the command journal keeps its rows). It refuses with
-// ErrProjectBusy while the project has a live lease; the check and the
-// deletion are one transaction, so no lease can be acquired in between. An
-// unknown project is ErrNotFound.
-func (s *Store) DeleteProject(ctx context.Context, id int64) error {
+func (s *sqliteStore) DeleteProject(ctx context.Context, id int64) error {
 	return s.tx(ctx, func(tx *sql.Tx) error {
 		var live int
 		if err := tx.QueryRowContext(ctx, sqlCountProjectLive, id).Scan(&live); err != nil {
@@ -193,10 +183,7 @@ func (s *Store) DeleteProject(ctx context.Context, id int64) error {
 	})
 }
 
-// AddMember adds an account to a project. An existing membership is
-// ErrExists; an unknown project or account is ErrNotFound. A zero Role is
-// RoleMember.
-func (s *Store) AddMember(ctx context.Context, m Member) (Member, error) {
+func (s *sqliteStore) AddMember(ctx context.Context, m Member) (Member, error) {
 	if m.Role == "" {
 		m.Role = RoleMember
 	}
@@ -218,9 +205,7 @@ func (s *Store) AddMember(ctx context.Context, m Member) (Member, error) {
 	return m, nil
 }
 
-// UpdateMember changes an existing membership's role and trust, or returns
-// ErrNotFound.
-func (s *Store) UpdateMember(ctx context.Context, m Member) error {
+func (s *sqliteStore) UpdateMember(ctx context.Context, m Member) error {
 	if m.Role != RoleOwner && m.Role != RoleMember {
 		return fmt.Errorf("store: update member: invalid role %q", m.Role)
 	}
@@ -235,8 +220,7 @@ func (s *Store) UpdateMember(ctx context.Context, m Member) error {
 	return nil
 }
 
-// RemoveMember removes an account from a project, or returns ErrNotFound.
-func (s *Store) RemoveMember(ctx context.Context, project, account int64) error {
+func (s *sqliteStore) RemoveMember(ctx context.Context, project, account int64) error {
 	res, err := s.w.ExecContext(ctx, "DELETE FROM members WHERE project = ? AND account = ?", project, account)
 	if err != nil {
 		return fmt.Errorf("store: remove member: %w", err)
@@ -247,9 +231,7 @@ func (s *Store) RemoveMember(ctx context.Context, project, account int64) error 
 	return nil
 }
 
-// GetMember returns an account's membership of a project; a non-member is
-// ErrNotFound.
-func (s *Store) GetMember(ctx context.Context, project, account int64) (Member, error) {
+func (s *sqliteStore) GetMember(ctx context.Context, project, account int64) (Member, error) {
 	st, err := s.readStmt(ctx, sqlGetMember)
 	if err != nil {
 		return Member{}, err
@@ -257,18 +239,13 @@ func (s *Store) GetMember(ctx context.Context, project, account int64) (Member, 
 	return scanMember(st.QueryRowContext(ctx, project, account), fmt.Sprintf("account %d in project %d", account, project))
 }
 
-// GetProjectMember returns a project and an account's membership of it in
-// one read, which costs about half of GetProject followed by GetMember. An
-// unknown project is ErrNotFound (and zero values). For a non-member it
-// returns the project, a zero Member and an error wrapping ErrNotMember,
-// which also matches ErrNotFound.
-func (s *Store) GetProjectMember(ctx context.Context, project, account int64) (Project, Member, error) {
+func (s *sqliteStore) GetProjectMember(ctx context.Context, project, account int64) (Project, Member, error) {
 	t, err := s.readTenancy(ctx, project, account)
 	return t.Project, t.Member, err
 }
 
 // readTenancy is GetProjectMember, with the tenancy version of the read.
-func (s *Store) readTenancy(ctx context.Context, project, account int64) (Tenancy, error) {
+func (s *sqliteStore) readTenancy(ctx context.Context, project, account int64) (Tenancy, error) {
 	st, err := s.readStmt(ctx, sqlGetTenancy)
 	if err != nil {
 		return Tenancy{}, err
@@ -299,10 +276,7 @@ func (s *Store) readTenancy(ctx context.Context, project, account int64) (Tenanc
 	return Tenancy{Project: p, Member: m, Version: version, EgressPolicy: policy.String}, nil
 }
 
-// CreatedProjects returns how many projects account created: those it
-// is an owner of since before any other member joined (an owner added by
-// someone else does not count).
-func (s *Store) CreatedProjects(ctx context.Context, account int64) (int, error) {
+func (s *sqliteStore) CreatedProjects(ctx context.Context, account int64) (int, error) {
 	var n int
 	if err := s.r.QueryRowContext(ctx, `SELECT count(*) FROM members m WHERE m.account = ? AND m.role = ? AND NOT EXISTS
 		(SELECT 1 FROM members o WHERE o.project = m.project AND o.created_at < m.created_at)`, account, RoleOwner).Scan(&n); err != nil {
@@ -311,8 +285,7 @@ func (s *Store) CreatedProjects(ctx context.Context, account int64) (int, error)
 	return n, nil
 }
 
-// ListMembers returns a project's members, by account ID.
-func (s *Store) ListMembers(ctx context.Context, project int64) ([]Member, error) {
+func (s *sqliteStore) ListMembers(ctx context.Context, project int64) ([]Member, error) {
 	rows, err := s.r.QueryContext(ctx,
 		"SELECT project, account, role, trusted, created_at FROM members WHERE project = ? ORDER BY account", project)
 	if err != nil {
@@ -346,11 +319,7 @@ func scanMember(r scanner, what string) (Member, error) {
 	return m, nil
 }
 
-// SetProjectMachine records what a managed project's machine is built from:
-// its image (empty means DefaultImage) and its limits. A running machine
-// picks the change up at its next request (limits) or restart (image).
-// An unknown project is ErrNotFound.
-func (s *Store) SetProjectMachine(ctx context.Context, id int64, image string, l MachineLimits) error {
+func (s *sqliteStore) SetProjectMachine(ctx context.Context, id int64, image string, l MachineLimits) error {
 	if image == "" {
 		image = DefaultImage
 	}
@@ -366,10 +335,7 @@ func (s *Store) SetProjectMachine(ctx context.Context, id int64, image string, l
 	return nil
 }
 
-// SetProjectNetwork records whether a host project's confined commands may
-// use the host's network; it applies from their next preparation. An
-// unknown project is ErrNotFound.
-func (s *Store) SetProjectNetwork(ctx context.Context, id int64, network bool) error {
+func (s *sqliteStore) SetProjectNetwork(ctx context.Context, id int64, network bool) error {
 	res, err := s.w.ExecContext(ctx, "UPDATE projects SET network = ? WHERE id = ?", network, id)
 	if err != nil {
 		return classify(err, fmt.Sprintf("set network of project %d", id))
@@ -380,9 +346,7 @@ func (s *Store) SetProjectNetwork(ctx context.Context, id int64, network bool) e
 	return nil
 }
 
-// ProjectsUsingImage returns the projects whose machine is built from the
-// named image, by ID.
-func (s *Store) ProjectsUsingImage(ctx context.Context, image string) ([]Project, error) {
+func (s *sqliteStore) ProjectsUsingImage(ctx context.Context, image string) ([]Project, error) {
 	rows, err := s.r.QueryContext(ctx, "SELECT "+projectCols+" FROM projects WHERE image = ? ORDER BY id", image)
 	if err != nil {
 		return nil, fmt.Errorf("store: projects using image %q: %w", image, err)

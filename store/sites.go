@@ -23,12 +23,7 @@ type Publication struct {
 // another project. It also matches ErrExists.
 var ErrNameTaken = fmt.Errorf("store: site name held by another project: %w", ErrExists)
 
-// PutPublication publishes p.Name for p.Project. Re-publishing a name the
-// same project holds replaces its port and owner and keeps its creation
-// time (idempotent); a name another project holds is ErrNameTaken; an
-// unknown project is ErrNotFound. The check and the write are one
-// transaction. It returns the stored row.
-func (s *Store) PutPublication(ctx context.Context, p Publication) (Publication, error) {
+func (s *sqliteStore) PutPublication(ctx context.Context, p Publication) (Publication, error) {
 	what := fmt.Sprintf("publish site %q", p.Name)
 	err := s.tx(ctx, func(tx *sql.Tx) error {
 		var project, created int64
@@ -60,9 +55,7 @@ func (s *Store) PutPublication(ctx context.Context, p Publication) (Publication,
 	return p, nil
 }
 
-// DeletePublication removes project's publication of name. A name the
-// project does not hold is ErrNotFound.
-func (s *Store) DeletePublication(ctx context.Context, project int64, name string) error {
+func (s *sqliteStore) DeletePublication(ctx context.Context, project int64, name string) error {
 	res, err := s.w.ExecContext(ctx, "DELETE FROM site_publications WHERE name = ? AND project = ?", name, project)
 	if err != nil {
 		return classify(err, fmt.Sprintf("unpublish site %q", name))
@@ -75,8 +68,7 @@ func (s *Store) DeletePublication(ctx context.Context, project int64, name strin
 
 const sqlPublication = "SELECT name, project, port, owner, created_at FROM site_publications"
 
-// GetPublication returns the publication of name, or ErrNotFound.
-func (s *Store) GetPublication(ctx context.Context, name string) (Publication, error) {
+func (s *sqliteStore) GetPublication(ctx context.Context, name string) (Publication, error) {
 	st, err := s.readStmt(ctx, sqlPublication+" WHERE name = ?")
 	if err != nil {
 		return Publication{}, err
@@ -84,8 +76,7 @@ func (s *Store) GetPublication(ctx context.Context, name string) (Publication, e
 	return scanPublication(st.QueryRowContext(ctx, name), fmt.Sprintf("site %q", name))
 }
 
-// ListPublications returns project's publications by name.
-func (s *Store) ListPublications(ctx context.Context, project int64) ([]Publication, error) {
+func (s *sqliteStore) ListPublications(ctx context.Context, project int64) ([]Publication, error) {
 	rows, err := s.r.QueryContext(ctx, sqlPublication+" WHERE project = ? ORDER BY name", project)
 	if err != nil {
 		return nil, fmt.Errorf("store: list sites: %w", err)
@@ -115,11 +106,7 @@ func scanPublication(r scanner, what string) (Publication, error) {
 	return p, nil
 }
 
-// LiveToken returns the metadata of token id if it is live: an unknown or
-// revoked token is ErrNotFound. It records no use. The Sites gateway
-// calls it on every request it authorizes with a signed cookie, so that
-// revoking the token the cookie came from ends its access at once.
-func (s *Store) LiveToken(ctx context.Context, id int64) (Token, error) {
+func (s *sqliteStore) LiveToken(ctx context.Context, id int64) (Token, error) {
 	st, err := s.readStmt(ctx, "SELECT id, account, name, created_at, last_used_at FROM tokens WHERE id = ? AND revoked_at IS NULL")
 	if err != nil {
 		return Token{}, err

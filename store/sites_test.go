@@ -15,7 +15,7 @@ func TestPublications(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
 	c := newClock()
-	s, err := Open(ctx, path, Options{Migrate: true, Now: c.Now})
+	s, err := openSQLite(ctx, path, Options{Migrate: true, Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,25 +1,29 @@
-// Package store is corral's embedded database: accounts and their bearer
-// tokens, projects and their members, provider-side leases, the command
-// journal and the artifacts core owns inside machines.
+// Package store is corral's database: accounts and their bearer tokens,
+// projects and their members, provider-side leases, the command journal,
+// egress policies, Sites publications and the artifacts core owns inside
+// machines.
 //
-// A Store is one SQLite file (through modernc.org/sqlite, no cgo) in WAL mode,
-// shared by every corral process on the machine: the daemon and each runner
-// open the same file and see each other's rows. Within a process, writes go
-// through a single connection, so they queue in Go instead of spinning on
-// SQLite's busy handler, and the hot single-statement writes of commands
-// (a command's lease created with its journal entry, and released with the
-// entry finished: one statement each) that queued meanwhile are
-// committed together, in one transaction (a write whose context ends
-// while it waits returns the context's error and makes no change); reads
-// use a small pool of read-only connections and never wait for a writer. Between processes, writers wait for each other for
-// up to Options.BusyTimeout, and every write transaction takes the write lock
-// when it begins (BEGIN IMMEDIATE), so two processes never deadlock upgrading
-// a read transaction.
+// Store is the contract the rest of corral uses; Open returns one of its
+// two backends, chosen by the store URL:
 //
-// Commits are synchronous=NORMAL in WAL mode: a committed write (a lease
-// created or released) survives a crash of any process at once; a power
-// loss or kernel crash may undo the last commits before a checkpoint, but
-// never corrupts the database.
+//   - "sqlite:PATH" (or a bare path): one SQLite file, embedded, the
+//     default (STATE/corral.db). Every corral process on the machine opens
+//     the same file and sees the others' rows. See sqlite.go.
+//   - "postgres://..." or "postgresql://..." (a libpq-style URL, or a
+//     keyword/value string starting with "host=" and the like): a
+//     PostgreSQL server, which several daemons on several hosts may share.
+//     The password comes from the URL, PGPASSWORD or a passfile
+//     (PGPASSFILE, ~/.pgpass), as libpq finds it; it is never logged nor
+//     put in an error (Redact). See postgres.go.
+//
+// Both backends hold the same invariants, each the way its database is
+// written: a command's start (its lease and its journal entry) and its end
+// (the lease released and the entry finished) are one statement each; an
+// entry is finished only by its own lease; every change to a project, its
+// memberships or its egress policy bumps that project's tenancy version,
+// which a command's lease insert checks; retention bounds the egress
+// journal and each journal row's argv. The conformance suite (store tests,
+// run against both) is what they share.
 //
 // A command's tenancy read (its project, the actor's membership and the
 // project's egress policy) may come from memory (CachedTenancy): every
@@ -29,7 +33,8 @@
 // read is ever written, and one tenant's changes cost no other tenant a
 // refused insert.
 //
-// The schema is versioned (PRAGMA user_version) and its migrations are
+// The schema is versioned (SQLite's PRAGMA user_version, PostgreSQL's
+// corral_schema table) and its migrations, one set per backend, are
 // compiled into the binary. Exactly one kind of process should migrate (the
 // daemon, or `corral run` on embedded defaults); the others open with
 // Migrate false and refuse a schema they do not know.
@@ -40,21 +45,11 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/errdefs"
-	"modernc.org/sqlite"
-	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // Errors callers branch on. Every error the package returns for these
@@ -90,9 +85,9 @@ var errNotMember = fmt.Errorf("%w (%w)", ErrNotMember, ErrNotFound)
 // SchemaError reports a database whose schema version differs from the one
 // this binary knows. It matches ErrSchemaMismatch with errors.Is.
 type SchemaError struct {
-	Path string
-	Have int // the database's PRAGMA user_version; 0 for a new file
-	Want int // the latest version this binary knows
+	Path string // the SQLite file, or the PostgreSQL URL without its password
+	Have int    // the database's schema version; 0 for a new database
+	Want int    // the latest version this binary knows
 }
 
 func (e *SchemaError) Error() string {
@@ -108,13 +103,18 @@ func (e *SchemaError) Error() string {
 func (e *SchemaError) Is(target error) bool { return target == ErrSchemaMismatch }
 
 // Options configure Open. The zero value opens an existing, up-to-date
-// database without migrating, with the wall clock and a 5 s busy timeout.
+// database without migrating, with the wall clock, a 5 s busy timeout
+// and the default bounds of each backend.
 type Options struct {
-	// Migrate applies pending migrations, in one transaction, and creates
-	// the file if it does not exist. If false, Open never writes the schema
+	// Migrate applies pending migrations, in one transaction, and (SQLite)
+	// creates the file if it does not exist. Processes migrating the same
+	// database at once apply each migration once: SQLite's write lock, or
+	// PostgreSQL's advisory lock (MigrationLockID) taken in the migration's
+	// transaction, orders them. If false, Open never writes the schema
 	// and fails with a *SchemaError unless the database's version is exactly
-	// the one this binary knows; a missing file is such a database
-	// (version 0) and is not created.
+	// the one this binary knows; a missing SQLite file, or a PostgreSQL
+	// database without corral's tables, is such a database (version 0) and
+	// is not created.
 	Migrate bool
 
 	// Now is the clock for the timestamps the store records itself
@@ -123,374 +123,353 @@ type Options struct {
 	Now func() time.Time
 
 	// BusyTimeout is how long a statement waits for another process's
-	// write lock before failing with SQLITE_BUSY. If zero, 5 s.
+	// lock before it fails: SQLite's write lock (SQLITE_BUSY), or on
+	// PostgreSQL a row lock or the migration lock (lock_timeout). If zero,
+	// DefaultBusyTimeout.
 	BusyTimeout time.Duration
 
-	// ReadConns is the number of read-only connections. If zero, 4.
+	// ReadConns is the number of SQLite's read-only connections. If zero,
+	// 4. PostgreSQL ignores it.
 	ReadConns int
+
+	// MaxConns bounds PostgreSQL's connection pool: a caller that finds
+	// every connection in use waits for one (within its context). If zero,
+	// DefaultMaxConns. SQLite ignores it.
+	MaxConns int
+
+	// ConnectTimeout bounds the opening of one PostgreSQL connection (the
+	// dial, TLS and authentication). If zero, DefaultConnectTimeout, or the
+	// URL's connect_timeout when it has one. SQLite ignores it.
+	ConnectTimeout time.Duration
 }
+
+// The defaults of Options' zero fields.
+const (
+	DefaultBusyTimeout    = 5 * time.Second
+	DefaultMaxConns       = 16
+	DefaultConnectTimeout = 5 * time.Second
+)
 
 // Store is an open corral database. Its methods are safe for concurrent use
 // by multiple goroutines. Close it when done.
-type Store struct {
-	path string
-	now  func() time.Time
-	w    *sql.DB // one read-write connection
-	r    *sql.DB // read-only connections
+type Store interface {
+	// Close closes the database. It waits for statements in progress to
+	// finish. Calling it more than once returns an error from the second
+	// call on.
+	Close() error
 
-	// Prepared statements of the hot paths (leases, the journal, tenancy),
-	// by SQL text. SQLite parsing costs more than executing these.
-	stmtMu sync.Mutex
-	wStmts map[string]*sql.Stmt
-	rStmts map[string]*sql.Stmt
+	// Path returns the absolute path of an SQLite database file, or ""
+	// for a PostgreSQL store.
+	Path() string
 
-	wr  writer   // the group commit of the hot writes (exec)
-	raw rawStmts // its batches' statements (runBatch)
+	// Now returns the current time of the store's clock (Options.Now).
+	Now() time.Time
 
-	tenancy        tenancyCache // CachedTenancy's reads
-	tenancyRefused atomic.Int64 // leases refused with ErrTenancyChanged
+	// SchemaVersion returns the database's current schema version.
+	SchemaVersion(ctx context.Context) (int, error)
 
-	egressAppends sync.Map // project id → *atomic.Int64: AppendEgress calls
-}
+	// Accounts and bearer tokens.
+	// CreateAccount creates an account. A duplicate name is ErrExists.
+	CreateAccount(ctx context.Context, name string) (Account, error)
 
-// Open opens (and with opts.Migrate, creates and migrates) the database at
-// path. On error nothing stays open. The database file and its -wal and
-// -shm files are given mode FileMode (0600) whatever the umask, including
-// files an older version left more open.
-func Open(ctx context.Context, path string, opts Options) (*Store, error) {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("store: %w", err)
-	}
-	want := LatestVersion()
-	if !opts.Migrate {
-		// Do not let SQLite create the file: a missing database is an
-		// un-migrated one.
-		if _, err := os.Stat(abs); errors.Is(err, os.ErrNotExist) {
-			return nil, &SchemaError{Path: abs, Have: 0, Want: want}
-		}
-	}
-	busy := opts.BusyTimeout
-	if busy <= 0 {
-		busy = 5 * time.Second
-	}
-	readConns := opts.ReadConns
-	if readConns <= 0 {
-		readConns = 4
-	}
-	s := &Store{path: abs, now: opts.Now, wStmts: map[string]*sql.Stmt{}, rStmts: map[string]*sql.Stmt{}}
-	if s.now == nil {
-		s.now = time.Now
-	}
+	// GetAccount returns the account with the given ID, or ErrNotFound.
+	GetAccount(ctx context.Context, id int64) (Account, error)
 
-	mode := "rw"
-	if opts.Migrate {
-		mode = "rwc"
-		// The database holds every account's secrets: create it 0600
-		// before SQLite would (0644 less the umask). SQLite gives its -wal
-		// and -shm files the database file's mode.
-		f, err := os.OpenFile(abs, os.O_RDWR|os.O_CREATE, FileMode)
-		if err != nil {
-			return nil, fmt.Errorf("store: create %s: %w", abs, err)
-		}
-		f.Close()
-	}
-	if err := restrictFiles(abs); err != nil {
-		return nil, err
-	}
-	base := (&url.URL{Scheme: "file", Path: abs}).String()
-	common := "&_pragma=busy_timeout(" + strconv.FormatInt(busy.Milliseconds(), 10) + ")" +
-		"&_pragma=foreign_keys(1)&_pragma=synchronous(NORMAL)"
+	// AccountByName returns the account with the given name, or ErrNotFound.
+	AccountByName(ctx context.Context, name string) (Account, error)
 
-	// wal_autocheckpoint: the commit that makes the WAL reach this many
-	// pages checkpoints, and waits for two fsyncs (a few ms). SQLite's
-	// default, 1000 pages, is every 100 or so commands, each of which
-	// writes 10 or so pages, so 1 % of commands stalled: at their p99. With
-	// 4000 (a WAL of up to 16 MiB) it is a quarter as many stalls, for
-	// about as much work each, as the hot pages are the same. Durability
-	// is unchanged (a commit is in the WAL either way).
-	s.w, err = sql.Open("sqlite", base+"?mode="+mode+common+"&_pragma=journal_mode(WAL)&_txlock=immediate"+
-		"&_pragma=wal_autocheckpoint("+strconv.Itoa(walAutoCheckpoint)+")")
-	if err != nil {
-		return nil, fmt.Errorf("store: open %s: %w", abs, err)
-	}
-	s.w.SetMaxOpenConns(1)
-	s.w.SetMaxIdleConns(1)
-	s.w.SetConnMaxLifetime(0)
-	s.w.SetConnMaxIdleTime(0)
-	// Switching a new database to WAL takes an exclusive lock, for which
-	// SQLite does not always wait (busy_timeout): several processes
-	// creating the database at once may see SQLITE_BUSY. Retry, within the
-	// busy timeout.
-	for deadline := time.Now().Add(busy); ; {
-		err := s.w.PingContext(ctx)
-		if err == nil {
-			break
-		}
-		if !isBusy(err) || time.Now().After(deadline) || ctx.Err() != nil {
-			s.w.Close()
-			return nil, fmt.Errorf("store: open %s: %w", abs, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// ListAccounts returns every account, by ID.
+	ListAccounts(ctx context.Context) ([]Account, error)
 
-	if err := restrictFiles(abs); err != nil { // -wal and -shm now exist
-		s.w.Close()
-		return nil, err
-	}
-	if opts.Migrate {
-		if err := s.migrate(ctx); err != nil {
-			s.w.Close()
-			return nil, err
-		}
-	} else {
-		have, err := s.userVersion(ctx)
-		if err != nil {
-			s.w.Close()
-			return nil, err
-		}
-		if have != want {
-			s.w.Close()
-			return nil, &SchemaError{Path: abs, Have: have, Want: want}
-		}
-	}
+	// CreateToken mints a new bearer token for account and stores its hash. It
+	// returns the plaintext, which cannot be recovered later. An unknown
+	// account is ErrNotFound.
+	CreateToken(ctx context.Context, account int64, name string) (string, Token, error)
 
-	// Readers never write: query_only makes an accidental write fail
-	// instead of contending for the write lock.
-	s.r, err = sql.Open("sqlite", base+"?mode=rw"+common+"&_pragma=query_only(1)")
-	if err != nil {
-		s.w.Close()
-		return nil, fmt.Errorf("store: open %s: %w", abs, err)
-	}
-	s.r.SetMaxOpenConns(readConns)
-	s.r.SetMaxIdleConns(readConns)
-	if err := s.r.PingContext(ctx); err != nil {
-		s.r.Close()
-		s.w.Close()
-		return nil, fmt.Errorf("store: open %s: %w", abs, err)
-	}
-	if err := s.prepareHot(ctx); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return s, nil
-}
+	// Authenticate returns the account a live bearer token belongs to. A token
+	// that is unknown or revoked is ErrNotFound; the error never says which.
+	// The token is looked up by its hash, so the plaintext is never compared.
+	// It records the token's use at most once per minute.
+	Authenticate(ctx context.Context, plaintext string) (Account, error)
 
-// FileMode is the mode of the database file and of its -wal and -shm
-// files, whatever the umask: Open creates the database with it and sets it
-// on all three where they exist and are another mode.
-const FileMode os.FileMode = 0o600
+	// AuthenticateToken is Authenticate that also returns the token's ID (for
+	// credentials derived from the token, which must end when it is revoked:
+	// see LiveToken).
+	AuthenticateToken(ctx context.Context, plaintext string) (Account, int64, error)
 
-// restrictFiles gives the database, -wal and -shm files FileMode.
-func restrictFiles(db string) error {
-	for _, p := range []string{db, db + "-wal", db + "-shm"} {
-		st, err := os.Stat(p)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("store: %w", err)
-		}
-		if st.Mode().Perm() != FileMode {
-			if err := os.Chmod(p, FileMode); err != nil {
-				return fmt.Errorf("store: %w", err)
-			}
-		}
-	}
-	return nil
-}
+	// TokensByID returns the tokens with the given IDs that still exist
+	// (revoked ones included, with Revoked set). A token whose account was
+	// deleted no longer exists. One query, for any number of IDs.
+	TokensByID(ctx context.Context, ids []int64) (map[int64]Token, error)
 
-// walAutoCheckpoint is the writer's wal_autocheckpoint, in pages.
-const walAutoCheckpoint = 4000
+	// DeleteAccount deletes an account with its tokens and memberships. An
+	// account that is the only owner of a project is refused with ErrSoleOwner
+	// (make someone else owner, or delete the project, first). An unknown
+	// account is ErrNotFound.
+	DeleteAccount(ctx context.Context, id int64) error
 
-// Close closes the database. It waits for statements in progress to finish.
-// Calling it more than once returns an error from the second call on.
-func (s *Store) Close() error {
-	s.stmtMu.Lock()
-	for _, m := range []map[string]*sql.Stmt{s.wStmts, s.rStmts} {
-		for q, st := range m {
-			st.Close()
-			delete(m, q)
-		}
-	}
-	s.stmtMu.Unlock()
-	s.closeRaw()
-	return errors.Join(s.r.Close(), s.w.Close())
-}
+	// RevokeToken revokes a token. Revoking a revoked token is a no-op; an
+	// unknown token is ErrNotFound.
+	RevokeToken(ctx context.Context, id int64) error
 
-// prepareHot prepares the hot statements on both handles. It runs in Open,
-// before any transaction holds the single write connection.
-func (s *Store) prepareHot(ctx context.Context) error {
-	for _, set := range []struct {
-		db    *sql.DB
-		m     map[string]*sql.Stmt
-		stmts []string
-	}{{s.w, s.wStmts, hotWriteStmts}, {s.r, s.rStmts, hotReadStmts}} {
-		for _, q := range set.stmts {
-			st, err := set.db.PrepareContext(ctx, q)
-			if err != nil {
-				return fmt.Errorf("store: prepare: %w", err)
-			}
-			set.m[q] = st
-		}
-	}
-	return nil
-}
+	// ListTokens returns the account's tokens (live and revoked), by ID. An
+	// account of 0 lists every account's tokens.
+	ListTokens(ctx context.Context, account int64) ([]Token, error)
 
-// txStmt returns q bound to tx: the statement prepared in Open if q is a
-// hot one, else q prepared on tx for this transaction only.
-func (s *Store) txStmt(ctx context.Context, tx *sql.Tx, q string) (*sql.Stmt, error) {
-	s.stmtMu.Lock()
-	st := s.wStmts[q]
-	s.stmtMu.Unlock()
-	if st != nil {
-		return tx.StmtContext(ctx, st), nil
-	}
-	st, err := tx.PrepareContext(ctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("store: prepare: %w", err)
-	}
-	return st, nil
-}
+	// Projects and memberships.
+	// CreateProject creates a project. A duplicate name is ErrExists; an invalid
+	// kind or an empty name or root is an error (not a sentinel).
+	CreateProject(ctx context.Context, p NewProject) (Project, error)
 
-// readStmt returns the read statement q, prepared on the read connections
-// (in Open if it is a hot one, else now and kept).
-func (s *Store) readStmt(ctx context.Context, q string) (*sql.Stmt, error) {
-	return s.stmt(ctx, s.r, s.rStmts, q)
-}
+	// GetProject returns the project with the given ID, or ErrNotFound.
+	GetProject(ctx context.Context, id int64) (Project, error)
 
-// writeStmt returns the statement q, prepared on the write connection (in
-// Open if it is a hot one, else now and kept), to run on its own: a single
-// statement is a transaction of its own. It must not be called inside tx,
-// which holds the write connection (use txStmt there).
-func (s *Store) writeStmt(ctx context.Context, q string) (*sql.Stmt, error) {
-	return s.stmt(ctx, s.w, s.wStmts, q)
-}
+	// ProjectByName returns the project with the given name, or ErrNotFound.
+	ProjectByName(ctx context.Context, name string) (Project, error)
 
-func (s *Store) stmt(ctx context.Context, db *sql.DB, m map[string]*sql.Stmt, q string) (*sql.Stmt, error) {
-	s.stmtMu.Lock()
-	st := m[q]
-	s.stmtMu.Unlock()
-	if st != nil {
-		return st, nil
-	}
-	st, err := db.PrepareContext(ctx, q)
-	if err != nil {
-		return nil, fmt.Errorf("store: prepare: %w", err)
-	}
-	s.stmtMu.Lock()
-	if old := m[q]; old != nil {
-		st.Close()
-		st = old
-	} else {
-		m[q] = st
-	}
-	s.stmtMu.Unlock()
-	return st, nil
-}
+	// ListProjects returns every project, by ID.
+	ListProjects(ctx context.Context) ([]Project, error)
 
-// Path returns the absolute path of the database file.
-func (s *Store) Path() string { return s.path }
+	// DeleteProject deletes a project with its members, lease history and
+	// artifact records (the command journal keeps its rows). It refuses with
+	// ErrProjectBusy while the project has a live lease; the check and the
+	// deletion are one transaction, so no lease can be acquired in between. An
+	// unknown project is ErrNotFound.
+	DeleteProject(ctx context.Context, id int64) error
 
-// Now returns the current time of the store's clock (Options.Now).
-func (s *Store) Now() time.Time { return s.now() }
+	// AddMember adds an account to a project. An existing membership is
+	// ErrExists; an unknown project or account is ErrNotFound. A zero Role is
+	// RoleMember.
+	AddMember(ctx context.Context, m Member) (Member, error)
 
-// SchemaVersion returns the database's current schema version.
-func (s *Store) SchemaVersion(ctx context.Context) (int, error) { return s.userVersion(ctx) }
+	// UpdateMember changes an existing membership's role and trust, or returns
+	// ErrNotFound.
+	UpdateMember(ctx context.Context, m Member) error
 
-func (s *Store) userVersion(ctx context.Context) (int, error) {
-	var v int
-	if err := s.w.QueryRowContext(ctx, "PRAGMA user_version").Scan(&v); err != nil {
-		return 0, fmt.Errorf("store: read schema version: %w", err)
-	}
-	return v, nil
-}
+	// RemoveMember removes an account from a project, or returns ErrNotFound.
+	RemoveMember(ctx context.Context, project, account int64) error
 
-// tx runs fn in a write transaction (BEGIN IMMEDIATE) and commits it if fn
-// returns nil.
-func (s *Store) tx(ctx context.Context, fn func(*sql.Tx) error) error {
-	tx, err := s.w.BeginTx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("store: begin: %w", err)
-	}
-	if err := fn(tx); err != nil {
-		_ = tx.Rollback()
-		return err
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("store: commit: %w", err)
-	}
-	return nil
-}
+	// GetMember returns an account's membership of a project; a non-member is
+	// ErrNotFound.
+	GetMember(ctx context.Context, project, account int64) (Member, error)
 
-// sqliteCode returns the extended SQLite result code of err, or 0.
-func sqliteCode(err error) int {
-	var se *sqlite.Error
-	if errors.As(err, &se) {
-		return se.Code()
-	}
-	return 0
-}
+	// GetProjectMember returns a project and an account's membership of it in
+	// one read, which costs about half of GetProject followed by GetMember. An
+	// unknown project is ErrNotFound (and zero values). For a non-member it
+	// returns the project, a zero Member and an error wrapping ErrNotMember,
+	// which also matches ErrNotFound.
+	GetProjectMember(ctx context.Context, project, account int64) (Project, Member, error)
 
-// classify maps constraint violations to the package's sentinels, wrapping
-// the driver error so both remain visible.
-func classify(err error, what string) error {
-	switch sqliteCode(err) {
-	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-		return &constraintError{msg: fmt.Sprintf("store: %s: already exists", what), class: ErrExists, cause: err}
-	case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
-		return &constraintError{msg: fmt.Sprintf("store: %s: a row it refers to does not exist", what), class: ErrNotFound, cause: err}
-	}
-	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("store: %s: %w", what, ErrNotFound)
-	}
-	return fmt.Errorf("store: %s: %w", what, err)
-}
+	// CreatedProjects returns how many projects account created: those it
+	// is an owner of since before any other member joined (an owner added by
+	// someone else does not count).
+	CreatedProjects(ctx context.Context, account int64) (int, error)
 
-// classifyExists is classify for an insert whose uniqueness violation
-// means subject exists already: its message is `subject already exists`.
-func classifyExists(err error, subject, what string) error {
-	switch sqliteCode(err) {
-	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-		return &constraintError{msg: subject + " already exists", class: ErrExists, cause: err}
-	}
-	return classify(err, what)
-}
+	// ListMembers returns a project's members, by account ID.
+	ListMembers(ctx context.Context, project int64) ([]Member, error)
 
-// constraintError is a constraint violation said for people: its message
-// names what conflicted, never SQLite's text; it unwraps to its class
-// (ErrExists, ErrNotFound) and to SQLite's error.
-type constraintError struct {
-	msg   string
-	class error
-	cause error
-}
+	// SetProjectMachine records what a managed project's machine is built from:
+	// its image (empty means DefaultImage) and its limits. A running machine
+	// picks the change up at its next request (limits) or restart (image).
+	// An unknown project is ErrNotFound.
+	SetProjectMachine(ctx context.Context, id int64, image string, l MachineLimits) error
 
-func (e *constraintError) Error() string   { return e.msg }
-func (e *constraintError) Unwrap() []error { return []error{e.class, e.cause} }
+	// SetProjectNetwork records whether a host project's confined commands may
+	// use the host's network; it applies from their next preparation. An
+	// unknown project is ErrNotFound.
+	SetProjectNetwork(ctx context.Context, id int64, network bool) error
 
-func ms(t time.Time) int64 { return t.UnixMilli() }
+	// ProjectsUsingImage returns the projects whose machine is built from the
+	// named image, by ID.
+	ProjectsUsingImage(ctx context.Context, image string) ([]Project, error)
 
-func fromMS(v int64) time.Time { return time.UnixMilli(v) }
+	// The tenancy read of commands.
+	// CachedTenancy returns what GetProjectMember returns, with the project's
+	// egress policy and the version of the read, from memory when an earlier call read it. A cached result may
+	// be out of date: the caller must make its decision take effect only
+	// through CreateLease with NewLease.TenancyVersion set to the returned
+	// Version, which refuses it (ErrTenancyChanged) if the tenancy changed
+	// since, and drops the cached entry so that the next call reads again.
+	// Only members are cached: a denial (ErrNotMember, ErrNotFound) is read
+	// again on every call, so that a membership granted applies at once.
+	CachedTenancy(ctx context.Context, project, account int64) (Tenancy, error)
 
-func fromNullMS(v sql.NullInt64) time.Time {
-	if !v.Valid {
-		return time.Time{}
-	}
-	return time.UnixMilli(v.Int64)
-}
+	// Permissions beyond membership.
+	// SetHostPaths grants (on) or revokes the use of host paths to an account:
+	// creating host projects and managed projects copied from a host
+	// directory, where the daemon permits host paths at all. It is idempotent;
+	// an unknown account is ErrNotFound.
+	SetHostPaths(ctx context.Context, account int64, on bool) error
 
-// scanner is *sql.Row or *sql.Rows.
-type scanner interface{ Scan(dest ...any) error }
+	// HostPaths reports whether the account was granted host paths. An
+	// unknown account is ErrNotFound.
+	HostPaths(ctx context.Context, account int64) (bool, error)
 
-// stamp returns the store clock's current time at the stored precision.
-func (s *Store) stamp() time.Time { return fromMS(ms(s.now())) }
+	// SetExportRemotes sets the remote patterns a project may be exported to
+	// (narrowing the daemon's); nil or empty means the daemon's alone. An
+	// empty or multi-line pattern is refused with an error; an unknown project
+	// is ErrNotFound.
+	SetExportRemotes(ctx context.Context, project int64, patterns []string) error
 
-// isBusy reports whether err is SQLite's "database is locked".
-func isBusy(err error) bool {
-	switch sqliteCode(err) & 0xff {
-	case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
-		return true
-	}
-	return strings.Contains(err.Error(), "SQLITE_BUSY")
+	// ExportRemotes returns the project's export remote patterns (nil for
+	// none). An unknown project is ErrNotFound.
+	ExportRemotes(ctx context.Context, project int64) ([]string, error)
+
+	// Egress policies and the egress journal.
+	// SetEgressPolicy stores project's policy (JSON, validated by the caller:
+	// package egress). An unknown project is ErrNotFound.
+	SetEgressPolicy(ctx context.Context, project int64, policyJSON string) error
+
+	// EgressPolicy returns project's stored policy JSON, "" when none was set
+	// (mode none). It does not check that the project exists.
+	//
+	// A managed command's session start reads it (package egress) when its
+	// preparation did not read it with the tenancy (Tenancy.EgressPolicy), so
+	// it runs as a hot read: a prepared statement, with ctx's cancellation
+	// checked before and not watched during (see hot).
+	EgressPolicy(ctx context.Context, project int64) (string, error)
+
+	// EgressPolicyAt is EgressPolicy with the project's tenancy version as of
+	// the read (Tenancy.Version: every policy change bumps it, schema 17), by
+	// which a caller applying policies read at different times can tell the
+	// newer one. An unknown project is "" at version 0.
+	EgressPolicyAt(ctx context.Context, project int64) (string, int64, error)
+
+	// AppendEgress journals one connection attempt and returns its id. The
+	// project's oldest rows beyond MaxEgressRows are deleted.
+	AppendEgress(ctx context.Context, e EgressEntry) (int64, error)
+
+	// EgressLog returns project's most recent journal rows, newest first, at
+	// most limit of them (limit <= 0 means 100).
+	EgressLog(ctx context.Context, project int64, limit int) ([]EgressEntry, error)
+
+	// Sites publications and signed-cookie tokens.
+	// PutPublication publishes p.Name for p.Project. Re-publishing a name the
+	// same project holds replaces its port and owner and keeps its creation
+	// time (idempotent); a name another project holds is ErrNameTaken; an
+	// unknown project is ErrNotFound. The check and the write are one
+	// transaction. It returns the stored row.
+	PutPublication(ctx context.Context, p Publication) (Publication, error)
+
+	// DeletePublication removes project's publication of name. A name the
+	// project does not hold is ErrNotFound.
+	DeletePublication(ctx context.Context, project int64, name string) error
+
+	// GetPublication returns the publication of name, or ErrNotFound.
+	GetPublication(ctx context.Context, name string) (Publication, error)
+
+	// ListPublications returns project's publications by name.
+	ListPublications(ctx context.Context, project int64) ([]Publication, error)
+
+	// LiveToken returns the metadata of token id if it is live: an unknown or
+	// revoked token is ErrNotFound. It records no use. The Sites gateway
+	// calls it on every request it authorizes with a signed cookie, so that
+	// revoking the token the cookie came from ends its access at once.
+	LiveToken(ctx context.Context, id int64) (Token, error)
+
+	// Leases.
+	// CreateLease inserts a live lease that expires at at+TTL. An unknown
+	// project is ErrNotFound; a duplicate ID is ErrExists; a tenancy changed
+	// since n.TenancyVersion is ErrTenancyChanged.
+	CreateLease(ctx context.Context, n NewLease, at time.Time) (Lease, error)
+
+	// GetLease returns the lease with the given ID, or ErrNotFound.
+	GetLease(ctx context.Context, id string) (Lease, error)
+
+	// ListLeases returns the leases matching f, oldest first. Listing the live
+	// leases reads only theirs; any other listing reads the project's lease
+	// history, or the whole history if f.Project is zero.
+	ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error)
+
+	// LeasesByID returns the leases with the given IDs that exist, keyed by ID.
+	LeasesByID(ctx context.Context, ids []string) (map[string]Lease, error)
+
+	// LiveLeaseCount returns the number of live leases, overdue ones included.
+	LiveLeaseCount(ctx context.Context) (int, error)
+
+	// ProjectLiveLeases returns the number of live leases on a project, overdue
+	// ones included. A caller that must not act under a live lease (workspace
+	// reset, stopping an idle machine) checks it; only DeleteProject checks it
+	// in the same transaction as its action.
+	ProjectLiveLeases(ctx context.Context, project int64) (int, error)
+
+	// HeartbeatLease extends a live lease to expire at at plus its TTL. It
+	// fails with ErrLeaseExpired if the lease expired or is overdue,
+	// ErrLeaseReleased if it was released, ErrNotFound if it does not exist.
+	HeartbeatLease(ctx context.Context, id string, at time.Time) error
+
+	// HeartbeatLeases heartbeats many leases in one transaction, which costs
+	// far less per lease than one HeartbeatLease each. errs[i] is the outcome
+	// for ids[i], as HeartbeatLease would report it; err is a failure of the
+	// whole batch, in which case no lease was extended.
+	HeartbeatLeases(ctx context.Context, ids []string, at time.Time) (errs []error, err error)
+
+	// ReleaseLease releases a live lease and returns its row. Releasing a
+	// released lease returns its row and nil: release is idempotent. A lease
+	// that expired, or is overdue, is not released and the error wraps
+	// ErrLeaseExpired (an overdue lease stays live until ExpireLeases marks it).
+	// An unknown lease is ErrNotFound.
+	ReleaseLease(ctx context.Context, id string, at time.Time) (Lease, error)
+
+	// ReleaseHeldLease releases a lease as ReleaseLease does, with the same
+	// outcomes and errors, but does not return the lease's row: it is for the
+	// lease's holder, who has it, and costs less.
+	ReleaseHeldLease(ctx context.Context, id string, at time.Time) error
+
+	// ExpireLeases marks every overdue live lease (ExpiresAt before at) expired
+	// and returns them, in their new state. Each lease is returned by exactly
+	// one call, across every process sharing the database. When no lease is
+	// overdue it only reads.
+	ExpireLeases(ctx context.Context, at time.Time) ([]Lease, error)
+
+	// The command journal and artifacts.
+	// JournalStart records that a command starts now and returns its entry's
+	// ID, which JournalFinish takes.
+	JournalStart(ctx context.Context, in JournalCommand) (int64, error)
+
+	// JournalFinish records how the command of entry id ended. An unknown or
+	// already finished entry is ErrNotFound (an entry ends once).
+	JournalFinish(ctx context.Context, id int64, end JournalEnd) error
+
+	// ReleaseAndFinish releases a live lease (as ReleaseHeldLease does) and
+	// records how the command of journal entry id ended (as JournalFinish
+	// does), in one write: a command's end costs one statement and one commit
+	// instead of two. journaled reports that the entry was finished with the
+	// release (an entry no longer running, as JournalFinish would report
+	// ErrNotFound, is left as it is).
+	//
+	// If the lease is not releasable at once, the entry is not touched
+	// (journaled is false) and the lease is examined as ReleaseHeldLease
+	// examines it: err then wraps ErrLeaseExpired or ErrNotFound, or is nil
+	// for a lease released already (release is idempotent). An invalid end is
+	// an error and nothing is written.
+	ReleaseAndFinish(ctx context.Context, lease string, at time.Time, id int64, end JournalEnd) (journaled bool, err error)
+
+	// JournalInterrupt marks every running entry of a lease interrupted with
+	// message and returns how many it marked. A lease reconciler calls it for
+	// the leases it expires: their commands can no longer report an end.
+	JournalInterrupt(ctx context.Context, lease, message string) (int, error)
+
+	// JournalInterruptReleased marks interrupted, with message, every running
+	// entry whose lease was released before the given time, and returns how
+	// many it marked. Such an entry's process released the lease and died
+	// before recording the command's end (RunCommand releases, then its caller
+	// journals the outcome): no expiry will close it. before leaves the live
+	// process that is between the two writes its time.
+	JournalInterruptReleased(ctx context.Context, before time.Time, message string) (int, error)
+
+	// ListJournal returns the newest entries matching f, newest first.
+	ListJournal(ctx context.Context, f JournalFilter) ([]JournalEntry, error)
+
+	// RecordArtifact records a file core created. An unknown project is
+	// ErrNotFound.
+	RecordArtifact(ctx context.Context, project int64, path, lease string) (Artifact, error)
+
+	// ListArtifacts returns a project's artifacts, oldest first; deleted ones
+	// only if includeDeleted.
+	ListArtifacts(ctx context.Context, project int64, includeDeleted bool) ([]Artifact, error)
+
+	// MarkArtifactDeleted records that an artifact was deleted. Marking it again
+	// is a no-op; an unknown artifact is ErrNotFound.
+	MarkArtifactDeleted(ctx context.Context, id int64) error
 }

@@ -36,9 +36,9 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func openTest(t *testing.T, path string, opts Options) *Store {
+func openTest(t *testing.T, path string, opts Options) *sqliteStore {
 	t.Helper()
-	s, err := Open(context.Background(), path, opts)
+	s, err := openSQLite(context.Background(), path, opts)
 	if err != nil {
 		t.Fatalf("Open(%s, %+v): %v", path, opts, err)
 	}
@@ -46,7 +46,7 @@ func openTest(t *testing.T, path string, opts Options) *Store {
 	return s
 }
 
-func newTestStore(t *testing.T) (*Store, *clock) {
+func newTestStore(t *testing.T) (*sqliteStore, *clock) {
 	t.Helper()
 	c := newClock()
 	return openTest(t, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true, Now: c.Now}), c
@@ -111,7 +111,7 @@ func TestConcurrentMigratorsApplyOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			s, err := Open(context.Background(), path, Options{Migrate: true})
+			s, err := openSQLite(context.Background(), path, Options{Migrate: true})
 			if err != nil {
 				errs <- err
 				return
@@ -676,7 +676,7 @@ func TestTwoHandlesShareLeases(t *testing.T) {
 	// Concurrent writers on both handles.
 	var wg sync.WaitGroup
 	errs := make(chan error, 400)
-	for _, st := range []*Store{daemon, runner} {
+	for _, st := range []*sqliteStore{daemon, runner} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 )
 
 // Tenancy is a project and an account's membership of it, as one read saw
@@ -37,30 +38,24 @@ var ErrTenancyChanged = errors.New("store: the tenancy changed since it was read
 // maxTenancyCache bounds CachedTenancy's entries; when full it starts over.
 const maxTenancyCache = 4096
 
-// tenancyCache holds the successful reads of CachedTenancy.
+// tenancyCache holds the successful reads of CachedTenancy, for either
+// backend. Its zero value is empty and ready.
 type tenancyCache struct {
-	mu sync.Mutex
-	m  map[[2]int64]Tenancy // by project, account
+	mu      sync.Mutex
+	m       map[[2]int64]Tenancy // by project, account
+	refused atomic.Int64         // leases refused with ErrTenancyChanged
 }
 
-// CachedTenancy returns what GetProjectMember returns, with the project's
-// egress policy and the version of the read, from memory when an earlier call read it. A cached result may
-// be out of date: the caller must make its decision take effect only
-// through CreateLease with NewLease.TenancyVersion set to the returned
-// Version, which refuses it (ErrTenancyChanged) if the tenancy changed
-// since, and drops the cached entry so that the next call reads again.
-// Only members are cached: a denial (ErrNotMember, ErrNotFound) is read
-// again on every call, so that a membership granted applies at once.
-func (s *Store) CachedTenancy(ctx context.Context, project, account int64) (Tenancy, error) {
+// get is CachedTenancy over read, the backend's tenancy read.
+func (c *tenancyCache) get(ctx context.Context, project, account int64, read func(ctx context.Context, project, account int64) (Tenancy, error)) (Tenancy, error) {
 	k := [2]int64{project, account}
-	c := &s.tenancy
 	c.mu.Lock()
 	t, ok := c.m[k]
 	c.mu.Unlock()
 	if ok {
 		return t, nil
 	}
-	t, err := s.readTenancy(ctx, project, account)
+	t, err := read(ctx, project, account)
 	if err != nil {
 		return t, err
 	}
@@ -75,16 +70,18 @@ func (s *Store) CachedTenancy(ctx context.Context, project, account int64) (Tena
 	return t, nil
 }
 
-// forgetTenancy drops the cached entry of project and account if it was
-// read at version, after a lease under that version was refused (which
-// it counts).
-func (s *Store) forgetTenancy(project, account, version int64) {
-	s.tenancyRefused.Add(1)
+// forget drops the cached entry of project and account if it was read at
+// version, after a lease under that version was refused (which it counts).
+func (c *tenancyCache) forget(project, account, version int64) {
+	c.refused.Add(1)
 	k := [2]int64{project, account}
-	c := &s.tenancy
 	c.mu.Lock()
 	if t, ok := c.m[k]; ok && t.Version == version {
 		delete(c.m, k)
 	}
 	c.mu.Unlock()
+}
+
+func (s *sqliteStore) CachedTenancy(ctx context.Context, project, account int64) (Tenancy, error) {
+	return s.tenancy.get(ctx, project, account, s.readTenancy)
 }

@@ -20,7 +20,7 @@ func TestTenancyTriggersAfterMigration(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
 	db := rawDB(t, path)
-	for _, m := range loadMigrations()[:10] {
+	for _, m := range loadMigrations(SchemeSQLite)[:10] {
 		if _, err := db.Exec(m.sql); err != nil {
 			t.Fatalf("%s: %v", m.name, err)
 		}

@@ -120,7 +120,7 @@ func TestTenancyChurnCostsOthersNothing(t *testing.T) {
 	for i := 1; i <= commands; i++ {
 		waitChurn(churns.Load())
 		if err := command(); err != nil {
-			t.Fatalf("command %d of B, after A's change: %v (%d refusals)", i, err, s.tenancyRefused.Load())
+			t.Fatalf("command %d of B, after A's change: %v (%d refusals)", i, err, s.tenancy.refused.Load())
 		}
 		if i%revokeEvery != 0 {
 			continue
@@ -138,7 +138,7 @@ func TestTenancyChurnCostsOthersNothing(t *testing.T) {
 		_, err := other.AddMember(ctx, Member{Project: pb.ID, Account: b, Role: RoleMember})
 		must(t, err)
 	}
-	if got := s.tenancyRefused.Load(); got != revocations {
+	if got := s.tenancy.refused.Load(); got != revocations {
 		t.Fatalf("%d of B's leases refused, want %d (one per revocation of its own membership): A's changes cost B", got, revocations)
 	}
 	if n := churns.Load(); n < commands {

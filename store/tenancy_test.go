@@ -16,12 +16,12 @@ import (
 func TestTenancyCache(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
-	s, err := Open(ctx, path, Options{Migrate: true})
+	s, err := openSQLite(ctx, path, Options{Migrate: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	other, err := Open(ctx, path, Options{}) // another process's store
+	other, err := openSQLite(ctx, path, Options{}) // another process's store
 	if err != nil {
 		t.Fatal(err)
 	}

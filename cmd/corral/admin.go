@@ -22,7 +22,7 @@ import (
 // STATE/corral.db (migrating it if needed); the daemon may be running.
 
 // openState opens the state directory's database.
-func openState(ctx context.Context, flag string) (string, *store.Store, error) {
+func openState(ctx context.Context, flag string) (string, store.Store, error) {
 	dir, err := stateDir(flag)
 	if err != nil {
 		return "", nil, err
@@ -41,7 +41,7 @@ func openState(ctx context.Context, flag string) (string, *store.Store, error) {
 }
 
 // withState runs fn on the state's database, closing it afterwards.
-func withState(cmd *cobra.Command, flag string, fn func(ctx context.Context, dir string, st *store.Store) error) error {
+func withState(cmd *cobra.Command, flag string, fn func(ctx context.Context, dir string, st store.Store) error) error {
 	ctx := cmd.Context()
 	if ctx == nil {
 		ctx = context.Background()
@@ -68,7 +68,7 @@ func newAccountCmd() *cobra.Command {
 		Short: "Create an account and print its id",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				a, err := st.CreateAccount(ctx, args[0])
 				if err != nil {
 					return err
@@ -82,7 +82,7 @@ func newAccountCmd() *cobra.Command {
 		Short: "List accounts",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				as, err := st.ListAccounts(ctx)
 				if err != nil {
 					return err
@@ -110,7 +110,7 @@ sessions on a running daemon close within seconds. The only owner of a project
 cannot be deleted: add another owner, or delete the project, first.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				a, err := accountArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -180,7 +180,7 @@ state directory and directories containing it stay refused.`,
 			if args[0] != "host-paths" {
 				return fmt.Errorf("unknown permission %q (known: host-paths)", args[0])
 			}
-			return withState(cmd, *state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, *state, func(ctx context.Context, _ string, st store.Store) error {
 				a, err := accountArg(ctx, st, args[1])
 				if err != nil {
 					return err
@@ -204,7 +204,7 @@ shown only once), and its id — what token revoke takes — on standard error.
 With --json, print {"id":N,"accountId":N,"name":S,"token":S} instead.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				a, err := accountArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -233,7 +233,7 @@ With --json, print {"id":N,"accountId":N,"name":S,"token":S} instead.`,
 			if err != nil {
 				return fmt.Errorf("token id %q is not a number", args[0])
 			}
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				return st.RevokeToken(ctx, id)
 			})
 		},
@@ -243,7 +243,7 @@ With --json, print {"id":N,"accountId":N,"name":S,"token":S} instead.`,
 		Short: "List tokens (of ACCOUNT, or of every account): id, account, name, created, last used, revoked",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				var account int64
 				if len(args) == 1 {
 					a, err := accountArg(ctx, st, args[0])
@@ -296,7 +296,7 @@ type tokenJSON struct {
 
 // accountArg finds an account by name, or by id if the name is unknown
 // and numeric.
-func accountArg(ctx context.Context, st *store.Store, s string) (store.Account, error) {
+func accountArg(ctx context.Context, st store.Store, s string) (store.Account, error) {
 	a, err := st.AccountByName(ctx, s)
 	if errors.Is(err, store.ErrNotFound) {
 		if id, perr := strconv.ParseInt(s, 10, 64); perr == nil {
@@ -308,7 +308,7 @@ func accountArg(ctx context.Context, st *store.Store, s string) (store.Account, 
 
 // projectArg finds a project by name, or by id if the name is unknown and
 // numeric.
-func projectArg(ctx context.Context, st *store.Store, s string) (store.Project, error) {
+func projectArg(ctx context.Context, st store.Store, s string) (store.Project, error) {
 	p, err := st.ProjectByName(ctx, s)
 	if errors.Is(err, store.ErrNotFound) {
 		if id, perr := strconv.ParseInt(s, 10, 64); perr == nil {
@@ -354,7 +354,7 @@ is root) and have no network unless --network, except trusted members'
 			if owner == "" {
 				return errors.New("--owner ACCOUNT is required")
 			}
-			return withState(cmd, state, func(ctx context.Context, dir string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, dir string, st store.Store) error {
 				a, err := accountArg(ctx, st, owner)
 				if err != nil {
 					return fmt.Errorf("owner: %w", err)
@@ -406,7 +406,7 @@ is root) and have no network unless --network, except trusted members'
 			default:
 				return fmt.Errorf("network %q: want on or off", args[1])
 			}
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -427,7 +427,7 @@ is root) and have no network unless --network, except trusted members'
 confinement; --owner makes it an owner (owners manage members over HTTP).`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -459,7 +459,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 		Short: "List projects",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				ps, err := st.ListProjects(ctx)
 				if err != nil {
 					return err
@@ -513,7 +513,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 		Short: "Delete a project (refused while it has live leases)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, dir string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, dir string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -532,7 +532,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 		Short: "List PROJECT's members: account, role, trusted",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -567,7 +567,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 		Short: "Remove ACCOUNT from PROJECT (its sessions in the project close)",
 		Args:  cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, state, func(ctx context.Context, _ string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err

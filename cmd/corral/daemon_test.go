@@ -258,7 +258,7 @@ func TestRunViaDaemonContract(t *testing.T) {
 func TestAccountGrantHostPaths(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
 	mustCLI(t, "account", "create", "carol", "--state", state)
-	open := func() *store.Store {
+	open := func() store.Store {
 		st, err := store.Open(context.Background(), filepath.Join(state, "corral.db"), store.Options{})
 		if err != nil {
 			t.Fatal(err)

@@ -37,7 +37,7 @@ the rules say. --allow or --deny alone imply --mode proxy.`,
 					mode = string(egress.ModeProxy)
 				}
 			}
-			return withState(cmd, *state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, *state, func(ctx context.Context, _ string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -59,7 +59,7 @@ the rules say. --allow or --deny alone imply --mode proxy.`,
 		Short: "Show a project's network policy",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, *state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, *state, func(ctx context.Context, _ string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -96,7 +96,7 @@ func printPolicy(cmd *cobra.Command, name string, p egress.Policy) error {
 
 // oneOffEgress sets project's policy to mode proxy allowing rules for one
 // `corral run --egress-allow`, and returns what restores the stored one.
-func oneOffEgress(ctx context.Context, st *store.Store, project int64, rules []string) (restore func(), err error) {
+func oneOffEgress(ctx context.Context, st store.Store, project int64, rules []string) (restore func(), err error) {
 	prev, err := egress.LoadPolicy(ctx, st, project)
 	if err != nil {
 		return nil, err

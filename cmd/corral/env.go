@@ -131,7 +131,7 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 	return env, nil
 }
 
-func ensureAccount(ctx context.Context, st *store.Store, name string) (store.Account, error) {
+func ensureAccount(ctx context.Context, st store.Store, name string) (store.Account, error) {
 	a, err := st.AccountByName(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
 		a, err = st.CreateAccount(ctx, name)
@@ -143,7 +143,7 @@ func ensureAccount(ctx context.Context, st *store.Store, name string) (store.Acc
 }
 
 // ensureProject finds the project of that kind rooted at dir, or creates it.
-func ensureProject(ctx context.Context, st *store.Store, kind store.ProjectKind, dir string) (store.Project, error) {
+func ensureProject(ctx context.Context, st store.Store, kind store.ProjectKind, dir string) (store.Project, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return store.Project{}, err

@@ -33,7 +33,7 @@ machine's next start (once idle, or after corral project reset), and its
 upper layer (what guest root installed) is discarded then.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, *state, func(ctx context.Context, _ string, st *store.Store) error {
+			return withState(cmd, *state, func(ctx context.Context, _ string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err
@@ -95,7 +95,7 @@ daemon's) stops the machine and deletes the layer; without a running worker,
 the layer under STATE/worker is deleted directly.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return withState(cmd, *state, func(ctx context.Context, dir string, st *store.Store) error {
+			return withState(cmd, *state, func(ctx context.Context, dir string, st store.Store) error {
 				p, err := projectArg(ctx, st, args[0])
 				if err != nil {
 					return err

@@ -121,7 +121,7 @@ func (e *GitError) Error() string {
 type ProjectKindFunc func(ctx context.Context, project int64) (sandbox.ProjectKind, error)
 
 // StoreProjectKind returns a ProjectKindFunc reading projects from st.
-func StoreProjectKind(st *store.Store) ProjectKindFunc {
+func StoreProjectKind(st store.Store) ProjectKindFunc {
 	return func(ctx context.Context, id int64) (sandbox.ProjectKind, error) {
 		p, err := st.GetProject(ctx, id)
 		if errors.Is(err, store.ErrNotFound) {
@@ -148,7 +148,7 @@ type Options struct {
 
 // ForStore returns the plugin's registration with project kinds read from
 // st (core's factory).
-func ForStore(st *store.Store, log *slog.Logger) plugin.Registration {
+func ForStore(st store.Store, log *slog.Logger) plugin.Registration {
 	return Registration(Options{ProjectKind: StoreProjectKind(st), Logger: log})
 }
 

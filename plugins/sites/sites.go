@@ -75,7 +75,7 @@ type Options struct {
 	// Store, if non-nil, holds the publications (they persist) and an
 	// unknown project is refused. Nil keeps them in memory and accepts any
 	// positive project id.
-	Store *store.Store
+	Store store.Store
 	// Logger receives publications; nil means slog.Default().
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
