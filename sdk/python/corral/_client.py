@@ -6,8 +6,8 @@ Every call is bounded by the client's deadline (``AsyncCorral(deadline=)``,
 calls say how they are bounded: a command by its timeout plus the deadline,
 a transfer by the deadline between two reads or writes, an open WebSocket
 (a session, a terminal, a watch, a followed process output) by pings, so
-that a daemon that stopped answering fails it with Transport within two
-thirds of the deadline.
+that a daemon that stopped answering fails it with Transport within the
+deadline.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import asyncio
 import json
 import ssl
 import time
+import weakref
 from typing import Any, AsyncIterable, AsyncIterator, Awaitable, Iterator, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
 from urllib.parse import urlencode, urlsplit
 
@@ -126,10 +127,14 @@ class Connection:
         # httpx's timeouts bound each step (connect, each read, each
         # write); whole calls are bounded by a Deadline as well.
         self._uploads: Optional[httpx.Client] = None
+        self._sockets: "weakref.WeakSet[WebSocketClientProtocol]" = weakref.WeakSet()
         self.http = httpx.AsyncClient(base_url=base, headers=self._headers, transport=transport,
                                       timeout=httpx.Timeout(deadline), follow_redirects=False)
 
     async def aclose(self) -> None:
+        """Closes every connection: WebSockets still open (sessions,
+        watches, followed output) end as if closed one by one."""
+        await asyncio.gather(*(ws.close() for ws in list(self._sockets)), return_exceptions=True)
         await self.http.aclose()
         if self._uploads is not None:
             self._uploads.close()
@@ -207,7 +212,10 @@ class Connection:
         """Sends a request and reads the head of its answer within the
         deadline; the caller reads the body (see lines, chunks) and closes
         it (``await resp.aclose()``). An error answer raises."""
-        req = self.http.build_request(method, path, params=params, json=json_body, content=content, headers=headers)
+        # No read may outlast the whole call's deadline (httpx's default
+        # would cut a command that is silent for longer than the deadline).
+        req = self.http.build_request(method, path, params=params, json=json_body, content=content, headers=headers,
+                                      timeout=httpx.Timeout(self.deadline, read=deadline.seconds))
         try:
             resp = await deadline.within(self.http.send(req, stream=True))
         except LINK_ERRORS as e:
@@ -243,14 +251,15 @@ class Connection:
                     raise Transport(f"the daemon sent a line that is not JSON: {line[:200]!r}") from e
 
     async def websocket(self, path: str, params: Params = None) -> WebSocketClientProtocol:
-        """Opens a WebSocket within the deadline. Pings every third of the
-        deadline find a daemon that stopped answering: the socket then fails
-        (Transport) within two thirds of it."""
+        """Opens a WebSocket within the deadline. A ping every quarter of the
+        deadline finds a daemon that stopped answering: once a pong is a
+        quarter late, the socket fails (Transport) after a quarter more for
+        its closing, so within the deadline."""
         query = urlencode(params, doseq=True) if params else ""
         uri = self._ws_base + path + ("?" + query if query else "")
         kw: Dict[str, Any] = dict(
             extra_headers=self._headers, create_protocol=_Protocol, open_timeout=self.deadline,
-            ping_interval=self.deadline / 3, ping_timeout=self.deadline / 3, close_timeout=min(self.deadline, 5.0),
+            ping_interval=self.deadline / 4, ping_timeout=self.deadline / 4, close_timeout=self.deadline / 4,
             max_size=32 << 20, compression=None,
         )
         if self._unix:
@@ -258,13 +267,15 @@ class Connection:
         elif self._ssl is not None:
             kw["ssl"] = self._ssl
         try:
-            return await Deadline(self.deadline).within(ws_connect(uri, **kw))
+            ws = await Deadline(self.deadline).within(ws_connect(uri, **kw))
         except _Refused as r:
             raise from_answer(r.status, r.body, r.headers) from None
         except InvalidURI as e:
             raise Invalid(str(e)) from e
         except LINK_ERRORS as e:
             raise link_error(e, self.deadline) from e
+        self._sockets.add(ws)
+        return ws
 
 
 def _chunks(data: Any) -> Iterator[bytes]:

@@ -42,9 +42,20 @@ class _Loop:
     def stop(self) -> None:
         if self.loop.is_closed():
             return
+        # What the closed connections left running (websockets' closing
+        # handshakes) ends before the loop does.
+        asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self.loop).result()
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
+
+
+async def _cancel_the_rest() -> None:
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # The synchronous twin of each asynchronous class.

@@ -27,9 +27,11 @@ class Daemon:
         self.state = state
         self.env: Dict[str, str] = {}
 
-    def start(self) -> None:
+    def start(self, binary: str = "") -> None:
+        """Starts it, with the corral at ``binary`` if given (else built)."""
+        env = dict(os.environ, CORRAL_TESTDAEMON_BIN=binary) if binary else None
         out = subprocess.run([str(TESTDAEMON / "start"), self.state], check=True, capture_output=True, text=True,
-                             timeout=600)
+                             timeout=600, env=env)
         self.env = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
 
     def stop(self) -> None:
@@ -46,6 +48,10 @@ class Daemon:
     @property
     def admin_token(self) -> str:
         return self.env["CORRAL_ADMIN_TOKEN"]
+
+    @property
+    def binary(self) -> str:
+        return os.path.join(self.state, "corral")
 
     @property
     def pid(self) -> int:
