@@ -134,6 +134,9 @@ type Error struct {
 	Message string
 	Stdout  string
 	Stderr  string
+	// Reason is a start error's reason: "notFound" (no such program),
+	// "notExecutable" or empty.
+	Reason string
 	// RetryAfter is the Retry-After of a 429 answer (zero otherwise).
 	RetryAfter time.Duration
 }
@@ -401,7 +404,7 @@ func decodeErrorBody(status int, data []byte) *Error {
 		}
 		return &Error{Status: status, Kind: "http", Message: msg}
 	}
-	return &Error{Status: status, Kind: e.Kind, Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr}
+	return &Error{Status: status, Kind: e.Kind, Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr, Reason: e.Reason}
 }
 
 // Project is a project as the API shows it.

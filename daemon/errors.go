@@ -55,6 +55,9 @@ type APIError struct {
 	Message string
 	Stdout  string
 	Stderr  string
+	// Reason is a start error's reason (sandbox.CommandError.Reason):
+	// "notFound", "notExecutable" or empty (not sent).
+	Reason string
 	// Base64 answers Stdout and Stderr as the base64 of their bytes (a
 	// command request's "encoding":"base64").
 	Base64 bool
@@ -95,7 +98,7 @@ func (b base64Body) WriteJSON(w io.Writer, escapeHTML bool) error {
 }
 
 func (e *APIError) body() sandbox.ErrorBody {
-	return sandbox.ErrorBody{Kind: e.Kind, Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr}
+	return sandbox.ErrorBody{Kind: e.Kind, Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr, Reason: e.Reason}
 }
 
 func apiErr(status int, kind, format string, args ...any) *APIError {
@@ -200,7 +203,7 @@ func toAPIError(err error) *APIError {
 	class, classed := classStatus[errdefs.KindOf(err)]
 	var ce *sandbox.CommandError
 	if errors.As(err, &ce) {
-		out := &APIError{Status: commandStatus[ce.Kind], Kind: string(ce.Kind), Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr, Cause: err}
+		out := &APIError{Status: commandStatus[ce.Kind], Kind: string(ce.Kind), Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr, Reason: string(ce.Reason), Cause: err}
 		if classed {
 			out.Status = class.status
 		}

@@ -3,6 +3,9 @@ package sandbox
 import (
 	"errors"
 	"fmt"
+	"os/exec"
+	"strings"
+	"syscall"
 )
 
 // ErrorKind classifies a CommandError.
@@ -87,8 +90,94 @@ type CommandError struct {
 	Message string
 	Stdout  string
 	Stderr  string
+	// Reason, for KindStart, says why the program could not be executed
+	// when that is known: ReasonNotFound or ReasonNotExecutable (the
+	// CLI's exit statuses 127 and 126, as Docker's). Empty otherwise.
+	Reason  StartReason
 	Cause   error
 	Cleanup error
+}
+
+// StartReason is why a program could not be executed (CommandError.Reason).
+type StartReason string
+
+// The start reasons.
+const (
+	// ReasonNotFound: there is no such program (not in PATH, no such
+	// file).
+	ReasonNotFound StartReason = "notFound"
+	// ReasonNotExecutable: the file is there but cannot be executed (no
+	// permission, not an executable format, a directory).
+	ReasonNotExecutable StartReason = "notExecutable"
+)
+
+// startError is the KindStart error of a program that could not be
+// started (err wraps ErrNotStarted or is the provider's start failure):
+// one line, the innermost reason without the sentinel prefixes the layers
+// added ("sandbox: program could not be started: machine: command not
+// started: exec ..." becomes "exec ..."), and its Reason where known.
+func startError(err error) *CommandError {
+	msg := err.Error()
+	leaves := sentinels(err, nil)
+	for trimmed := true; trimmed; {
+		trimmed = false
+		for _, l := range leaves {
+			if p := l + ": "; strings.HasPrefix(msg, p) && len(msg) > len(p) {
+				msg, trimmed = msg[len(p):], true
+			}
+		}
+	}
+	e := newError(KindStart, err, "%s", msg)
+	e.Reason = startReason(err, msg)
+	return e
+}
+
+// sentinels appends the texts of the errors at the ends of err's chain
+// (those that wrap nothing: the sentinels the layers wrapped).
+func sentinels(err error, out []string) []string {
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			out = sentinels(e, out)
+		}
+	case interface{ Unwrap() error }:
+		if e := u.Unwrap(); e != nil {
+			return sentinels(e, out)
+		}
+		out = append(out, err.Error())
+	default:
+		if err != nil {
+			out = append(out, err.Error())
+		}
+	}
+	return out
+}
+
+// startReason classifies a start failure: by its errno where the
+// program's exec failed in this process, else by the text of an exec
+// failure reported from elsewhere (a machine's init, the confinement
+// helper), as Docker classifies its runtime's.
+func startReason(err error, msg string) StartReason {
+	switch {
+	case errors.Is(err, exec.ErrNotFound):
+		return ReasonNotFound
+	case strings.HasPrefix(msg, "chdir "):
+		return ""
+	case errors.Is(err, syscall.ENOENT):
+		return ReasonNotFound
+	case errors.Is(err, syscall.EACCES), errors.Is(err, syscall.ENOEXEC), errors.Is(err, syscall.EISDIR):
+		return ReasonNotExecutable
+	}
+	if !strings.HasPrefix(msg, "exec ") && !strings.HasPrefix(msg, "fork/exec ") {
+		return ""
+	}
+	switch {
+	case strings.HasSuffix(msg, "executable file not found in $PATH"), strings.HasSuffix(msg, "no such file or directory"):
+		return ReasonNotFound
+	case strings.HasSuffix(msg, "permission denied"), strings.HasSuffix(msg, "exec format error"), strings.HasSuffix(msg, "is a directory"):
+		return ReasonNotExecutable
+	}
+	return ""
 }
 
 func (e *CommandError) Error() string {

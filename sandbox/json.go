@@ -20,18 +20,21 @@ import (
 //
 // Kind is an ErrorKind for a command, or one of the daemon's kinds for its
 // other errors; Stdout and Stderr are the partial output (empty when
-// nothing ran).
+// nothing ran). A start error whose program was not found or not
+// executable adds "reason" (CommandError.Reason) after "stderr":
+// {"error":{"kind":"start",...,"stderr":"","reason":"notFound"}}.
 type ErrorBody struct {
 	Kind    string
 	Message string
 	Stdout  string
 	Stderr  string
+	Reason  string
 }
 
 // Body returns e's pinned JSON form (Cause and Cleanup do not cross a
 // process boundary).
 func (e *CommandError) Body() ErrorBody {
-	return ErrorBody{Kind: string(e.Kind), Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr}
+	return ErrorBody{Kind: string(e.Kind), Message: e.Message, Stdout: e.Stdout, Stderr: e.Stderr, Reason: string(e.Reason)}
 }
 
 // MarshalJSON writes e's pinned body (see ErrorBody).
@@ -45,7 +48,7 @@ func (e *CommandError) UnmarshalJSON(b []byte) error {
 	if err := body.UnmarshalJSON(b); err != nil {
 		return err
 	}
-	*e = CommandError{Kind: ErrorKind(body.Kind), Message: body.Message, Stdout: body.Stdout, Stderr: body.Stderr}
+	*e = CommandError{Kind: ErrorKind(body.Kind), Message: body.Message, Stdout: body.Stdout, Stderr: body.Stderr, Reason: StartReason(body.Reason)}
 	return nil
 }
 
@@ -70,6 +73,7 @@ func (b *ErrorBody) UnmarshalJSON(data []byte) error {
 			Message string `json:"message"`
 			Stdout  string `json:"stdout"`
 			Stderr  string `json:"stderr"`
+			Reason  string `json:"reason"`
 		} `json:"error"`
 	}
 	dec := json.NewDecoder(bytes.NewReader(data))
@@ -80,7 +84,7 @@ func (b *ErrorBody) UnmarshalJSON(data []byte) error {
 	if v.Error == nil || v.Error.Kind == "" {
 		return errors.New("sandbox: error body without a kind")
 	}
-	*b = ErrorBody{Kind: v.Error.Kind, Message: v.Error.Message, Stdout: v.Error.Stdout, Stderr: v.Error.Stderr}
+	*b = ErrorBody{Kind: v.Error.Kind, Message: v.Error.Message, Stdout: v.Error.Stdout, Stderr: v.Error.Stderr, Reason: v.Error.Reason}
 	return nil
 }
 
@@ -115,6 +119,10 @@ func (b ErrorBody) writeJSON(w io.Writer, escapeHTML, b64 bool) error {
 	out(b.Stdout)
 	jw.raw(`,"stderr":`)
 	out(b.Stderr)
+	if b.Reason != "" {
+		jw.raw(`,"reason":`)
+		jw.str(b.Reason)
+	}
 	jw.raw(`}}`)
 	return jw.flush()
 }

@@ -16,6 +16,7 @@ type pinnedBody struct {
 		Message string `json:"message"`
 		Stdout  string `json:"stdout"`
 		Stderr  string `json:"stderr"`
+		Reason  string `json:"reason,omitempty"`
 	} `json:"error"`
 }
 

@@ -298,7 +298,7 @@ func (c *Control) open(ctx context.Context, in ExecInput, a Actor, o SessionOpti
 		case errors.Is(err, ErrTransport):
 			return nil, s.failUnstarted(ctx, newError(KindTransport, err, "start %s: %v", in.Command.File, err))
 		}
-		return nil, s.failUnstarted(ctx, newError(KindStart, err, "start %s: %v", in.Command.File, err))
+		return nil, s.failUnstarted(ctx, startError(err))
 	}
 	s.proc = proc
 	if h.attach != nil {
@@ -546,7 +546,7 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 		case s.overflowed():
 			failure = s.att.overflowErr()
 		case err != nil && errors.Is(err, ErrNotStarted):
-			failure = newError(KindStart, err, "start %s: %v", s.in.Command.File, err)
+			failure = startError(err)
 		case err != nil:
 			failure = newError(KindTransport, err, "%v", err)
 		case !exit.valid():

@@ -190,7 +190,7 @@ func TestRunViaDaemonContract(t *testing.T) {
 		{name: "nonzero", args: []string{"--", "sh", "-c", "exit 7"}, status: 7},
 		{name: "signal", args: []string{"--", "sh", "-c", "kill -TERM $$"}, status: 128 + 15},
 		{name: "timeout", args: []string{"--timeout", "300ms", "--", "sh", "-c", "echo partial; exec sleep 10"}, status: 124, stdout: "partial\n", stderrHas: "corral: timeout: ", kind: "timeout"},
-		{name: "start", args: []string{"--", "/no/such/program"}, status: 125, stderrHas: "corral: start: ", kind: "start"},
+		{name: "start", args: []string{"--", "/no/such/program"}, status: 127, stderrHas: "corral: start: fork/exec /no/such/program: no such file or directory\n", kind: "start"},
 		{name: "overflow", args: []string{"--stdout-limit", "4B", "--", "sh", "-c", "echo 123456789"}, status: 125, stdout: "1234", stderrHas: "corral: overflow: ", kind: "overflow"},
 		{name: "forbidden", token: eve, args: []string{"--", "true"}, status: 125, stderrHas: "corral: prepare: daemon refused (403 forbidden): project 1: no such project, or you are not a member of it", kind: "prepare"},
 		{name: "unauthorized", token: "corral_forged", args: []string{"--", "true"}, status: 125, stderrHas: "(401 unauthorized)", kind: "prepare"},

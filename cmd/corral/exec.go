@@ -51,10 +51,13 @@ over its WebSocket session API), like docker exec.
 -t runs it on a terminal allocated in the machine (its /dev/pts), sized as
 corral's terminal and resized with it (SIGWINCH); corral's terminal is put in
 raw mode meanwhile, so keys such as ^C reach the command. -i passes corral's
-standard input to the command (without it the command reads nothing).
+standard input to the command (without it the command reads nothing). -it
+with a standard input that is not a terminal is refused at once ("the input
+device is not a TTY"), as docker exec refuses it.
 
 corral exits with the command's exit status, or 128+N when signal N killed
-it; 125 when corral could not run it (the reason is on stderr).`,
+it; 127 when the program was not found, 126 when it cannot be executed, 125
+when corral could not run it otherwise (the reason is on stderr).`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if status := execMain(cmd, &f, args); status != 0 {
@@ -94,8 +97,13 @@ type execSession interface {
 func execMain(cmd *cobra.Command, f *execFlags, argv []string) int {
 	stderr := cmd.ErrOrStderr()
 	fail := func(err error) int {
+		var ce *sandbox.CommandError
+		if errors.As(err, &ce) {
+			fmt.Fprintf(stderr, "corral: %s: %s\n", ce.Kind, ce.Message)
+			return failureStatus(ce)
+		}
 		fmt.Fprintf(stderr, "corral: %v\n", err)
-		return 125
+		return exitFailure
 	}
 	switch {
 	case f.daemon != "":
@@ -112,6 +120,11 @@ func execMain(cmd *cobra.Command, f *execFlags, argv []string) int {
 	}
 	inFD := int(os.Stdin.Fd())
 	outFD := int(os.Stdout.Fd())
+	if f.tty && f.interactive && !term.IsTerminal(inFD) {
+		// As docker exec -it refuses: raw mode and a remote terminal over a
+		// pipe or a file would wait forever for keys that never come.
+		return fail(errors.New("the input device is not a TTY"))
+	}
 	var size *sandbox.TTYSize
 	if f.tty {
 		size = &sandbox.TTYSize{Rows: 24, Cols: 80}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -168,5 +170,25 @@ func TestExecProjectEnv(t *testing.T) {
 	}
 	if _, errs, status := cli("exec", "--state", state, "--project", ws, "-e", "1BAD=x", "--", "true"); status != 125 || !strings.Contains(errs, "valid name") {
 		t.Fatalf("exec -e 1BAD=x: %d %q", status, errs)
+	}
+}
+
+// TestExecTTYWithoutTerminal: `corral exec -it` whose stdin is not a
+// terminal refuses at once with Docker's message, before it starts
+// anything (before: a prompt, then a wait forever).
+func TestExecTTYWithoutTerminal(t *testing.T) {
+	state, ws := t.TempDir(), t.TempDir()
+	cmd := exec.Command(os.Args[0], "exec", "-it", "--state", state, "--project", ws, "--", "sh")
+	cmd.Env = append(os.Environ(), "CORRAL_TEST_AS_MAIN=1")
+	cmd.Stdin = strings.NewReader("echo hi\n")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 125 || stderr.String() != "corral: the input device is not a TTY\n" {
+		t.Fatalf("exec -it with a pipe: %v %q", err, stderr.String())
+	}
+	if _, err := os.Stat(filepath.Join(state, sharedSocket)); err == nil {
+		t.Error("a worker was started")
 	}
 }

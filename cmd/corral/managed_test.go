@@ -27,6 +27,9 @@ func TestRunProjectPrivateWorker(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(ws, "hello.txt"), []byte("hi"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Mkdir(filepath.Join(ws, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	// A checkout of an ordinary user: the guest writes as that user.
 	const owner = 4242
 	if err := os.Chown(ws, owner, owner); err != nil {
@@ -59,10 +62,20 @@ func TestRunProjectPrivateWorker(t *testing.T) {
 	if status != 0 || !strings.HasPrefix(out, "git version") {
 		t.Fatalf("second run: %d %q", status, out)
 	}
-	// A program that is not there is a start error, not 127.
+	// A program that is not there is a start error, exit status 127 as
+	// Docker's, one line; a file that cannot be executed 126.
 	_, errs, status = corral(t, state, "--project", ws, "--", "no-such-program-here")
-	if status != 125 || !strings.Contains(errs, "corral: start:") {
+	if status != 127 || errs != "corral: start: exec \"no-such-program-here\": executable file not found in $PATH\n" {
 		t.Fatalf("missing program: %d %q", status, errs)
+	}
+	_, errs, status = corral(t, state, "--project", ws, "--", "./hello.txt")
+	if status != 126 || errs != "corral: start: exec ./hello.txt: permission denied\n" {
+		t.Fatalf("not executable: %d %q", status, errs)
+	}
+	// -w and -u, as exec and cp have them.
+	out, errs, status = corral(t, state, "--project", ws, "-u", "root", "-w", "/workspace/sub", "--", "sh", "-c", "id -u; pwd")
+	if status != 0 || out != "0\n/workspace/sub\n" {
+		t.Fatalf("-u root -w /workspace/sub: %d %q %q", status, out, errs)
 	}
 	// --user: guest root, and a user the machine does not know (a start
 	// error: nothing ran).

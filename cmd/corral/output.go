@@ -12,11 +12,29 @@ import (
 
 // Exit statuses of `corral run` (pinned): the command's own exit code, or
 // 128+N for a death by signal N; 124 for a timeout; 125 for every other
-// failure of corral's.
+// failure of corral's. Added as Docker has them: 126 for a start error
+// whose program is not executable, 127 for one whose program was not
+// found, and 128+N for a run that signal N (SIGINT: 130) aborted.
 const (
-	exitTimeout = 124
-	exitFailure = 125
+	exitTimeout       = 124
+	exitFailure       = 125
+	exitNotExecutable = 126
+	exitNotFound      = 127
 )
+
+// failureStatus is corral's exit status for a command that did not
+// complete.
+func failureStatus(ce *sandbox.CommandError) int {
+	switch {
+	case ce.Kind == sandbox.KindTimeout:
+		return exitTimeout
+	case ce.Kind == sandbox.KindStart && ce.Reason == sandbox.ReasonNotFound:
+		return exitNotFound
+	case ce.Kind == sandbox.KindStart && ce.Reason == sandbox.ReasonNotExecutable:
+		return exitNotExecutable
+	}
+	return exitFailure
+}
 
 // reportTo writes the outcome of a run per the pinned contract and returns
 // corral's exit status: the command's output to outStdout and outStderr
@@ -25,10 +43,7 @@ const (
 func reportTo(stdout, stderr, outStdout, outStderr io.Writer, asJSON bool, res *sandbox.CommandResult, err error) int {
 	if err != nil {
 		ce := asCommandError(err)
-		status := exitFailure
-		if ce.Kind == sandbox.KindTimeout {
-			status = exitTimeout
-		}
+		status := failureStatus(ce)
 		if asJSON {
 			// The pinned body, streamed: no copy of the output.
 			_ = ce.WriteJSON(stdout, false)

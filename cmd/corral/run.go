@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,10 +9,12 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -57,13 +60,17 @@ project (--project DIR) and report its outcome.
 Without --json, the command's stdout and stderr are written to corral's own and
 corral exits with the command's exit code, or 128+N for a death by signal N.
 If corral could not complete the command it writes the partial output, then
-"corral: KIND: MESSAGE" on stderr, and exits 124 for a timeout, 125 otherwise.
+"corral: KIND: MESSAGE" on stderr, and exits 124 for a timeout, 125 otherwise
+— except, as Docker does, 127 for a start error whose program was not found,
+126 for one whose file cannot be executed, and 128+N when signal N aborted
+the run (Ctrl-C: 130).
 
 With --json, exactly one JSON object is written to stdout:
 {"stdout":S,"stderr":S,"code":N|null,"signal":S|null} (plus "oomKilled":true
 after "signal":"SIGKILL" when the kernel's OOM killer killed a managed command)
-or {"error":{"kind":K,"message":S,"stdout":S,"stderr":S}}, with the same exit
-statuses. SIGINT or SIGTERM aborts the command (kind "abort").
+or {"error":{"kind":K,"message":S,"stdout":S,"stderr":S}} (a start error adds
+"reason":"notFound" or "reason":"notExecutable" where it is known), with the
+same exit statuses. SIGINT or SIGTERM aborts the command (kind "abort").
 
 Without --json, output is written as it arrives (in order within each stream,
 the bytes the command wrote); with --json it comes in the one object.
@@ -93,8 +100,8 @@ run has used it for --worker-idle (default 1m). Its log is STATE/worker.log.
 	fl := cmd.Flags()
 	fl.StringVar(&f.host, "host", "", "run in a host project rooted at `DIR`")
 	fl.StringVar(&f.project, "project", "", "run in a managed project whose workspace is `DIR` (root)")
-	fl.StringVar(&f.cwd, "cwd", "", "working `PATH` (host path for --host, guest path for --project)")
-	fl.StringVar(&f.user, "user", "", "run as `NAME|UID` of the machine (--project, --daemon; default: the image's user)")
+	fl.StringVarP(&f.cwd, "cwd", "w", "", "working `PATH` (host path for --host, guest path for --project)")
+	fl.StringVarP(&f.user, "user", "u", "", "run as `NAME|UID` of the machine (--project, --daemon; default: the image's user)")
 	fl.DurationVar(&f.timeout, "timeout", sandbox.DefaultTimeout, "bound the command's run time")
 	fl.Var(&f.stdoutLimit, "stdout-limit", "stdout capture limit (B, KiB, MiB; default 1MiB)")
 	fl.Var(&f.stderrLimit, "stderr-limit", "stderr capture limit (B, KiB, MiB; default 1MiB)")
@@ -143,8 +150,23 @@ func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 			return reportTo(stdout, stderr, io.Discard, io.Discard, false, res, err)
 		}
 	}
-	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop, caught := signalContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// A run a signal aborted exits 128+N, as a shell's command would
+	// (Ctrl-C: 130).
+	outcome := report
+	report = func(res *sandbox.CommandResult, err error) int {
+		sig := caught()
+		if err == nil || sig == 0 {
+			return outcome(res, err)
+		}
+		ce := asCommandError(err)
+		if ce.Kind == sandbox.KindAbort || ctx.Err() != nil {
+			ce.Kind, ce.Message = sandbox.KindAbort, "interrupted by "+unix.SignalName(sig)
+		}
+		outcome(nil, ce)
+		return 128 + int(sig)
+	}
 	if f.daemon != "" {
 		return report(runViaDaemon(ctx, f, argv, env, opts))
 	}
@@ -268,4 +290,28 @@ func (e *runEnv) close() {
 	for i := len(e.closers) - 1; i >= 0; i-- {
 		e.closers[i]()
 	}
+}
+
+// signalContext is signal.NotifyContext that also tells which signal
+// ended the context: caught returns it, or 0 while none has.
+func signalContext(parent context.Context, sigs ...os.Signal) (ctx context.Context, stop func(), caught func() syscall.Signal) {
+	ctx, cancel := context.WithCancel(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	var got atomic.Int32
+	go func() {
+		select {
+		case s := <-ch:
+			if n, ok := s.(syscall.Signal); ok {
+				got.Store(int32(n))
+			}
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	stop = func() {
+		signal.Stop(ch)
+		cancel()
+	}
+	return ctx, stop, func() syscall.Signal { return syscall.Signal(got.Load()) }
 }

@@ -78,7 +78,7 @@ func daemonCommandError(ctx context.Context, err error) *sandbox.CommandError {
 		switch kind {
 		case sandbox.KindPrepare, sandbox.KindStart, sandbox.KindTimeout, sandbox.KindAbort,
 			sandbox.KindOverflow, sandbox.KindTransport, sandbox.KindCleanup:
-			return &sandbox.CommandError{Kind: kind, Message: ae.Message, Stdout: ae.Stdout, Stderr: ae.Stderr, Cause: err}
+			return &sandbox.CommandError{Kind: kind, Message: ae.Message, Stdout: ae.Stdout, Stderr: ae.Stderr, Reason: sandbox.StartReason(ae.Reason), Cause: err}
 		}
 		return &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: fmt.Sprintf("daemon refused (%d %s): %s", ae.Status, ae.Kind, ae.Message), Cause: err}
 	}

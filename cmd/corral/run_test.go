@@ -33,6 +33,9 @@ func corral(t *testing.T, state string, args ...string) (stdout, stderr string, 
 
 func TestRunHostContract(t *testing.T) {
 	state, dir := t.TempDir(), t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "data.txt"), []byte("not a program"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cases := []struct {
 		name       string
 		args       []string
@@ -42,12 +45,15 @@ func TestRunHostContract(t *testing.T) {
 		jsonKind   string
 		jsonCode   *int
 		jsonSignal string
+		reason     string
 	}{
 		{name: "success", args: []string{"--", "sh", "-c", "printf out; printf err >&2"}, status: 0, stdout: "out", stderrHas: "err"},
 		{name: "nonzero", args: []string{"--", "sh", "-c", "exit 7"}, status: 7},
 		{name: "signal", args: []string{"--", "sh", "-c", "kill -TERM $$"}, status: 128 + 15},
 		{name: "timeout", args: []string{"--timeout", "300ms", "--", "sh", "-c", "echo partial; sleep 10"}, status: 124, stdout: "partial\n", stderrHas: "corral: timeout: "},
-		{name: "start", args: []string{"--", "/no/such/program"}, status: 125, stderrHas: "corral: start: "},
+		{name: "start", args: []string{"--", "/no/such/program"}, status: 127, stderrHas: "corral: start: fork/exec /no/such/program: no such file or directory\n", jsonKind: "start", reason: "notFound"},
+		{name: "startNotInPath", args: []string{"--", "no-such-program"}, status: 127, stderrHas: "corral: start: ", jsonKind: "start", reason: "notFound"},
+		{name: "startNotExecutable", args: []string{"--", "./data.txt"}, status: 126, stderrHas: "corral: start: ", jsonKind: "start", reason: "notExecutable"},
 		{name: "overflow", args: []string{"--stdout-limit", "4B", "--", "sh", "-c", "echo 123456789"}, status: 125, stdout: "1234", stderrHas: "corral: overflow: "},
 		{name: "combinedOverflow", args: []string{"--combined-limit", "1KiB", "--", "yes"}, status: 125, stderrHas: "corral: overflow: "},
 		{name: "exclusiveLimits", args: []string{"--combined-limit", "1KiB", "--stdout-limit", "1KiB", "--", "true"}, status: 125, stderrHas: "corral: prepare: "},
@@ -85,12 +91,15 @@ func TestRunHostContract(t *testing.T) {
 			}
 			if e, ok := obj["error"]; ok {
 				var body struct {
-					Kind, Message, Stdout, Stderr string
+					Kind, Message, Stdout, Stderr, Reason string
 				}
-				if err := json.Unmarshal(e, &body); err != nil || body.Kind == "" || body.Message == "" {
+				if err := json.Unmarshal(e, &body); err != nil || body.Kind == "" || body.Message == "" || body.Reason != tc.reason {
 					t.Fatalf("error object %s", e)
 				}
-				if tc.status == 0 || (tc.status < 124 && tc.status != 2) || tc.status > 125 {
+				if strings.Contains(body.Message, "\n") || strings.Count(body.Message, "could not be started") > 0 {
+					t.Errorf("message stacks its layers: %q", body.Message)
+				}
+				if tc.status == 0 || (tc.status < 124 && tc.status != 2) || tc.status > 127 {
 					t.Fatalf("unexpected error object %s", e)
 				}
 				if tc.stdout != "" && body.Stdout != tc.stdout {
@@ -139,7 +148,8 @@ func TestRunHostConfined(t *testing.T) {
 }
 
 // TestRunInterruptAborts sends SIGINT to a real corral process: the command
-// is aborted and its process group is killed.
+// is aborted, its process group is killed, and corral exits 130 as a shell's
+// command interrupted by Ctrl-C would.
 func TestRunInterruptAborts(t *testing.T) {
 	state, dir := t.TempDir(), t.TempDir()
 	tok := sandboxtest.SleepToken()
@@ -163,11 +173,13 @@ func TestRunInterruptAborts(t *testing.T) {
 	_ = cmd.Process.Signal(syscall.SIGINT)
 	err := cmd.Wait()
 	ee, ok := err.(*exec.ExitError)
-	if !ok || ee.ExitCode() != 125 {
-		t.Fatalf("corral exit = %v, want 125", err)
+	if !ok || ee.ExitCode() != 130 {
+		t.Fatalf("corral exit = %v, want 130", err)
 	}
-	var body struct{ Error struct{ Kind, Stdout string } }
-	if err := json.Unmarshal(out.Bytes(), &body); err != nil || body.Error.Kind != "abort" || body.Error.Stdout != "ready\n" {
+	var body struct {
+		Error struct{ Kind, Message, Stdout string }
+	}
+	if err := json.Unmarshal(out.Bytes(), &body); err != nil || body.Error.Kind != "abort" || body.Error.Stdout != "ready\n" || body.Error.Message != "interrupted by SIGINT" {
 		t.Fatalf("output %q (%v)", out.String(), err)
 	}
 	sandboxtest.AssertNoProcesses(t, "sleep "+tok)
