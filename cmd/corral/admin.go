@@ -314,8 +314,30 @@ func projectArg(ctx context.Context, st store.Store, s string) (store.Project, e
 		if id, perr := strconv.ParseInt(s, 10, 64); perr == nil {
 			return st.GetProject(ctx, id)
 		}
+		if p, ok := projectAtPath(ctx, st, s); ok {
+			return p, nil
+		}
 	}
 	return p, err
+}
+
+// projectAtPath finds the project corral run registered for the directory
+// s (a path, as given to --project or --host: "managed:/abs" or
+// "host:/abs"), preferring the managed one.
+func projectAtPath(ctx context.Context, st store.Store, s string) (store.Project, bool) {
+	abs, err := filepath.Abs(s)
+	if err != nil {
+		return store.Project{}, false
+	}
+	if r, err := filepath.EvalSymlinks(abs); err == nil {
+		abs = r
+	}
+	for _, kind := range []store.ProjectKind{store.ProjectManaged, store.ProjectHost} {
+		if p, err := st.ProjectByName(ctx, string(kind)+":"+abs); err == nil {
+			return p, true
+		}
+	}
+	return store.Project{}, false
 }
 
 func newProjectCmd() *cobra.Command {
@@ -467,7 +489,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				if asJSON {
 					out := make([]projectJSON, 0, len(ps))
 					for _, p := range ps {
-						out = append(out, projectJSON{p.ID, p.Name, string(p.Kind), p.Root, p.Created})
+						out = append(out, projectJSON{p.ID, p.Name, string(p.Kind), p.Root, p.Created, projectImage(p)})
 					}
 					return printJSON(cmd, out)
 				}
@@ -480,7 +502,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 					names[a.ID] = a.Name
 				}
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tNAME\tKIND\tROOT\tNETWORK\tTRUSTED (unconfined, as corral's user)")
+				fmt.Fprintln(tw, "ID\tNAME\tKIND\tROOT\tIMAGE\tNETWORK\tTRUSTED (unconfined, as corral's user)")
 				for _, p := range ps {
 					network, trusted := "-", "-"
 					if p.Kind == store.ProjectHost {
@@ -502,7 +524,11 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 							trusted = strings.Join(ts, ",")
 						}
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Kind, p.Root, network, trusted)
+					img := projectImage(p)
+					if img == "" {
+						img = "-"
+					}
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Kind, p.Root, img, network, trusted)
 				}
 				return tw.Flush()
 			})
@@ -597,6 +623,9 @@ type projectJSON struct {
 	Kind    string    `json:"kind"`
 	Root    string    `json:"root"`
 	Created time.Time `json:"created"`
+	// Image is a managed project's machine image (empty for host
+	// projects).
+	Image string `json:"image,omitempty"`
 }
 
 func absOrEmpty(p string) string {
@@ -607,4 +636,15 @@ func absOrEmpty(p string) string {
 		return a
 	}
 	return p
+}
+
+// projectImage is a managed project's image name ("" for a host project).
+func projectImage(p store.Project) string {
+	switch {
+	case p.Kind != store.ProjectManaged:
+		return ""
+	case p.Image == "":
+		return store.DefaultImage
+	}
+	return p.Image
 }

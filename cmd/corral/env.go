@@ -178,16 +178,8 @@ func ensureProject(ctx context.Context, st store.Store, kind store.ProjectKind, 
 // use it). The machine's next start discards the upper layer made over
 // the previous image.
 func changeImage(ctx context.Context, state string, c *core.Core, proj store.Project, name string) error {
-	if name != image.BaseName {
-		imgs, err := image.Open(filepath.Join(state, "images"), image.Options{Logger: cliLogger()})
-		if err != nil {
-			return err
-		}
-		if _, err := imgs.Get(ctx, name); errors.Is(err, image.ErrNotFound) {
-			return fmt.Errorf("--image %s: no such image (see corral image list; base is the default)", name)
-		} else if err != nil {
-			return fmt.Errorf("--image %s: %w", name, err)
-		}
+	if err := checkImage(ctx, state, name); err != nil {
+		return err
 	}
 	if gw := c.Gateway(); gw != nil && gw.HasTransport() {
 		err := daemon.ResetMachine(ctx, c.Store(), gw, proj)
@@ -200,4 +192,22 @@ func changeImage(ctx context.Context, state string, c *core.Core, proj store.Pro
 	}
 	// Recorded: later runs without --image keep it.
 	return c.Store().SetProjectMachine(ctx, proj.ID, name, proj.Limits)
+}
+
+// checkImage refuses an image name the state directory's image store does
+// not hold ("base" is always there: it is made on first use).
+func checkImage(ctx context.Context, state, name string) error {
+	if name == image.BaseName || name == "" {
+		return nil
+	}
+	imgs, err := image.Open(filepath.Join(state, "images"), image.Options{Logger: cliLogger()})
+	if err != nil {
+		return err
+	}
+	if _, err := imgs.Get(ctx, name); errors.Is(err, image.ErrNotFound) {
+		return fmt.Errorf("--image %s: no such image (see corral image list; base is the default)", name)
+	} else if err != nil {
+		return fmt.Errorf("--image %s: %w", name, err)
+	}
+	return nil
 }

@@ -91,8 +91,10 @@ func newResetCmd(state *string) *cobra.Command {
 and the home (the upper layer of its root filesystem): the next command starts
 from the image again. Refused while the project has live leases or its machine
 runs commands. The worker at --worker-socket (default STATE/worker.sock, the
-daemon's) stops the machine and deletes the layer; without a running worker,
-the layer under STATE/worker is deleted directly.`,
+daemon's or corral run's shared worker) stops the machine and deletes the
+layer; without a running worker, the layer under STATE/worker is deleted
+directly. PROJECT is a name, an id, or the directory corral run --project
+registered (corral project reset ~/proj2).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withState(cmd, *state, func(ctx context.Context, dir string, st store.Store) error {

@@ -262,3 +262,48 @@ func TestWorkspaceWritableByRoot(t *testing.T) {
 		t.Errorf("guest root's files: %d of 3", rootFiles)
 	}
 }
+
+// TestProjectByPathAndImage: the project a `corral run --project DIR`
+// registered is named by DIR in `corral project` commands, an unknown
+// --image is refused before it is recorded (the next run without it
+// works), and `project list` shows the image.
+func TestProjectByPathAndImage(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
+	state := t.TempDir()
+	ws := filepath.Join(t.TempDir(), "proj2")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, errs, status := corral(t, state, "--project", ws, "--", "true"); status != 0 {
+		t.Fatalf("run: %d %q", status, errs)
+	}
+	_, errs, status := corral(t, state, "--project", ws, "--image", "bsae", "--", "true")
+	if status != 125 || !strings.Contains(errs, "--image bsae: no such image") {
+		t.Fatalf("unknown image: %d %q", status, errs)
+	}
+	if _, errs, status := corral(t, state, "--project", ws, "--", "true"); status != 0 {
+		t.Fatalf("the unknown image was recorded: %d %q", status, errs)
+	}
+	out, errs, status := cli("project", "--state", state, "list")
+	if status != 0 || !strings.Contains(out, "IMAGE") || !strings.Contains(out, "managed:"+ws) || !strings.Contains(out, " base ") {
+		t.Fatalf("list: %d %q %q", status, out, errs)
+	}
+	out, _, _ = cli("project", "--state", state, "list", "--json")
+	if !strings.Contains(out, `"image": "base"`) {
+		t.Errorf("list --json: %q", out)
+	}
+	// By path, relative too, while the shared worker still runs the machine.
+	if _, errs, status := cli("project", "--state", state, "reset", ws); status != 0 {
+		t.Fatalf("reset by path: %d %q", status, errs)
+	}
+	t.Chdir(filepath.Dir(ws))
+	if _, errs, status := cli("project", "--state", state, "reset", "proj2"); status != 0 {
+		t.Fatalf("reset by relative path: %d %q", status, errs)
+	}
+	if _, errs, status := cli("project", "--state", state, "reset", "/no/such/dir"); status == 0 || !strings.Contains(errs, "not found") {
+		t.Fatalf("reset of nothing: %d %q", status, errs)
+	}
+}
