@@ -118,14 +118,13 @@ func sampleRows(row *latRow, n int, f func() (time.Duration, error)) {
 func firstChunk(ctx context.Context, cl *client.Client, project int64) (time.Duration, error) {
 	var first time.Duration
 	t0 := time.Now()
-	res, err := cl.RunCommand(ctx, project, client.CommandRequest{
+	res, err := cl.StreamCommand(ctx, project, client.CommandRequest{
 		Command: sandbox.Command{Type: sandbox.CommandTypeArgv, File: "sh", Args: []string{"-c", "echo a; sleep 0.01"}},
-		OnStdout: func([]byte) {
-			if first == 0 {
-				first = time.Since(t0)
-			}
-		},
-	})
+	}, func([]byte) {
+		if first == 0 {
+			first = time.Since(t0)
+		}
+	}, nil)
 	switch {
 	case err != nil:
 		return 0, err

@@ -5,7 +5,8 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // This file holds one method per operation of the daemon's API
@@ -24,14 +25,7 @@ func projectPath(id int64, segments ...string) string {
 }
 
 // Health is the answer of GET /healthz.
-type Health struct {
-	// Status is "ok".
-	Status string `json:"status"`
-	// Sandbox is "ok", or why the sandbox domain is unavailable.
-	Sandbox string `json:"sandbox"`
-	// Worker is the worker's state ("connected", "none", …).
-	Worker string `json:"worker"`
-}
+type Health = api.Health
 
 // Health reports the daemon's health (getHealth). An unhealthy daemon
 // answers a *Error with Status 503 and the reason.
@@ -44,11 +38,7 @@ func (c *Client) Health(ctx context.Context) (*Health, error) {
 }
 
 // Account is an account as the API shows it.
-type Account struct {
-	ID      int64     `json:"id"`
-	Name    string    `json:"name"`
-	Created time.Time `json:"created"`
-}
+type Account = api.Account
 
 // Whoami returns the client's own account (whoami).
 func (c *Client) Whoami(ctx context.Context) (*Account, error) {
@@ -63,25 +53,20 @@ func (c *Client) Whoami(ctx context.Context) (*Account, error) {
 // administrators only: 403 for others, 409 for a name that exists).
 func (c *Client) CreateAccount(ctx context.Context, name string) (*Account, error) {
 	var a Account
-	if err := c.Do(ctx, http.MethodPost, "/v1/accounts", map[string]string{"name": name}, &a); err != nil {
+	if err := c.Do(ctx, http.MethodPost, "/v1/accounts", api.AccountRequest{Name: name}, &a); err != nil {
 		return nil, err
 	}
 	return &a, nil
 }
 
 // Token is a newly minted bearer token; Token is shown only this once.
-type Token struct {
-	ID        int64  `json:"id"`
-	AccountID int64  `json:"accountId"`
-	Name      string `json:"name"`
-	Token     string `json:"token"`
-}
+type Token = api.Token
 
 // CreateToken mints a token named name for account (createToken): any
 // account for itself, an administrator for any account.
 func (c *Client) CreateToken(ctx context.Context, account, name string) (*Token, error) {
 	var t Token
-	if err := c.Do(ctx, http.MethodPost, "/v1/accounts/"+url.PathEscape(account)+"/tokens", map[string]string{"name": name}, &t); err != nil {
+	if err := c.Do(ctx, http.MethodPost, "/v1/accounts/"+url.PathEscape(account)+"/tokens", api.TokenRequest{Name: name}, &t); err != nil {
 		return nil, err
 	}
 	return &t, nil
@@ -103,22 +88,10 @@ func (c *Client) DeleteProject(ctx context.Context, id int64) error {
 }
 
 // Machine is a managed project's machine spec.
-type Machine struct {
-	// Image names the image; empty (in a request) means "base".
-	Image string `json:"image,omitempty"`
-	// Limits override the daemon's defaults: zero means the default, a
-	// negative value no limit.
-	Limits Limits `json:"limits"`
-}
+type Machine = api.Machine
 
 // Limits are a machine's resource limits.
-type Limits struct {
-	Memory    int64 `json:"memory,omitempty"`    // bytes
-	Pids      int64 `json:"pids,omitempty"`      // tasks
-	CPUMillis int64 `json:"cpuMillis,omitempty"` // thousandths of a CPU
-	Disk      int64 `json:"disk,omitempty"`      // bytes
-	Tmp       int64 `json:"tmp,omitempty"`       // bytes: /tmp and /dev/shm
-}
+type Limits = api.Limits
 
 // SetMachine records project id's machine spec and returns it as stored
 // (setMachine; owners and admins; 400 for a host project).
@@ -138,13 +111,7 @@ func (c *Client) ResetMachine(ctx context.Context, id int64) error {
 }
 
 // Member is a membership as the API shows it.
-type Member struct {
-	AccountID int64     `json:"accountId"`
-	Account   string    `json:"account,omitempty"`
-	Role      string    `json:"role"`
-	Trusted   bool      `json:"trusted"`
-	Created   time.Time `json:"created"`
-}
+type Member = api.Member
 
 // Members lists project id's members (listMembers).
 func (c *Client) Members(ctx context.Context, id int64) ([]Member, error) {
@@ -156,13 +123,7 @@ func (c *Client) Members(ctx context.Context, id int64) ([]Member, error) {
 }
 
 // Site is a publication of a managed project's port.
-type Site struct {
-	Name        string    `json:"name"`
-	ProjectID   int64     `json:"projectId"`
-	Port        int       `json:"port"`
-	PublishedBy int64     `json:"publishedBy"`
-	Published   time.Time `json:"published"`
-}
+type Site = api.Site
 
 // Sites lists project id's sites (listSites).
 func (c *Client) Sites(ctx context.Context, id int64) ([]Site, error) {
@@ -179,18 +140,10 @@ func (c *Client) UnpublishSite(ctx context.Context, id int64, name string) error
 }
 
 // ExportRequest is the body of Export.
-type ExportRequest struct {
-	Remote       string `json:"remote"`
-	Branch       string `json:"branch"`
-	ExpectedHead string `json:"expectedHead"`
-}
+type ExportRequest = api.ExportRequest
 
 // ExportResult is the answer of Export.
-type ExportResult struct {
-	Pushed bool   `json:"pushed"`
-	Head   string `json:"head"`
-	Remote string `json:"remote"`
-}
+type ExportResult = api.ExportResult
 
 // Export pushes a branch of project id's workspace to a remote
 // (exportBranch): 409 with kind "headMoved" if the branch is not at
@@ -216,11 +169,7 @@ func (c *Client) Git(ctx context.Context, id int64, read string, q url.Values, o
 
 // EgressPolicy is a project's network policy: Mode "none" (loopback only)
 // or "proxy" with Allow and Deny rules.
-type EgressPolicy struct {
-	Mode  string   `json:"mode"`
-	Allow []string `json:"allow"`
-	Deny  []string `json:"deny"`
-}
+type EgressPolicy = api.EgressPolicy
 
 // Egress returns project id's network policy (getEgress).
 func (c *Client) Egress(ctx context.Context, id int64) (*EgressPolicy, error) {
@@ -242,21 +191,7 @@ func (c *Client) SetEgress(ctx context.Context, id int64, p EgressPolicy) (*Egre
 }
 
 // EgressLogEntry is one journaled connection attempt of a machine.
-type EgressLogEntry struct {
-	ID         int64     `json:"id"`
-	Account    int64     `json:"account"`
-	Protocol   string    `json:"protocol"`
-	Name       string    `json:"name"`
-	Addr       string    `json:"addr"`
-	Port       int       `json:"port"`
-	Verdict    string    `json:"verdict"`
-	Rule       string    `json:"rule"`
-	Error      string    `json:"error,omitempty"`
-	BytesIn    int64     `json:"bytesIn"`
-	BytesOut   int64     `json:"bytesOut"`
-	StartedAt  time.Time `json:"startedAt"`
-	DurationMS int64     `json:"durationMs"`
-}
+type EgressLogEntry = api.EgressLogEntry
 
 // EgressLog returns the newest limit (1…1000; 0 means the daemon's
 // default, 100) connection attempts of project id's machine, newest first

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/api"
 )
 
 // seen is one request a fake daemon received.
@@ -109,10 +109,10 @@ func TestMethods(t *testing.T) {
 			"POST", "/v1/projects/4/members", "", map[string]any{"account": "bob", "role": "owner"}, nil},
 		{"RunCommand", 200, `{"stdout":"hi\n","stderr":"","code":0,"signal":null}`,
 			func(c *Client) (any, error) {
-				return c.RunCommand(ctx, 4, CommandRequest{Command: sandbox.Command{Type: "argv", File: "echo", Args: []string{"hi"}}, TimeoutMs: 500})
+				return c.RunCommand(ctx, 4, CommandRequest{Command: api.Command{Type: "argv", File: "echo", Args: []string{"hi"}}, TimeoutMs: 500})
 			},
 			"POST", "/v1/projects/4/commands", "", map[string]any{"command": map[string]any{"type": "argv", "file": "echo", "args": []any{"hi"}}, "timeoutMs": 500.0, "outputLimit": map[string]any{}},
-			&sandbox.CommandResult{Stdout: "hi\n", Code: new(int)}},
+			&api.CommandResult{Stdout: "hi\n", Code: new(int)}},
 		{"Sites", 200, `[{"name":"web","projectId":4,"port":8000,"publishedBy":1,"published":"2026-12-01T10:00:00Z"}]`,
 			func(c *Client) (any, error) { return c.Sites(ctx, 4) },
 			"GET", "/v1/projects/4/sites", "", nil, []Site{{Name: "web", ProjectID: 4, Port: 8000, PublishedBy: 1, Published: created}}},
@@ -218,7 +218,7 @@ func TestTypedErrors(t *testing.T) {
 	}
 	// A command's error keeps its partial output.
 	c, _ := fakeDaemon(t, 504, `{"error":{"kind":"timeout","message":"timed out","stdout":"part","stderr":"e"}}`, nil)
-	_, err := c.RunCommand(ctx, 1, CommandRequest{Command: sandbox.Command{Type: "argv", File: "sleep"}})
+	_, err := c.RunCommand(ctx, 1, CommandRequest{Command: api.Command{Type: "argv", File: "sleep"}})
 	var e *Error
 	if !errors.As(err, &e) || e.Kind != "timeout" || e.Stdout != "part" || e.Stderr != "e" || !strings.Contains(e.Error(), "504 timeout") {
 		t.Fatalf("%v", err)

@@ -2,12 +2,14 @@
 //
 //	c, err := client.New("/var/lib/corral/corral.sock", token)
 //	res, err := c.RunCommand(ctx, projectID, client.CommandRequest{
-//		Command: sandbox.Command{Type: "argv", File: "git", Args: []string{"status"}},
+//		Command: api.Command{Type: "argv", File: "git", Args: []string{"status"}},
 //	})
 //
-// RunCommand returns the sandbox's own result type for every completed
-// command (a nonzero exit included) and a *Error, which carries the API's
-// kind, status and partial output, for everything else.
+// RunCommand returns the API's result type for every completed command (a
+// nonzero exit included) and a *Error, which carries the API's kind,
+// status and partial output, for everything else. The types of requests
+// and answers are package api's (this package names them by alias), so
+// that the client builds on every GOOS.
 //
 // Every operation of the daemon's OpenAPI document (docs/openapi.json) has
 // a method named after it (CreateProject for createProject, OpenSession
@@ -42,7 +44,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/api"
 )
 
 // Client talks to one daemon as one account. It is safe for concurrent
@@ -117,9 +119,9 @@ func (c *Client) Header() http.Header {
 
 // Error is an error answer of the API: its pinned body
 // {"error":{"kind","message","stdout","stderr"}} and the HTTP status. Kind
-// is a sandbox.ErrorKind for a command that did not complete, otherwise
-// one of the daemon's kinds ("unauthorized", "forbidden", "notFound",
-// "invalid", "unavailable", ...); an answer that is not a pinned error
+// is an api.ErrorKind: a command's kind for a command that did not
+// complete, otherwise one of the API's kinds ("unauthorized", "forbidden",
+// "notFound", "invalid", "unavailable", ...); an answer that is not a pinned error
 // body (a proxy's, say) has Kind "http" and the start of the body as its
 // Message.
 //
@@ -158,78 +160,69 @@ func (e *Error) Is(target error) bool {
 	return t.Status == 0 && t.Kind != "" && t.Kind == e.Kind
 }
 
-// Sentinels of the daemon's error statuses, for errors.Is.
+// Sentinels of the daemon's error statuses, for errors.Is: each is its
+// kind's (api.ErrorKind.Status).
 var (
-	ErrInvalid         = &Error{Kind: "invalid", Message: "400"}
-	ErrUnauthorized    = &Error{Kind: "unauthorized", Message: "401"}
-	ErrForbidden       = &Error{Kind: "forbidden", Message: "403"}
-	ErrNotFound        = &Error{Kind: "notFound", Message: "404"}
-	ErrConflict        = &Error{Kind: "conflict", Message: "409"}
-	ErrRequestTooLarge = &Error{Kind: "requestTooLarge", Message: "413"}
-	ErrBusy            = &Error{Kind: "busy", Message: "429"}
-	ErrUnavailable     = &Error{Kind: "unavailable", Message: "503"}
+	ErrInvalid         = sentinel(api.KindInvalid)
+	ErrUnauthorized    = sentinel(api.KindUnauthorized)
+	ErrForbidden       = sentinel(api.KindForbidden)
+	ErrNotFound        = sentinel(api.KindNotFound)
+	ErrConflict        = sentinel(api.KindConflict)
+	ErrRequestTooLarge = sentinel(api.KindRequestTooLarge)
+	ErrBusy            = sentinel(api.KindBusy)
+	ErrUnavailable     = sentinel(api.KindUnavailable)
 )
 
-var sentinels = map[*Error]int{
-	ErrInvalid:         http.StatusBadRequest,
-	ErrUnauthorized:    http.StatusUnauthorized,
-	ErrForbidden:       http.StatusForbidden,
-	ErrNotFound:        http.StatusNotFound,
-	ErrConflict:        http.StatusConflict,
-	ErrRequestTooLarge: http.StatusRequestEntityTooLarge,
-	ErrBusy:            http.StatusTooManyRequests,
-	ErrUnavailable:     http.StatusServiceUnavailable,
+// sentinels maps each sentinel to its status.
+var sentinels = map[*Error]int{}
+
+func sentinel(k api.ErrorKind) *Error {
+	e := &Error{Kind: string(k), Message: strconv.Itoa(k.Status())}
+	sentinels[e] = k.Status()
+	return e
 }
 
-// CommandRequest is the body of a command request; see the daemon's
-// CommandRequest for each field's zero value.
-//
-// Env, Stdin and Encoding are optional (omitted when zero). Stdin is sent
-// base64, as the API wants it; it is sent whole in the request, so it is
-// bounded by the daemon's limit (16 MiB by default). With Encoding
-// "base64" the output travels as base64, and the client decodes it: the
-// result's and an *Error's Stdout and Stderr, and the chunks OnStdout and
-// OnStderr see, are then the exact bytes the command wrote.
-//
-// OnStdout and OnStderr, if either is non-nil, stream the answer
-// (Accept: application/x-ndjson): each is called with the chunks of its
-// stream as they arrive, in order, from the goroutine that called
-// RunCommand (never concurrently); p is valid only during the call. The
-// result and the errors are those of an unstreamed request; an error that
-// ended a streamed answer (the command started, then timed out, say) is a
-// *Error whose Status is 200, the status the answer had.
-type CommandRequest struct {
-	Command     sandbox.Command     `json:"command"`
-	Cwd         string              `json:"cwd,omitempty"`
-	User        string              `json:"user,omitempty"`
-	LeaseKind   sandbox.LeaseKind   `json:"leaseKind,omitempty"`
-	TimeoutMs   int64               `json:"timeoutMs,omitempty"`
-	OutputLimit sandbox.OutputLimit `json:"outputLimit"`
-	Env         map[string]string   `json:"env,omitempty"`
-	Stdin       []byte              `json:"stdin,omitempty"`
-	Encoding    string              `json:"encoding,omitempty"`
+// CommandRequest is the body of a command request; see api.CommandRequest
+// for each field's zero value. Stdin is sent whole in the request, so it is bounded
+// by the daemon's limit (16 MiB by default). With Encoding
+// EncodingBase64 the output travels as base64, and the client decodes it:
+// the result's and an *Error's Stdout and Stderr, and the chunks
+// StreamCommand's callbacks see, are then the exact bytes the command
+// wrote.
+type CommandRequest = api.CommandRequest
 
-	OnStdout func(p []byte) `json:"-"`
-	OnStderr func(p []byte) `json:"-"`
-}
+// CommandResult is a command that ran to completion.
+type CommandResult = api.CommandResult
 
 // EncodingBase64 is CommandRequest.Encoding for binary-safe output.
-const EncodingBase64 = "base64"
+const EncodingBase64 = api.EncodingBase64
 
 // MediaNDJSON is the media type of a streamed command answer.
-const MediaNDJSON = "application/x-ndjson"
+const MediaNDJSON = api.MediaNDJSON
 
 // RunCommand runs one bounded command in project id (runCommand) and
 // returns its result: every completed command, whatever its exit code. Any other
 // outcome is a *Error (with the partial output of a command that started),
 // or a transport error of the HTTP request. Cancelling ctx closes the
 // request, which makes the daemon abort the command.
-func (c *Client) RunCommand(ctx context.Context, projectID int64, req CommandRequest) (*sandbox.CommandResult, error) {
+func (c *Client) RunCommand(ctx context.Context, projectID int64, req CommandRequest) (*CommandResult, error) {
+	return c.StreamCommand(ctx, projectID, req, nil, nil)
+}
+
+// StreamCommand is RunCommand with the answer streamed (Accept:
+// application/x-ndjson) when onStdout or onStderr is non-nil: each is
+// called with the chunks of its stream as they arrive, in order, from the
+// goroutine that called StreamCommand (never concurrently); p is valid only
+// during the call. The result and the errors are those of an unstreamed
+// request; an error that ended a streamed answer (the command started,
+// then timed out, say) is a *Error whose Status is 200, the status the
+// answer had.
+func (c *Client) StreamCommand(ctx context.Context, projectID int64, req CommandRequest, onStdout, onStderr func(p []byte)) (*CommandResult, error) {
 	path := "/v1/projects/" + strconv.FormatInt(projectID, 10) + "/commands"
-	var res sandbox.CommandResult
+	var res CommandResult
 	var err error
-	if req.OnStdout != nil || req.OnStderr != nil {
-		err = c.streamCommand(ctx, path, req, &res)
+	if onStdout != nil || onStderr != nil {
+		err = c.streamCommand(ctx, path, req, &res, onStdout, onStderr)
 	} else {
 		err = c.Do(ctx, http.MethodPost, path, req, &res)
 	}
@@ -261,7 +254,7 @@ func decodeOutput(stdout, stderr *string) error {
 
 // streamCommand sends a command request asking for a streamed answer and
 // reads it: chunks to the callbacks, the last line into res or an *Error.
-func (c *Client) streamCommand(ctx context.Context, path string, creq CommandRequest, res *sandbox.CommandResult) error {
+func (c *Client) streamCommand(ctx context.Context, path string, creq CommandRequest, res *CommandResult, onStdout, onStderr func([]byte)) error {
 	b, err := json.Marshal(creq)
 	if err != nil {
 		return fmt.Errorf("client: encode request: %w", err)
@@ -318,7 +311,7 @@ func (c *Client) streamCommand(ctx context.Context, path string, creq CommandReq
 		for _, s := range []struct {
 			name string
 			fn   func([]byte)
-		}{{"stdout", creq.OnStdout}, {"stderr", creq.OnStderr}} {
+		}{{"stdout", onStdout}, {"stderr", onStderr}} {
 			raw, ok := m[s.name]
 			if !ok {
 				continue
@@ -393,7 +386,7 @@ func decodeError(status int, h http.Header, data []byte) *Error {
 }
 
 func decodeErrorBody(status int, data []byte) *Error {
-	var e sandbox.ErrorBody
+	var e api.ErrorBody
 	if err := e.UnmarshalJSON(data); err != nil {
 		msg := strings.TrimSpace(string(data))
 		if len(msg) > 512 {
@@ -408,19 +401,7 @@ func decodeErrorBody(status int, data []byte) *Error {
 }
 
 // Project is a project as the API shows it.
-type Project struct {
-	ID   int64  `json:"id"`
-	Name string `json:"name"`
-	// Kind is "managed" or "host".
-	Kind string `json:"kind"`
-	// Root is a host project's directory (empty for managed projects).
-	Root    string    `json:"root,omitempty"`
-	Created time.Time `json:"created"`
-	// Role is the caller's role: "owner" or "member".
-	Role string `json:"role,omitempty"`
-	// Machine is a managed project's machine spec (nil for host projects).
-	Machine *Machine `json:"machine,omitempty"`
-}
+type Project = api.Project
 
 // CreateProject creates a project owned by the client's account
 // (createProject); see ProjectRequest.
@@ -438,14 +419,7 @@ func (c *Client) CreateProject(ctx context.Context, req ProjectRequest) (*Projec
 // the daemon refuses (403) unless it allows them and an admin granted
 // them to the account. Git is a URL cloned into a new managed workspace.
 // ExportRemotes narrows the remotes the project may be exported to.
-type ProjectRequest struct {
-	Name          string   `json:"name"`
-	Kind          string   `json:"kind,omitempty"`
-	Root          string   `json:"root,omitempty"`
-	From          string   `json:"from,omitempty"`
-	Git           string   `json:"git,omitempty"`
-	ExportRemotes []string `json:"exportRemotes,omitempty"`
-}
+type ProjectRequest = api.ProjectRequest
 
 // Projects lists the client's account's projects (listProjects).
 func (c *Client) Projects(ctx context.Context) ([]Project, error) {
@@ -459,9 +433,9 @@ func (c *Client) Projects(ctx context.Context) ([]Project, error) {
 // AddMember adds the named account to project id (addMember; owners
 // only), as an owner if owner is true, else as a member.
 func (c *Client) AddMember(ctx context.Context, projectID int64, account string, owner bool) error {
-	req := map[string]any{"account": account}
+	req := api.MemberRequest{Account: account}
 	if owner {
-		req["role"] = "owner"
+		req.Role = api.RoleOwner
 	}
 	return c.Do(ctx, http.MethodPost, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/members", req, nil)
 }
@@ -469,7 +443,7 @@ func (c *Client) AddMember(ctx context.Context, projectID int64, account string,
 // PublishSite publishes port of project id under name (publishSite;
 // served at /sites/{name}/; 409 for a name another project holds).
 func (c *Client) PublishSite(ctx context.Context, projectID int64, name string, port int) error {
-	return c.Do(ctx, http.MethodPut, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/sites/"+url.PathEscape(name), map[string]int{"port": port}, nil)
+	return c.Do(ctx, http.MethodPut, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/sites/"+url.PathEscape(name), api.SiteRequest{Port: port}, nil)
 }
 
 // SiteURL returns a signed URL that opens path ("" means "/") of project
@@ -478,10 +452,8 @@ func (c *Client) PublishSite(ctx context.Context, projectID int64, name string, 
 // a sites domain (corral daemon --sites-domain); the URL is bound to the
 // caller's account and token and works only while both may visit the site.
 func (c *Client) SiteURL(ctx context.Context, projectID int64, name, path string, ttl time.Duration) (string, error) {
-	var out struct {
-		URL string `json:"url"`
-	}
-	req := map[string]any{"path": path, "expiresInSeconds": int(ttl / time.Second)}
+	var out api.SiteURL
+	req := api.SiteURLRequest{Path: path, ExpiresInSeconds: int(ttl / time.Second)}
 	err := c.Do(ctx, http.MethodPost, "/v1/projects/"+strconv.FormatInt(projectID, 10)+"/sites/"+url.PathEscape(name)+"/url", req, &out)
 	return out.URL, err
 }

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/api"
 )
 
 func TestURL(t *testing.T) {
@@ -77,14 +77,14 @@ func TestStreamedCommand(t *testing.T) {
 	c, _ := New(srv.URL, "")
 	var out, errs []string
 	cr := CommandRequest{
-		Command:  sandbox.Command{Type: "argv", File: "x"},
-		Stdin:    []byte("\xffin"),
-		Env:      map[string]string{"A": "b"},
-		OnStdout: func(p []byte) { out = append(out, string(p)) },
-		OnStderr: func(p []byte) { errs = append(errs, string(p)) },
+		Command: api.Command{Type: "argv", File: "x"},
+		Stdin:   []byte("\xffin"),
+		Env:     map[string]string{"A": "b"},
 	}
+	onStdout := func(p []byte) { out = append(out, string(p)) }
+	onStderr := func(p []byte) { errs = append(errs, string(p)) }
 	answer = `{"stdout":"a"}` + "\n" + `{"stderr":"e"}` + "\n" + `{"stdout":"b"}` + "\n" + `{"stdout":"ab","stderr":"e","code":3,"signal":null}` + "\n"
-	res, err := c.RunCommand(context.Background(), 1, cr)
+	res, err := c.StreamCommand(context.Background(), 1, cr, onStdout, onStderr)
 	if err != nil || *res.Code != 3 || res.Stdout != "ab" || strings.Join(out, "|") != "a|b" || strings.Join(errs, "|") != "e" {
 		t.Fatalf("res %+v err %v out %q errs %q", res, err, out, errs)
 	}
@@ -95,14 +95,14 @@ func TestStreamedCommand(t *testing.T) {
 	out = nil
 	cr.Encoding = EncodingBase64
 	answer = `{"stdout":"//4="}` + "\n" + `{"error":{"kind":"timeout","message":"m","stdout":"//4=","stderr":""}}` + "\n"
-	_, err = c.RunCommand(context.Background(), 1, cr)
+	_, err = c.StreamCommand(context.Background(), 1, cr, onStdout, onStderr)
 	var ae *Error
 	if !errors.As(err, &ae) || ae.Status != 200 || ae.Kind != "timeout" || ae.Stdout != "\xff\xfe" || len(out) != 1 || out[0] != "\xff\xfe" {
 		t.Fatalf("err %v (%+v) out %q", err, ae, out)
 	}
 
 	answer = `{"stdout":"YQ=="}` + "\n"
-	if _, err = c.RunCommand(context.Background(), 1, cr); err == nil || !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, err = c.StreamCommand(context.Background(), 1, cr, onStdout, onStderr); err == nil || !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("truncated answer: %v", err)
 	}
 }

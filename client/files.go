@@ -8,9 +8,10 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // Files of a project (the daemon's files API). Paths are guest paths: for
@@ -21,43 +22,15 @@ import (
 // default); host projects take none. Errors of the API are *Error (404 not
 // found, 403 permission denied, 400 a refused path, 507 the disk is full).
 
-// FileInfo describes a file (the daemon's FileJSON).
-type FileInfo struct {
-	Name string `json:"name"`
-	Path string `json:"path"`
-	// Type is "file", "dir", "symlink" or "other".
-	Type string `json:"type"`
-	Size int64  `json:"size"`
-	// Mode is octal, e.g. "0644".
-	Mode   string    `json:"mode"`
-	MTime  time.Time `json:"mtime"`
-	Target string    `json:"target,omitempty"`
-}
-
-// IsDir reports whether fi is a directory.
-func (fi FileInfo) IsDir() bool { return fi.Type == "dir" }
-
-// Perm returns fi's mode as a number (0 if it does not parse).
-func (fi FileInfo) Perm() uint32 {
-	v, _ := strconv.ParseUint(fi.Mode, 8, 32)
-	return uint32(v)
-}
+// FileInfo describes a file (api.File).
+type FileInfo = api.File
 
 // FileList is a directory and its entries.
-type FileList struct {
-	Dir       FileInfo   `json:"dir"`
-	Entries   []FileInfo `json:"entries"`
-	Truncated bool       `json:"truncated"`
-}
+type FileList = api.FileList
 
 // FileEvent is one event of WatchFiles: Type "create", "modify",
 // "delete", "rename" (From is the old path) or "overflow".
-type FileEvent struct {
-	Type  string `json:"type"`
-	Path  string `json:"path,omitempty"`
-	From  string `json:"from,omitempty"`
-	IsDir bool   `json:"isDir,omitempty"`
-}
+type FileEvent = api.FileEvent
 
 func filesURL(projectID int64, op string, q url.Values) string {
 	p := fmt.Sprintf("/v1/projects/%d/files", projectID)

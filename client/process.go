@@ -11,69 +11,32 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"time"
 
-	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/api"
 )
 
-// ProcessRequest is the body of a background process's start; see the
-// daemon's ProcessRequest for each field's zero value (Lifetime is in
-// seconds: zero means the daemon's default, 1 h).
-type ProcessRequest struct {
-	Argv         []string          `json:"argv"`
-	Env          map[string]string `json:"env,omitempty"`
-	Cwd          string            `json:"cwd,omitempty"`
-	User         string            `json:"user,omitempty"`
-	TTY          *sandbox.TTYSize  `json:"tty,omitempty"`
-	Lifetime     int64             `json:"lifetime,omitempty"`
-	OutputBuffer int64             `json:"outputBuffer,omitempty"`
-}
+// ProcessRequest is the body of a background process's start; see
+// api.ProcessRequest for each field's zero value (Lifetime is in seconds:
+// zero means the daemon's default, 1 h).
+type ProcessRequest = api.ProcessRequest
 
 // Process is a background process as the API shows it. State is
 // "running", "exited", "killed", "timedOut", "interrupted" or "failed".
 // Exit is set once its main process's end was observed; Error says why it
 // was ended ("timeout", "abort") or why its end is unknown ("transport").
-type Process struct {
-	ID        string        `json:"id"`
-	ProjectID int64         `json:"projectId"`
-	State     string        `json:"state"`
-	Argv      []string      `json:"argv"`
-	Cwd       string        `json:"cwd"`
-	User      string        `json:"user"`
-	TTY       bool          `json:"tty"`
-	LeaseID   string        `json:"leaseId"`
-	Started   time.Time     `json:"started"`
-	Ended     *time.Time    `json:"ended"`
-	Deadline  time.Time     `json:"deadline"`
-	Output    ProcessOutput `json:"output"`
-	Exit      *ProcessExit  `json:"exit"`
-	Error     *ProcessError `json:"error"`
-}
+type Process = api.Process
 
 // ProcessOutput is what a process wrote (per stream) and what the daemon
 // retains of it: offsets [Start, End) of the combined output. Start > 0
 // means older output fell off the ring of BufferBytes.
-type ProcessOutput struct {
-	StdoutBytes int64 `json:"stdoutBytes"`
-	StderrBytes int64 `json:"stderrBytes"`
-	Start       int64 `json:"start"`
-	End         int64 `json:"end"`
-	BufferBytes int64 `json:"bufferBytes"`
-}
+type ProcessOutput = api.ProcessOutput
 
 // ProcessExit is how a process's main process ended: exactly one of Code
 // and Signal.
-type ProcessExit struct {
-	Code      *int    `json:"code"`
-	Signal    *string `json:"signal"`
-	OOMKilled bool    `json:"oomKilled,omitempty"`
-}
+type ProcessExit = api.ProcessExit
 
 // ProcessError says why a process was ended or why its end is unknown.
-type ProcessError struct {
-	Kind    string `json:"kind"`
-	Message string `json:"message"`
-}
+type ProcessError = api.ProcessError
 
 func processesPath(projectID int64) string {
 	return fmt.Sprintf("/v1/projects/%d/processes", projectID)
@@ -154,12 +117,7 @@ type OutputChunk struct {
 // OutputEnd is the last line of an output answer: where a reader
 // continues (Offset), and the process's state then (with its outcome once
 // ended).
-type OutputEnd struct {
-	Offset int64         `json:"offset"`
-	State  string        `json:"state"`
-	Exit   *ProcessExit  `json:"exit"`
-	Error  *ProcessError `json:"error"`
-}
+type OutputEnd = api.ProcessOutputEnd
 
 // ProcessOutput reads the process's output, calling fn with each chunk in
 // order (from this goroutine; Data is valid only during the call), and
@@ -193,13 +151,13 @@ func (c *Client) ProcessOutput(ctx context.Context, projectID int64, id string, 
 		var line struct {
 			Stream *string `json:"stream"`
 			Data   string  `json:"data"`
-			OutputEnd
+			api.ProcessOutputEnd
 		}
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
 			return nil, fmt.Errorf("client: output line: %w", err)
 		}
 		if line.Stream == nil {
-			end := line.OutputEnd
+			end := line.ProcessOutputEnd
 			return &end, nil
 		}
 		data, err := base64.StdEncoding.DecodeString(line.Data)

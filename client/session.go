@@ -15,7 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/api"
 )
 
 // Stream identifiers: the first byte of a session's binary messages.
@@ -66,13 +66,13 @@ type SessionRequest struct {
 	// defaults).
 	Cwd       string
 	User      string
-	LeaseKind sandbox.LeaseKind
+	LeaseKind api.LeaseKind
 	// Env is merged over the sandbox's default environment, as
 	// CommandRequest.Env (names [A-Za-z_][A-Za-z0-9_]*: 400 otherwise).
 	Env map[string]string
 	// TTY, if non-nil, runs the command on a terminal of that size (zero
 	// fields: 24 × 80): all output then arrives on Stdout.
-	TTY *sandbox.TTYSize
+	TTY *api.TTYSize
 	// Stdout and Stderr receive the command's output as it arrives, from
 	// one goroutine, unsanitized; nil discards it. A writer that blocks
 	// holds the command's output (the daemon reads it only as fast as the
@@ -123,7 +123,7 @@ type Session struct {
 	stderr  io.Writer
 
 	done chan struct{} // closed when the reader returned
-	exit sandbox.Exit  // set before done is closed
+	exit api.Exit      // set before done is closed
 	err  error         // set before done is closed
 
 	closeOnce sync.Once
@@ -242,7 +242,7 @@ func (s *Session) read() {
 		}
 		switch f.Type {
 		case "exit":
-			s.exit = sandbox.Exit{Code: f.Code, OOMKilled: f.OOMKilled}
+			s.exit = api.Exit{Code: f.Code, OOMKilled: f.OOMKilled}
 			if f.Signal != nil {
 				s.exit.Signal = *f.Signal
 			}
@@ -300,7 +300,7 @@ func (s *Session) Resize(rows, cols uint16) error {
 // daemon ended with an "error" message (a lost transport, the session's
 // token revoked, the daemon shutting down) is a *Error with Status 101;
 // one that ended otherwise before an exit is an error too.
-func (s *Session) Wait() (sandbox.Exit, error) {
+func (s *Session) Wait() (api.Exit, error) {
 	<-s.done
 	return s.exit, s.err
 }

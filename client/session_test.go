@@ -13,7 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/api"
 )
 
 // fakeSessions serves /v1/projects/1/sessions as the daemon frames it:
@@ -85,8 +85,8 @@ func TestSession(t *testing.T) {
 	})
 	var stdout, stderr bytes.Buffer
 	s, err := c.OpenSession(context.Background(), 1, SessionRequest{
-		Argv: []string{"sh", "-c", "a&b?c"}, Cwd: "/w s", User: "root", LeaseKind: sandbox.LeaseTerminal,
-		TTY: &sandbox.TTYSize{Rows: 30, Cols: 100}, Env: map[string]string{"B": "2=x", "A": "1"}, Stdout: &stdout, Stderr: &stderr,
+		Argv: []string{"sh", "-c", "a&b?c"}, Cwd: "/w s", User: "root", LeaseKind: api.LeaseTerminal,
+		TTY: &api.TTYSize{Rows: 30, Cols: 100}, Env: map[string]string{"B": "2=x", "A": "1"}, Stdout: &stdout, Stderr: &stderr,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -111,10 +111,9 @@ func TestClientAgainstDaemon(t *testing.T) {
 
 	// Streamed output through the client.
 	var chunks []string
-	res, err := c.RunCommand(ctx, p.ID, client.CommandRequest{
-		Command:  sandbox.Command{Type: "argv", File: "sh", Args: []string{"-c", "echo a; sleep 0.2; echo b"}},
-		OnStdout: func(b []byte) { chunks = append(chunks, string(b)) },
-	})
+	res, err := c.StreamCommand(ctx, p.ID, client.CommandRequest{
+		Command: sandbox.Command{Type: "argv", File: "sh", Args: []string{"-c", "echo a; sleep 0.2; echo b"}},
+	}, func(b []byte) { chunks = append(chunks, string(b)) }, nil)
 	if err != nil || res.Stdout != "a\nb\n" || strings.Join(chunks, "") != "a\nb\n" {
 		t.Fatalf("res %+v err %v chunks %q", res, err, chunks)
 	}

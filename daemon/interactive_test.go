@@ -292,17 +292,16 @@ func testNDJSON(t *testing.T, e *env, tok string, id int64) {
 	// The Go client: callbacks in order, the same result.
 	c := e.client(tok)
 	var got []string
-	res, err := c.RunCommand(context.Background(), id, client.CommandRequest{
-		Command:  sandbox.Command{Type: "argv", File: "sh", Args: []string{"-c", "echo one; sleep 0.2; echo two"}},
-		OnStdout: func(p []byte) { got = append(got, string(p)) },
-	})
+	res, err := c.StreamCommand(context.Background(), id, client.CommandRequest{
+		Command: sandbox.Command{Type: "argv", File: "sh", Args: []string{"-c", "echo one; sleep 0.2; echo two"}},
+	}, func(p []byte) { got = append(got, string(p)) }, nil)
 	if err != nil || res.Stdout != "one\ntwo\n" || strings.Join(got, "") != "one\ntwo\n" || len(got) < 2 {
 		t.Fatalf("client stream: %+v %v, chunks %q", res, err, got)
 	}
-	_, err = c.RunCommand(context.Background(), id, client.CommandRequest{
+	_, err = c.StreamCommand(context.Background(), id, client.CommandRequest{
 		Command:   sandbox.Command{Type: "argv", File: "sh", Args: []string{"-c", "echo x; exec sleep 10"}},
-		TimeoutMs: 300, OnStdout: func([]byte) {},
-	})
+		TimeoutMs: 300,
+	}, func([]byte) {}, nil)
 	var ae *client.Error
 	if !asClientError(err, &ae) || ae.Kind != string(sandbox.KindTimeout) || ae.Status != 200 || ae.Stdout != "x\n" {
 		t.Fatalf("client stream timeout: %v", err)

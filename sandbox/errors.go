@@ -6,34 +6,22 @@ import (
 	"os/exec"
 	"strings"
 	"syscall"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
-// ErrorKind classifies a CommandError.
-type ErrorKind string
+// ErrorKind classifies a CommandError; see [api.ErrorKind].
+type ErrorKind = api.ErrorKind
 
-// The kinds of CommandError.
+// The kinds of CommandError (see each one's meaning in package api).
 const (
-	// KindPrepare: the input or options were invalid, preparation refused
-	// the command, or the prepared target did not match the request.
-	// Nothing was started.
-	KindPrepare ErrorKind = "prepare"
-	// KindStart: the command could not be started (OnStart failed, the
-	// program could not be executed). It never ran, so there is no code.
-	KindStart ErrorKind = "start"
-	// KindTimeout: the command outlived RunOptions.Timeout and was cancelled.
-	KindTimeout ErrorKind = "timeout"
-	// KindAbort: the caller's context ended and the command was cancelled
-	// (or never started).
-	KindAbort ErrorKind = "abort"
-	// KindOverflow: the command wrote more than its output limit and was
-	// cancelled.
-	KindOverflow ErrorKind = "overflow"
-	// KindTransport: the link to the command was lost (a failed lease
-	// heartbeat, a lost worker connection); the command was cancelled.
-	KindTransport ErrorKind = "transport"
-	// KindCleanup: the command completed but cancelling or releasing it
-	// failed. A cleanup failure is a failure.
-	KindCleanup ErrorKind = "cleanup"
+	KindPrepare   = api.KindPrepare
+	KindStart     = api.KindStart
+	KindTimeout   = api.KindTimeout
+	KindAbort     = api.KindAbort
+	KindOverflow  = api.KindOverflow
+	KindTransport = api.KindTransport
+	KindCleanup   = api.KindCleanup
 )
 
 // Sentinel errors. CommandError unwraps to its Cause and Cleanup, so
@@ -98,17 +86,14 @@ type CommandError struct {
 	Cleanup error
 }
 
-// StartReason is why a program could not be executed (CommandError.Reason).
-type StartReason string
+// StartReason is why a program could not be executed
+// (CommandError.Reason); see [api.StartReason].
+type StartReason = api.StartReason
 
 // The start reasons.
 const (
-	// ReasonNotFound: there is no such program (not in PATH, no such
-	// file).
-	ReasonNotFound StartReason = "notFound"
-	// ReasonNotExecutable: the file is there but cannot be executed (no
-	// permission, not an executable format, a directory).
-	ReasonNotExecutable StartReason = "notExecutable"
+	ReasonNotFound      = api.ReasonNotFound
+	ReasonNotExecutable = api.ReasonNotExecutable
 )
 
 // startError is the KindStart error of a program that could not be

@@ -1,10 +1,11 @@
 package sandbox
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // DefaultTimeout bounds a command whose RunOptions.Timeout is zero.
@@ -12,52 +13,11 @@ const DefaultTimeout = 10 * time.Second
 
 // DefaultStreamLimit bounds each of stdout and stderr when RunOptions.OutputLimit
 // is the zero value.
-const DefaultStreamLimit = 1 << 20
+const DefaultStreamLimit = api.DefaultStreamLimit
 
-// OutputLimit bounds captured output, in bytes.
-//
-// Either set Combined, which bounds stdout and stderr together, or set
-// Stdout and Stderr, which bound each stream alone; setting Combined with
-// either of the others is refused. A zero per-stream limit means
-// [DefaultStreamLimit] for that stream. The zero OutputLimit therefore means
-// 1 MiB per stream. A command that writes more than its limit is cancelled
-// and rejected with [KindOverflow]; the output up to the limit is kept as
-// partial output.
-//
-// Limits count the bytes the command wrote, before decoding: decoded text
-// (the default, see RunOptions.RawOutput) replaces each invalid byte with
-// U+FFFD, three bytes, so a result or partial output of binary data may be
-// up to three times its limit (and a host path the provider's Sanitize
-// shows by a longer display path may grow it too). With RawOutput the
-// returned bytes are exactly those counted, apart from Sanitize.
-type OutputLimit struct {
-	Stdout   int64 `json:"stdout,omitempty"`
-	Stderr   int64 `json:"stderr,omitempty"`
-	Combined int64 `json:"combined,omitempty"`
-}
-
-func (l OutputLimit) validate() error {
-	if l.Stdout < 0 || l.Stderr < 0 || l.Combined < 0 {
-		return fmt.Errorf("output limits must not be negative")
-	}
-	if l.Combined > 0 && (l.Stdout > 0 || l.Stderr > 0) {
-		return fmt.Errorf("a combined output limit excludes per-stream limits")
-	}
-	return nil
-}
-
-func (l OutputLimit) withDefaults() OutputLimit {
-	if l.Combined > 0 {
-		return l
-	}
-	if l.Stdout == 0 {
-		l.Stdout = DefaultStreamLimit
-	}
-	if l.Stderr == 0 {
-		l.Stderr = DefaultStreamLimit
-	}
-	return l
-}
+// OutputLimit bounds captured output, in bytes; see [api.OutputLimit] for
+// its zero value and its rules.
+type OutputLimit = api.OutputLimit
 
 // StartInfo is what OnStart learns about a command about to start. It holds
 // no credential and no process handle.
@@ -158,81 +118,15 @@ func (s Stream) String() string {
 	return fmt.Sprintf("Stream(%d)", int(s))
 }
 
-// CommandResult is a command that ran to completion: it exited with a code
-// or was ended by a signal it was not sent by corral. Exactly one of Code and
-// Signal is set. A nonzero Code is a result, not an error.
-//
-// Its JSON form is {"stdout":S,"stderr":S,"code":N|null,"signal":S|null},
-// with "oomKilled":true added when OOMKilled is set (OutputErr is not part
-// of it).
-type CommandResult struct {
-	Stdout string
-	Stderr string
-	Code   *int
-	Signal string
-	// OutputErr is nil when Stdout and Stderr are complete: every process
-	// holding them had closed them when RunCommand stopped reading. It is
-	// ErrWaitDelay when the main process ended but something it left
-	// behind (a descendant RunCommand could not kill: one that left a
-	// direct host command's process group) still held them open after
-	// ControlOptions.DrainTimeout: the output was cut there, and whatever
-	// that process wrote later is missing. As with os/exec's
-	// ErrWaitDelay, the exit status is still the command's: the result is
-	// returned, not an error.
-	OutputErr error
-	// OOMKilled accompanies Signal "SIGKILL" when the kernel's OOM killer
-	// killed the command (its machine's memory limit was reached); the
-	// providers that can tell report it (managed machines).
-	OOMKilled bool
-}
+// CommandResult is a command that ran to completion; see
+// [api.CommandResult] for its fields and its JSON form.
+type CommandResult = api.CommandResult
 
-// MarshalJSON encodes r with null for the absent one of code and signal.
-func (r CommandResult) MarshalJSON() ([]byte, error) {
-	var sig *string
-	if r.Signal != "" {
-		sig = &r.Signal
-	}
-	return json.Marshal(struct {
-		Stdout    string  `json:"stdout"`
-		Stderr    string  `json:"stderr"`
-		Code      *int    `json:"code"`
-		Signal    *string `json:"signal"`
-		OOMKilled bool    `json:"oomKilled,omitempty"`
-	}{r.Stdout, r.Stderr, r.Code, sig, r.OOMKilled && sig != nil})
-}
-
-// UnmarshalJSON decodes the form MarshalJSON writes.
-func (r *CommandResult) UnmarshalJSON(b []byte) error {
-	var v struct {
-		Stdout    string  `json:"stdout"`
-		Stderr    string  `json:"stderr"`
-		Code      *int    `json:"code"`
-		Signal    *string `json:"signal"`
-		OOMKilled bool    `json:"oomKilled"`
-	}
-	if err := json.Unmarshal(b, &v); err != nil {
-		return err
-	}
-	*r = CommandResult{Stdout: v.Stdout, Stderr: v.Stderr, Code: v.Code}
-	if v.Signal != nil {
-		r.Signal, r.OOMKilled = *v.Signal, v.OOMKilled
-	}
-	return nil
-}
-
-// Exit is how a session's main process ended: exactly one of Code and
-// Signal (a name such as "SIGKILL") is set. OOMKilled accompanies Signal
-// when the kernel's OOM killer killed it.
-type Exit struct {
-	Code      *int
-	Signal    string
-	OOMKilled bool
-}
+// Exit is how a session's main process ended; see [api.Exit].
+type Exit = api.Exit
 
 // ExitCode returns an Exit with code c.
-func ExitCode(c int) Exit { return Exit{Code: &c} }
+func ExitCode(c int) Exit { return api.ExitCode(c) }
 
 // ExitSignal returns an Exit ended by the named signal.
-func ExitSignal(name string) Exit { return Exit{Signal: name} }
-
-func (e Exit) valid() bool { return (e.Code == nil) != (e.Signal == "") }
+func ExitSignal(name string) Exit { return api.ExitSignal(name) }

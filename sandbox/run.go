@@ -68,10 +68,10 @@ func (c *Control) RunCommand(ctx context.Context, in ExecInput, actor *Actor, op
 	if o.Timeout == 0 {
 		o.Timeout = DefaultTimeout
 	}
-	if err := o.OutputLimit.validate(); err != nil {
+	if err := o.OutputLimit.Validate(); err != nil {
 		return nil, newError(KindPrepare, err, "%v", err)
 	}
-	o.OutputLimit = o.OutputLimit.withDefaults()
+	o.OutputLimit = o.OutputLimit.WithDefaults()
 
 	release, cerr := c.admit(ctx, Admission{Kind: AdmitCommand, Account: a.AccountUserID, Bytes: reservedBytes(o.OutputLimit)})
 	if cerr != nil {

@@ -549,7 +549,7 @@ func (s *Session) supervise(ctx context.Context, lifetime <-chan time.Time) {
 			failure = startError(err)
 		case err != nil:
 			failure = newError(KindTransport, err, "%v", err)
-		case !exit.valid():
+		case !exit.Valid():
 			failure = newError(KindTransport, nil, "provider reported an exit with neither code nor signal")
 		default:
 			s.stopHeartbeat()

@@ -4,33 +4,25 @@ import (
 	"context"
 	"fmt"
 	"strings"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
-// LeaseKind says what a lease covers. Only the kinds declared here are
-// accepted; any other is refused before a provider is contacted.
-type LeaseKind string
+// LeaseKind says what a lease covers; see [api.LeaseKind]. Only the
+// kinds declared there are accepted; any other is refused before a
+// provider is contacted.
+type LeaseKind = api.LeaseKind
 
 // The lease kinds corral knows.
 const (
-	LeaseEditor   LeaseKind = "editor"
-	LeaseFiles    LeaseKind = "files"
-	LeaseTerminal LeaseKind = "terminal"
-	LeaseGitHub   LeaseKind = "github"
-	LeaseLSP      LeaseKind = "lsp"
-	LeaseRunner   LeaseKind = "runner"
-	// LeaseProcess covers a background process the daemon holds (POST
-	// /v1/projects/{id}/processes) for as long as it runs.
-	LeaseProcess LeaseKind = "process"
+	LeaseEditor   = api.LeaseEditor
+	LeaseFiles    = api.LeaseFiles
+	LeaseTerminal = api.LeaseTerminal
+	LeaseGitHub   = api.LeaseGitHub
+	LeaseLSP      = api.LeaseLSP
+	LeaseRunner   = api.LeaseRunner
+	LeaseProcess  = api.LeaseProcess
 )
-
-// Valid reports whether k is one of the declared lease kinds.
-func (k LeaseKind) Valid() bool {
-	switch k {
-	case LeaseEditor, LeaseFiles, LeaseTerminal, LeaseGitHub, LeaseLSP, LeaseRunner, LeaseProcess:
-		return true
-	}
-	return false
-}
 
 // ProjectKind says where a project's commands run.
 type ProjectKind string
@@ -52,21 +44,10 @@ type ProjectRef struct {
 
 // CommandTypeArgv is the only command type: an executable and its arguments,
 // never interpreted by a shell.
-const CommandTypeArgv = "argv"
+const CommandTypeArgv = api.CommandTypeArgv
 
-// Command is what to run. Type must be [CommandTypeArgv]. File is the program
-// (looked up in the sandbox's PATH when it contains no slash); Args are its
-// arguments, not including the program name.
-type Command struct {
-	Type string   `json:"type"`
-	File string   `json:"file"`
-	Args []string `json:"args"`
-}
-
-// Argv returns File followed by Args.
-func (c Command) Argv() []string {
-	return append([]string{c.File}, c.Args...)
-}
+// Command is what to run; see [api.Command].
+type Command = api.Command
 
 // ExecInput is one request to run a command in a project.
 //
@@ -112,10 +93,7 @@ type ExecInput struct {
 }
 
 // TTYSize is a terminal's size in character cells.
-type TTYSize struct {
-	Rows uint16 `json:"rows"`
-	Cols uint16 `json:"cols"`
-}
+type TTYSize = api.TTYSize
 
 // MaxEnvBytes bounds ExecInput.Env: the sum over its variables of
 // len(name)+len(value)+2. A managed command's whole request (argv, cwd and

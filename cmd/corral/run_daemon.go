@@ -40,6 +40,7 @@ func runViaDaemon(ctx context.Context, f *runFlags, argv []string, env map[strin
 		LeaseKind: sandbox.LeaseKind(f.leaseKind),
 		Env:       env,
 	}
+	var onStdout, onStderr func([]byte)
 	if opts != nil {
 		req.TimeoutMs = opts.Timeout.Milliseconds()
 		req.OutputLimit = opts.OutputLimit
@@ -55,11 +56,11 @@ func runViaDaemon(ctx context.Context, f *runFlags, argv []string, env map[strin
 		}
 		if on := opts.OnOutput; on != nil {
 			req.Encoding = client.EncodingBase64
-			req.OnStdout = func(p []byte) { on(sandbox.Stdout, p) }
-			req.OnStderr = func(p []byte) { on(sandbox.Stderr, p) }
+			onStdout = func(p []byte) { on(sandbox.Stdout, p) }
+			onStderr = func(p []byte) { on(sandbox.Stderr, p) }
 		}
 	}
-	res, err := c.RunCommand(ctx, f.projectID, req)
+	res, err := c.StreamCommand(ctx, f.projectID, req, onStdout, onStderr)
 	if err == nil {
 		return res, nil
 	}
