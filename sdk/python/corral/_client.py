@@ -18,7 +18,7 @@ import inspect
 import json
 import os
 from dataclasses import dataclass
-from typing import (Any, AsyncIterable, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Mapping,
+from typing import (Any, AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Mapping,
                     Optional, Sequence, Tuple, Union)
 
 import httpx
@@ -65,8 +65,8 @@ class AsyncCorral:
 
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *,
                  deadline: float = DEFAULT_DEADLINE) -> None:
-        self._conn = Connection(url or os.environ.get("CORRAL_URL", ""), token or os.environ.get("CORRAL_TOKEN", ""),
-                                deadline)
+        self._conn = Connection(url if url else os.environ.get("CORRAL_URL", ""),
+                                token if token else os.environ.get("CORRAL_TOKEN", ""), deadline)
         self.projects = AsyncProjects(self._conn)
 
     async def __aenter__(self) -> "AsyncCorral":
@@ -357,7 +357,7 @@ class AsyncCommandStream:
         """Stops reading; a command still running is cancelled by the daemon."""
         await self._gen.aclose()
 
-    async def _chunks(self) -> AsyncIterator[Chunk]:
+    async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         dl = Deadline(self._deadline)
         resp = await self._conn.open_stream("POST", self._path, deadline=dl, json_body=self._body,
                                             headers={"Accept": "application/x-ndjson"}, base64_output=True)
@@ -467,7 +467,7 @@ class AsyncSession:
         if item is _EOF:
             self._ended = True
             return None
-        return item  # type: ignore[no-any-return]
+        return item
 
     async def expect(self, pattern: Union[bytes, str], timeout: float = 10.0) -> bytes:
         """Reads output (of both streams) until it contains ``pattern`` and
@@ -476,6 +476,7 @@ class AsyncSession:
         ``timeout`` seconds, EOFError if the session ended first."""
         want = pattern.encode() if isinstance(pattern, str) else pattern
         seen = b""
+        stream = "stdout"
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
         while want not in seen:
@@ -483,9 +484,10 @@ class AsyncSession:
             if c is None:
                 raise EOFError(f"the session ended before {pattern!r}; output: {seen[-500:]!r}")
             seen += c.data
+            stream = c.stream
         cut = seen.index(want) + len(want)
         if cut < len(seen):
-            self._unread = Chunk(c.stream, seen[cut:])
+            self._unread = Chunk(stream, seen[cut:])
         return seen[:cut]
 
     async def write(self, data: Union[bytes, str]) -> None:
@@ -555,7 +557,7 @@ class AsyncMessages:
             raise EOFError("the daemon closed the socket") from None
         except ConnectionClosed as e:
             raise ws_closed_error(e) from e
-        return json.loads(msg)  # type: ignore[no-any-return]
+        return json.loads(msg)
 
     async def aclose(self) -> None:
         await self._ws.close()
@@ -673,7 +675,7 @@ class AsyncOutput:
     async def aclose(self) -> None:
         await self._gen.aclose()
 
-    async def _lines(self) -> AsyncIterator[Dict[str, Any]]:
+    async def _lines(self) -> AsyncGenerator[Dict[str, Any], None]:
         params = query(("from", self._since), ("follow", self._follow), ("encoding", "base64"))
         if self._follow:
             # A WebSocket: its pings notice a daemon gone quiet.
@@ -696,7 +698,7 @@ class AsyncOutput:
         finally:
             await resp.aclose()
 
-    async def _chunks(self) -> AsyncIterator[Chunk]:
+    async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         lines = self._lines()
         try:
             async for line in lines:

@@ -29,7 +29,8 @@ T = TypeVar("T")
 #: ``deadline``.
 DEFAULT_DEADLINE = 30.0
 
-Params = Union[Dict[str, Any], Sequence[Tuple[str, Any]], None]
+# Query parameters: a dict, or a list of pairs (repeated names).
+Params = Any
 
 _VERSION = "0.1.0"
 
@@ -295,9 +296,13 @@ def _pull(data: AsyncIterable[bytes], loop: asyncio.AbstractEventLoop) -> Iterat
     it = data.__aiter__()
     while True:
         try:
-            yield asyncio.run_coroutine_threadsafe(it.__anext__(), loop).result()  # type: ignore[arg-type]
+            yield asyncio.run_coroutine_threadsafe(_next(it), loop).result()
         except StopAsyncIteration:
             return
+
+
+async def _next(it: AsyncIterator[bytes]) -> bytes:
+    return await it.__anext__()
 
 
 def ws_closed_error(exc: ConnectionClosed) -> CorralError:

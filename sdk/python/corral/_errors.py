@@ -255,8 +255,10 @@ def from_body(
         kind = _STATUS_KINDS.get(status or 0, "internal")
         return _make(kind, f"unexpected answer: {str(body)[:200]}", status, b"", b"", retry_after)
 
+    fields: Dict[str, object] = err
+
     def output(name: str) -> bytes:
-        v = err.get(name) or ""
+        v = fields.get(name) or ""
         if not isinstance(v, str):
             return b""
         if base64_output:
@@ -291,5 +293,7 @@ def from_answer(
 def _make(
     kind: str, message: str, status: Optional[int], stdout: bytes, stderr: bytes, retry_after: Optional[float]
 ) -> CorralError:
-    cls = RateLimited if status == 429 else KINDS.get(kind, CorralError)
+    cls = KINDS.get(kind, CorralError)
+    if status == 429:
+        cls = RateLimited
     return cls(message, kind=kind, status=status, stdout=stdout, stderr=stderr, retry_after=retry_after)

@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import weakref
-from typing import Any, Awaitable, Callable, Coroutine, Dict, Optional, Type, TypeVar
+from typing import Any, Awaitable, Callable, Dict, Generic, Iterator, Optional, Type, TypeVar, overload
 
 from . import _client as a
 from ._conn import DEFAULT_DEADLINE
+from ._types import Chunk, CommandResult, ExitStatus, FileEvent, OutputEnd, ProcessInfo, ProjectInfo
 
 T = TypeVar("T")
+F = TypeVar("F", bound="_Face")
+S = TypeVar("S")
 
 
 class _Loop:
@@ -28,9 +31,9 @@ class _Loop:
         self.thread = threading.Thread(target=self.loop.run_forever, name="corral-loop", daemon=True)
         self.thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+    def run(self, coro: Awaitable[T]) -> T:
         if threading.current_thread() is self.thread:
-            coro.close()
+            getattr(coro, "close", lambda: None)()
             raise RuntimeError("a corral call from one of its own callbacks: use AsyncCorral for that")
         fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
@@ -104,18 +107,28 @@ class _Face:
         return repr(self._a)
 
 
-def _blocking(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]:
-    """The method that runs the coroutine method ``fn`` and waits for it."""
+@overload
+def _blocking(fn: Callable[..., Awaitable[T]]) -> Callable[..., T]: ...
+
+
+@overload
+def _blocking(fn: Callable[..., Awaitable[Any]], twin: Type[F]) -> Callable[..., F]: ...
+
+
+def _blocking(fn: Callable[..., Awaitable[Any]], twin: Optional[type] = None) -> Callable[..., Any]:
+    """The method that runs the coroutine method ``fn`` and waits for it;
+    ``twin`` is the class its answer comes back as (for type checkers)."""
 
     def method(self: _Face, *args: Any, **kw: Any) -> Any:
-        return _wrap(self._loop, self._loop.run(fn(self._a, *args, **kw)))  # type: ignore[arg-type]
+        return _wrap(self._loop, self._loop.run(fn(self._a, *args, **kw)))
 
     method.__name__, method.__doc__, method.__wrapped__ = fn.__name__, fn.__doc__, fn  # type: ignore[attr-defined]
     return method
 
 
-def _plain(fn: Callable[..., T]) -> Callable[..., T]:
-    """The method that calls ``fn`` (which answers an asynchronous object) on the loop."""
+def _plain(fn: Callable[..., Any], twin: Type[F]) -> Callable[..., F]:
+    """The method that calls ``fn``, which answers an asynchronous object,
+    on the loop, and answers its twin."""
 
     async def call(obj: Any, *args: Any, **kw: Any) -> Any:
         return fn(obj, *args, **kw)
@@ -127,13 +140,13 @@ def _plain(fn: Callable[..., T]) -> Callable[..., T]:
     return method
 
 
-class _Iterator(_Face):
+class _Iterator(_Face, Generic[T]):
     """The twin of an asynchronous iterator with ``aclose``."""
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[T]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> T:
         try:
             return _wrap(self._loop, self._loop.run(self._a.__anext__()))
         except StopAsyncIteration:
@@ -142,7 +155,7 @@ class _Iterator(_Face):
     def close(self) -> None:
         self._loop.run(self._a.aclose())
 
-    def __enter__(self) -> Any:
+    def __enter__(self: S) -> S:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -160,6 +173,131 @@ def _shutdown(loop: _Loop, client: a.AsyncCorral) -> None:
         loop.stop()
 
 
+@_twin(a.AsyncCommandStream)
+class CommandStream(_Iterator[Chunk]):
+    result: Optional[CommandResult]
+
+
+@_twin(a.AsyncSession)
+class Session(_Iterator[Chunk]):
+    tty: bool
+    lease_id: Optional[str]
+    exit: Optional[ExitStatus]
+
+    read = _blocking(a.AsyncSession.read)
+    expect = _blocking(a.AsyncSession.expect)
+    write = _blocking(a.AsyncSession.write)
+    close_stdin = _blocking(a.AsyncSession.close_stdin)
+    resize = _blocking(a.AsyncSession.resize)
+    wait = _blocking(a.AsyncSession.wait)
+
+
+@_twin(a.AsyncMessages)
+class Messages(_Face):
+    send = _blocking(a.AsyncMessages.send)
+    receive = _blocking(a.AsyncMessages.receive)
+    close = _blocking(a.AsyncMessages.aclose)
+
+    def __enter__(self) -> "Messages":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+@_twin(a.AsyncOutput)
+class Output(_Iterator[Chunk]):
+    end: Optional[OutputEnd]
+
+
+@_twin(a.AsyncProcess)
+class Process(_Face):
+    id: str
+    info: ProcessInfo
+
+    refresh = _blocking(a.AsyncProcess.refresh)
+    output = _plain(a.AsyncProcess.output, Output)
+    wait = _blocking(a.AsyncProcess.wait)
+    signal = _blocking(a.AsyncProcess.signal)
+    kill = _blocking(a.AsyncProcess.kill)
+
+
+@_twin(a.AsyncProcesses)
+class Processes(_Face):
+    start = _blocking(a.AsyncProcesses.start, Process)
+    list = _blocking(a.AsyncProcesses.list)
+    get = _blocking(a.AsyncProcesses.get, Process)
+
+
+@_twin(a.AsyncFileReader)
+class FileReader(_Iterator[bytes]):
+    size: Optional[int]
+    mode: Optional[int]
+
+    open = _blocking(a.AsyncFileReader.open)
+
+    def __enter__(self) -> "FileReader":
+        self.open()
+        return self
+
+
+@_twin(a.AsyncWatch)
+class Watch(_Iterator[FileEvent]):
+    pass
+
+
+@_twin(a.AsyncFiles)
+class Files(_Face):
+    read = _blocking(a.AsyncFiles.read)
+    read_stream = _plain(a.AsyncFiles.read_stream, FileReader)
+    write = _blocking(a.AsyncFiles.write)
+    stat = _blocking(a.AsyncFiles.stat)
+    list = _blocking(a.AsyncFiles.list)
+    mkdir = _blocking(a.AsyncFiles.mkdir)
+    remove = _blocking(a.AsyncFiles.remove)
+    rename = _blocking(a.AsyncFiles.rename)
+    watch = _blocking(a.AsyncFiles.watch, Watch)
+
+
+@_twin(a.AsyncProject)
+class Project(_Face):
+    id: int
+    info: Optional[ProjectInfo]
+    processes: Processes
+    files: Files
+
+    refresh = _blocking(a.AsyncProject.refresh)
+    delete = _blocking(a.AsyncProject.delete)
+    reset = _blocking(a.AsyncProject.reset)
+    set_machine = _blocking(a.AsyncProject.set_machine)
+    egress = _blocking(a.AsyncProject.egress)
+    set_egress = _blocking(a.AsyncProject.set_egress)
+    egress_log = _blocking(a.AsyncProject.egress_log)
+    members = _blocking(a.AsyncProject.members)
+    add_member = _blocking(a.AsyncProject.add_member)
+    run = _blocking(a.AsyncProject.run)
+    stream = _plain(a.AsyncProject.stream, CommandStream)
+    session = _blocking(a.AsyncProject.session, Session)
+    terminal = _blocking(a.AsyncProject.terminal, Session)
+    lsp = _blocking(a.AsyncProject.lsp, Messages)
+    sites = _blocking(a.AsyncProject.sites)
+    publish_site = _blocking(a.AsyncProject.publish_site)
+    unpublish_site = _blocking(a.AsyncProject.unpublish_site)
+    site_url = _blocking(a.AsyncProject.site_url)
+    export = _blocking(a.AsyncProject.export)
+    git_status = _blocking(a.AsyncProject.git_status)
+    git_log = _blocking(a.AsyncProject.git_log)
+    git_diff = _blocking(a.AsyncProject.git_diff)
+    git_show = _blocking(a.AsyncProject.git_show)
+
+
+@_twin(a.AsyncProjects)
+class Projects(_Face):
+    create = _blocking(a.AsyncProjects.create, Project)
+    list = _blocking(a.AsyncProjects.list)
+    get = _blocking(a.AsyncProjects.get, Project)
+
+
 @_twin(a.AsyncCorral)
 class Corral(_Face):
     """A client of one corral daemon, synchronous; AsyncCorral's twin.
@@ -169,6 +307,8 @@ class Corral(_Face):
     ``CORRAL_URL``/``CORRAL_TOKEN``. ``deadline`` is the seconds any call
     waits for the daemon. Close it (``close()`` or ``with``).
     """
+
+    projects: Projects
 
     def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *,
                  deadline: float = DEFAULT_DEADLINE) -> None:
@@ -191,120 +331,10 @@ class Corral(_Face):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    project = _plain(a.AsyncCorral.project)
+    project = _plain(a.AsyncCorral.project, Project)
     whoami = _blocking(a.AsyncCorral.whoami)
     health = _blocking(a.AsyncCorral.health)
     metrics = _blocking(a.AsyncCorral.metrics)
     openapi = _blocking(a.AsyncCorral.openapi)
     create_account = _blocking(a.AsyncCorral.create_account)
     create_token = _blocking(a.AsyncCorral.create_token)
-
-
-@_twin(a.AsyncProjects)
-class Projects(_Face):
-    create = _blocking(a.AsyncProjects.create)
-    list = _blocking(a.AsyncProjects.list)
-    get = _blocking(a.AsyncProjects.get)
-
-
-@_twin(a.AsyncProject)
-class Project(_Face):
-    refresh = _blocking(a.AsyncProject.refresh)
-    delete = _blocking(a.AsyncProject.delete)
-    reset = _blocking(a.AsyncProject.reset)
-    set_machine = _blocking(a.AsyncProject.set_machine)
-    egress = _blocking(a.AsyncProject.egress)
-    set_egress = _blocking(a.AsyncProject.set_egress)
-    egress_log = _blocking(a.AsyncProject.egress_log)
-    members = _blocking(a.AsyncProject.members)
-    add_member = _blocking(a.AsyncProject.add_member)
-    run = _blocking(a.AsyncProject.run)
-    stream = _plain(a.AsyncProject.stream)
-    session = _blocking(a.AsyncProject.session)
-    terminal = _blocking(a.AsyncProject.terminal)
-    lsp = _blocking(a.AsyncProject.lsp)
-    sites = _blocking(a.AsyncProject.sites)
-    publish_site = _blocking(a.AsyncProject.publish_site)
-    unpublish_site = _blocking(a.AsyncProject.unpublish_site)
-    site_url = _blocking(a.AsyncProject.site_url)
-    export = _blocking(a.AsyncProject.export)
-    git_status = _blocking(a.AsyncProject.git_status)
-    git_log = _blocking(a.AsyncProject.git_log)
-    git_diff = _blocking(a.AsyncProject.git_diff)
-    git_show = _blocking(a.AsyncProject.git_show)
-
-
-@_twin(a.AsyncCommandStream)
-class CommandStream(_Iterator):
-    pass
-
-
-@_twin(a.AsyncSession)
-class Session(_Iterator):
-    read = _blocking(a.AsyncSession.read)
-    expect = _blocking(a.AsyncSession.expect)
-    write = _blocking(a.AsyncSession.write)
-    close_stdin = _blocking(a.AsyncSession.close_stdin)
-    resize = _blocking(a.AsyncSession.resize)
-    wait = _blocking(a.AsyncSession.wait)
-
-
-@_twin(a.AsyncMessages)
-class Messages(_Face):
-    send = _blocking(a.AsyncMessages.send)
-    receive = _blocking(a.AsyncMessages.receive)
-    close = _blocking(a.AsyncMessages.aclose)
-
-    def __enter__(self) -> "Messages":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-@_twin(a.AsyncProcesses)
-class Processes(_Face):
-    start = _blocking(a.AsyncProcesses.start)
-    list = _blocking(a.AsyncProcesses.list)
-    get = _blocking(a.AsyncProcesses.get)
-
-
-@_twin(a.AsyncProcess)
-class Process(_Face):
-    refresh = _blocking(a.AsyncProcess.refresh)
-    output = _plain(a.AsyncProcess.output)
-    wait = _blocking(a.AsyncProcess.wait)
-    signal = _blocking(a.AsyncProcess.signal)
-    kill = _blocking(a.AsyncProcess.kill)
-
-
-@_twin(a.AsyncOutput)
-class Output(_Iterator):
-    pass
-
-
-@_twin(a.AsyncFiles)
-class Files(_Face):
-    read = _blocking(a.AsyncFiles.read)
-    read_stream = _plain(a.AsyncFiles.read_stream)
-    write = _blocking(a.AsyncFiles.write)
-    stat = _blocking(a.AsyncFiles.stat)
-    list = _blocking(a.AsyncFiles.list)
-    mkdir = _blocking(a.AsyncFiles.mkdir)
-    remove = _blocking(a.AsyncFiles.remove)
-    rename = _blocking(a.AsyncFiles.rename)
-    watch = _blocking(a.AsyncFiles.watch)
-
-
-@_twin(a.AsyncFileReader)
-class FileReader(_Iterator):
-    open = _blocking(a.AsyncFileReader.open)
-
-    def __enter__(self) -> "FileReader":
-        self.open()
-        return self
-
-
-@_twin(a.AsyncWatch)
-class Watch(_Iterator):
-    pass
