@@ -633,8 +633,9 @@ class AsyncProcess:
         starts where the ring starts): ``async for chunk in ...``, each
         chunk with its ``offset``. With ``follow`` it goes on until the
         process ended and everything was sent, else it ends with what is
-        there. Then ``end`` says where to continue and the state. Each chunk
-        ends on a UTF-8 character boundary (the daemon keeps output so)."""
+        there. Then ``end`` says where to continue and the state, and
+        ``skipped`` how many bytes the daemon no longer had. Each chunk ends
+        on a UTF-8 character boundary (the daemon keeps output so)."""
         return AsyncOutput(self._conn, self._path + "/output", since, follow)
 
     async def wait(self) -> ProcessInfo:
@@ -664,6 +665,9 @@ class AsyncOutput:
     def __init__(self, conn: Connection, path: str, since: int, follow: bool) -> None:
         self._conn, self._path, self._since, self._follow = conn, path, since, follow
         self.end: Optional[OutputEnd] = None
+        #: Bytes of output between ``since`` and the end that the daemon no
+        #: longer had (they fell off its ring): never lost silently.
+        self.skipped = 0
         self._gen = self._chunks()
 
     def __aiter__(self) -> "AsyncOutput":
@@ -700,12 +704,18 @@ class AsyncOutput:
 
     async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         lines = self._lines()
+        expected = self._since
         try:
             async for line in lines:
                 if "stream" in line:
-                    yield Chunk(line["stream"], base64.b64decode(line.get("data") or ""), line.get("offset"))
+                    chunk = Chunk(line["stream"], base64.b64decode(line.get("data") or ""), line.get("offset"))
+                    if chunk.offset is not None:
+                        self.skipped += max(chunk.offset - expected, 0)
+                        expected = chunk.offset + len(chunk.data)
+                    yield chunk
                 elif "state" in line:
                     self.end = OutputEnd.from_json(line)
+                    self.skipped += max(self.end.offset - expected, 0)
                     return
             raise Transport("the process's output ended without its last line")
         finally:

@@ -208,6 +208,7 @@ class Messages(_Face):
 @_twin(a.AsyncOutput)
 class Output(_Iterator[Chunk]):
     end: Optional[OutputEnd]
+    skipped: int
 
 
 @_twin(a.AsyncProcess)

@@ -109,3 +109,17 @@ def test_process_with_terminal_and_wait(project: corral.Project) -> None:
     info = proc.wait()
     assert info.state == "exited" and info.exit == corral.ExitStatus(2, None)
     assert b"".join(c.data for c in proc.output(follow=False)).strip() == b"33 77"
+
+
+def test_output_that_fell_off_the_ring_is_counted_not_hidden(project: corral.Project) -> None:
+    proc = project.processes.start(["sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x; echo END"],
+                                   output_buffer=1024)
+    info = proc.wait()
+    assert info.output_end == 5004 and info.output_start == 5004 - 1024
+    out = proc.output(0)
+    data = b"".join(c.data for c in out)
+    assert data == b"x" * 1020 + b"END\n"
+    assert out.skipped == 5004 - 1024 and out.end is not None and out.end.offset == 5004
+    # From an offset still there, nothing is skipped.
+    tail = proc.output(5000, follow=False)
+    assert b"".join(c.data for c in tail) == b"END\n" and tail.skipped == 0
