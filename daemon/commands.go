@@ -162,16 +162,20 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	defer ticket.Release()
+	// Registered like a session: the command ends when the token is
+	// revoked or the member removed (403, see commandEnded).
+	cctx, untrack := a.trackSession(sandbox.WithTicket(r.Context(), ticket), r, proj.ID)
+	defer untrack()
 	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, User: req.User, LeaseKind: req.LeaseKind, Project: projectRef(proj), Env: req.Env}
 	opts := &sandbox.RunOptions{Timeout: timeout, OutputLimit: l, RawOutput: binary}
 	if stdin != nil {
 		opts.Stdin = bytes.NewReader(stdin)
 	}
 	if !acceptsNDJSON(r) {
-		res, err := ctl.RunCommand(sandbox.WithTicket(r.Context(), ticket), in, &sandbox.Actor{AccountUserID: acct.ID}, opts)
+		res, err := ctl.RunCommand(cctx, in, &sandbox.Actor{AccountUserID: acct.ID}, opts)
 		if err != nil {
 			// Written here, while the partial output is still reserved.
-			err = encodeError(err, binary)
+			err = commandEnded(cctx, encodeError(err, binary))
 			a.writeFailure(w, r, err)
 			return err
 		}
@@ -179,7 +183,7 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 
-	ctx, cancel := context.WithCancel(sandbox.WithTicket(r.Context(), ticket))
+	ctx, cancel := context.WithCancel(cctx)
 	defer cancel()
 	st := &ndjsonStream{w: w, rc: http.NewResponseController(w), binary: binary, broken: cancel}
 	opts.OnStart = func(sandbox.StartInfo) error {
@@ -194,7 +198,7 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if !st.begun() {
 		// Nothing was streamed: the ordinary answer.
 		if err != nil {
-			err = encodeError(err, binary)
+			err = commandEnded(cctx, encodeError(err, binary))
 			a.writeFailure(w, r, err)
 			return err
 		}
@@ -203,12 +207,26 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	}
 	st.flushHeld()
 	if err != nil {
-		ae := toAPIError(encodeError(err, binary))
+		ae := toAPIError(commandEnded(cctx, encodeError(err, binary)))
 		st.line(ae.streamer())
 		return ae // for the log and metrics; the status 200 was sent
 	}
 	st.line(encodeResult(res, binary))
 	return nil
+}
+
+// commandEnded is err, the failure of a command whose context is ctx, as
+// answered: 403 "forbidden" with the reason and the partial output when
+// the session checker ended it (the token was revoked, the account
+// deleted, the caller removed from the project).
+func commandEnded(ctx context.Context, err error) error {
+	se, ok := context.Cause(ctx).(*sessionEnded)
+	if !ok {
+		return err
+	}
+	ae := *toAPIError(err)
+	ae.Status, ae.Kind, ae.Message = http.StatusForbidden, KindForbidden, "the command was ended: "+se.reason
+	return &ae
 }
 
 // ndjsonWriteGrace is how much longer than the command's timeout a

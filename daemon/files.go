@@ -223,8 +223,9 @@ type fileCall struct {
 	stop    func()
 	journal int64
 	done    func() // gives the call's reservation back (startFileCall)
-	// ctx is the request's, cancelled when the lease's heartbeat fails:
-	// no transfer outlives its lease.
+	// ctx is the request's, cancelled when the lease's heartbeat fails
+	// (no transfer outlives its lease) and, with a *sessionEnded cause,
+	// when the caller lost its authorization (trackSession).
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 }
@@ -245,17 +246,20 @@ func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...str
 	if len(user) > 256 || strings.ContainsAny(user, "\x00\n/:") {
 		return nil, apiErr(http.StatusBadRequest, KindInvalid, "user %.40q is not a user name or uid", user)
 	}
-	ctx := r.Context()
 	done, err := a.startFileCall(acct)
 	if err != nil {
 		return nil, err
 	}
+	// Registered like a session: a watch or a long transfer ends when
+	// the token is revoked or the member removed.
+	ctx, untrack := a.trackSession(r.Context(), r, proj.ID)
 	l, err := a.core.Leases().Acquire(ctx, lease.AcquireRequest{Account: acct.ID, Project: proj.ID, Kind: sandbox.LeaseFiles})
 	if err != nil {
+		untrack()
 		done()
 		return nil, err
 	}
-	fc := &fileCall{a: a, acct: acct, proj: proj, lease: l, done: done}
+	fc := &fileCall{a: a, acct: acct, proj: proj, lease: l, done: func() { untrack(); done() }}
 	fc.ctx, fc.cancel = context.WithCancelCause(ctx)
 	fc.stop = l.KeepAlive(0, func(err error) {
 		a.log.Warn("files: lease heartbeat failed: the transfer ends", "lease", l.ID(), "err", err)
@@ -650,11 +654,16 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	defer cancel()
 	stopLease := context.AfterFunc(fc.ctx, cancel)
 	defer stopLease()
+	stopWatch := context.AfterFunc(ctx, func() { ino.Close() })
+	defer stopWatch()
+	rctx, stopRead := context.WithCancel(context.Background())
+	defer stopRead()
 	go func() {
-		// The client's messages are not read for anything but its close.
-		_, _, _ = conn.Read(ctx)
+		// The client's messages are not read for anything but its close
+		// (with a context of its own: one that ends closes the connection
+		// before the close below could say why).
+		_, _, _ = conn.Read(rctx)
 		cancel()
-		ino.Close()
 	}()
 	send := func(ev FileEvent) bool {
 		b, _ := json.Marshal(ev)
@@ -745,6 +754,10 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		if !flush() {
 			return nil
 		}
+	}
+	if _, ended := context.Cause(fc.ctx).(*sessionEnded); ended {
+		conn.Close(sessionCloseStatus(fc.ctx))
+		return nil
 	}
 	conn.Close(websocket.StatusNormalClosure, "")
 	return nil
