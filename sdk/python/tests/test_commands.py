@@ -60,34 +60,57 @@ def test_callbacks_and_stream(project: corral.Project) -> None:
     seen = []
     r = project.run(["sh", "-c", "echo a; sleep 0.2; echo b >&2; sleep 0.2; echo c"],
                     on_stdout=lambda c: seen.append(("o", c.text)), on_stderr=lambda c: seen.append(("e", c.text)))
-    assert seen == [("o", "a\n"), ("e", "b\n"), ("o", "c\n")]
+    assert [x for x in seen if x[0] == "o"] == [("o", "a\n"), ("o", "c\n")]
+    assert [x for x in seen if x[0] == "e"] == [("e", "b\n")]
     assert r.stdout == "a\nc\n"
     s = project.stream(["sh", "-c", "echo x; exit 4"])
     assert [c.data for c in s] == [b"x\n"]
     assert s.result is not None and s.result.code == 4
 
 
+WHOLE = {"stdout": ["a", "€b"], "stderr": ["x", "€y"]}
+
+
+def by_stream(chunks: "list[tuple[str, str]]") -> "dict[str, list[str]]":
+    out: "dict[str, list[str]]" = {}
+    for stream, text in chunks:
+        out.setdefault(stream, []).append(text)
+    return out
+
+
 @pytest.mark.parametrize("cut", [1, 2])
 def test_utf8_character_split_between_chunks_arrives_whole(project: corral.Project, cut: int) -> None:
-    # "€" is E2 82 AC. The command writes it in two parts, a pause between,
-    # so that the daemon sends two chunks cut inside it.
+    # "€" is E2 82 AC. The command writes its first `cut` bytes, waits until
+    # the test saw the chunk that ended there, then writes the rest: the
+    # daemon sent a chunk cut inside the character, and the SDK held the cut
+    # part back until the rest came.
     euro = "€".encode()
     first, rest = "".join(f"\\{b:03o}" for b in euro[:cut]), "".join(f"\\{b:03o}" for b in euro[cut:])
-    script = f"printf 'a{first}'; sleep 0.5; printf '{rest}b'; printf 'x{first}' >&2; sleep 0.5; printf '{rest}y' >&2"
-    chunks = list(project.stream(["sh", "-c", script]))
-    for c in chunks:
-        c.data.decode("utf-8")  # strict: no chunk ends inside a character
-    out = [c.data for c in chunks if c.stream == "stdout"]
-    err = [c.data for c in chunks if c.stream == "stderr"]
-    # "a" came before the pause, alone: the cut was there, and held back.
-    assert out == [b"a", "€b".encode()]
-    assert err == [b"x", "€y".encode()]
-    with project.session(["sh", "-c", script]) as s:
-        got = list(s)
-        for c in got:
-            c.data.decode("utf-8")
-        assert b"".join(c.data for c in got if c.stream == "stdout") == "a€b".encode()
-        assert [c.data for c in got if c.stream == "stdout"][0] == b"a"
+
+    def script(wait: str) -> str:
+        return (f"printf 'a{first}'; {wait} go1; printf '{rest}b'; printf 'x{first}' >&2; {wait} go2; "
+                f"printf '{rest}y' >&2")
+
+    # A command: it waits for files the test writes.
+    flag = "until [ -e /workspace/$1 ]; do sleep 0.01; done"
+    stream = project.stream(["sh", "-c", f"w() {{ {flag}; }}; " + script("w")])
+    chunks = []
+    for c in stream:
+        chunks.append(c)
+        if c.data in (b"a", b"x"):
+            project.files.write("go1" if c.data == b"a" else "go2", b"")
+    # Strict decoding: no chunk ends inside a character. (The order of the
+    # two streams' chunks between them is the daemon's.)
+    assert by_stream([(c.stream, c.data.decode("utf-8")) for c in chunks]) == WHOLE
+    # A session: it waits for lines on its stdin.
+    with project.session(["sh", "-c", "w() { read _; }; " + script("w")]) as s:
+        got = []
+        for c in s:
+            got.append((c.stream, c.data.decode("utf-8")))
+            if c.data in (b"a", b"x"):
+                s.write(b"go\n")
+        assert by_stream(got) == WHOLE
+        assert s.wait() == corral.ExitStatus(0, None)
 
 
 def test_errors_of_the_api(daemon: Daemon, client: corral.Corral, other_client: corral.Corral,
