@@ -546,7 +546,9 @@ class AsyncMessages:
     async def send(self, message: Dict[str, Any]) -> None:
         try:
             await self._ws.send(json.dumps(message))
-        except LINK_ERRORS + (ConnectionClosed,) as e:
+        except ConnectionClosed as e:
+            raise ws_closed_error(e) from e
+        except LINK_ERRORS as e:
             raise link_error(e) from e
 
     async def receive(self) -> Dict[str, Any]:
