@@ -66,6 +66,13 @@ type Image struct {
 	HostBinds []string `json:"host_binds,omitempty"`
 	// Config is the image's runtime configuration.
 	Config Config `json:"config"`
+	// Source is where the image came from: the reference it was pulled
+	// by, the archive or directory it was imported from.
+	Source string `json:"source,omitempty"`
+	// Digest is the digest of the image's manifest ("sha256:..."), the
+	// one a registry serves it by; empty for base and for a plain root
+	// filesystem.
+	Digest string `json:"digest,omitempty"`
 }
 
 // Config is the part of an image's configuration a machine uses.
@@ -77,6 +84,11 @@ type Config struct {
 	Env []string `json:"env,omitempty"`
 	// WorkingDir is the default working directory ("" = unset).
 	WorkingDir string `json:"working_dir,omitempty"`
+	// Entrypoint and Cmd are the image's command: what runs when a
+	// request gives none, Entrypoint followed by Cmd (as Docker runs a
+	// container, and Kubernetes a Pod, without a command).
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Cmd        []string `json:"cmd,omitempty"`
 }
 
 // Store is an image store in a directory. Its methods are safe for
@@ -105,8 +117,11 @@ func (s *Store) Dir() string { return s.dir }
 
 // Import imports the image at src under name, replacing an image of that
 // name. src is an OCI image layout directory, a docker-archive tar
-// (docker save, skopeo copy … docker-archive:) or an oci-archive tar
-// (skopeo copy … oci-archive:). An index of several images is resolved to
+// (docker save, skopeo copy … docker-archive:), an oci-archive tar
+// (skopeo copy … oci-archive:), or a plain root filesystem tar (docker
+// export, tar -C rootfs -c .; gzip-compressed or not), imported as an
+// image of one layer and an empty configuration, as docker import does.
+// An index of several images is resolved to
 // the one for this host's platform. Layers already in the store are not
 // unpacked again. On error nothing of the image is recorded (layers
 // already unpacked stay until the next Remove collects them); a tar
@@ -114,6 +129,19 @@ func (s *Store) Dir() string { return s.dir }
 // refused (ErrInvalidName).
 func (s *Store) Import(ctx context.Context, src, name string) (*Image, error) {
 	return s.importImage(ctx, src, name)
+}
+
+// Pull pulls the image ref (a registry reference: "debian:bookworm",
+// "ghcr.io/org/img@sha256:...") into the store under name, replacing an
+// image of that name, as Import does; an index is resolved to this host's
+// platform. Credentials come from the Docker configuration
+// ($DOCKER_CONFIG/config.json, ~/.docker/config.json, and its credential
+// helpers: authn.DefaultKeychain); a registry on a loopback address is
+// spoken to over plain HTTP. The manifest's digest is recorded
+// (Image.Digest). Layers are unpacked as they download and bounded by
+// Options.MaxSize; on error nothing of the image is recorded.
+func (s *Store) Pull(ctx context.Context, ref, name string) (*Image, error) {
+	return s.pull(ctx, ref, name)
 }
 
 // Get returns the named image. "base" is made on first use (and remade

@@ -3,6 +3,7 @@ package image_test
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io/fs"
@@ -382,10 +383,10 @@ func TestArchives(t *testing.T) {
 	if _, err := s.Import(ctx, filepath.Join(t.TempDir(), "missing"), "x"); err == nil {
 		t.Error("missing source imported")
 	}
-	notImage := filepath.Join(t.TempDir(), "x.tar")
-	os.WriteFile(notImage, imagetest.Tar(t, imagetest.File("hello", "x", 0o644)), 0o644)
-	if _, err := s.Import(ctx, notImage, "x"); err == nil || !strings.Contains(err.Error(), "not an image archive") {
-		t.Errorf("plain tar: %v", err)
+	notTar := filepath.Join(t.TempDir(), "x.tar")
+	os.WriteFile(notTar, []byte("this is not a tar archive, not at all, and long enough for a header? no"), 0o644)
+	if _, err := s.Import(ctx, notTar, "x"); err == nil {
+		t.Errorf("a file that is no tar imported")
 	}
 	for _, n := range []string{"base", "Upper", "../x", ""} {
 		if _, err := s.Import(ctx, imagetest.Layout(t, a), n); !errors.Is(err, image.ErrInvalidName) {
@@ -622,4 +623,83 @@ func TestSparse(t *testing.T) {
 		t.Errorf("a terabyte sparse file: %v, want ErrUnsafe", err)
 	}
 	t.Logf("refused in %v", time.Since(start))
+}
+
+// TestImportRootfs imports a plain root filesystem tar, as docker import
+// does (what docker export and build tools write), plain and gzipped: one
+// layer, an empty configuration.
+func TestImportRootfs(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	raw := imagetest.Tar(t, imagetest.Dir("etc", 0o755), imagetest.File("etc/hostname", "rootfs\n", 0o644), imagetest.File("bin/tool", "#!/bin/sh\n", 0o755))
+	plain := filepath.Join(t.TempDir(), "rootfs.tar")
+	if err := os.WriteFile(plain, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write(raw)
+	zw.Close()
+	zipped := filepath.Join(t.TempDir(), "rootfs.tar.gz")
+	if err := os.WriteFile(zipped, gz.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, src := range map[string]string{"plain": plain, "zipped": zipped} {
+		img, err := s.Import(ctx, src, name)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(img.Layers) != 1 || img.Config.User != "" || len(img.Config.Env) != 0 || img.Source != src || img.Digest != "" {
+			t.Fatalf("%s: %+v", name, img)
+		}
+		b, err := os.ReadFile(filepath.Join(img.Layers[0], "etc", "hostname"))
+		if err != nil || string(b) != "rootfs\n" {
+			t.Fatalf("%s: the layer's file: %q %v", name, b, err)
+		}
+	}
+}
+
+// TestPull pulls an image from a registry the test starts: its layers,
+// configuration (Env, User, WorkingDir, Entrypoint, Cmd) and manifest
+// digest are recorded; an unknown tag and an unreachable registry fail
+// and record nothing.
+func TestPull(t *testing.T) {
+	s, _ := newStore(t)
+	ctx := context.Background()
+	host := imagetest.Registry(t)
+	cfg := v1.Config{User: "1000", Env: []string{"PATH=/opt/bin:/bin", "A=1"}, WorkingDir: "/srv",
+		Entrypoint: []string{"/bin/tool"}, Cmd: []string{"serve"}}
+	img := imagetest.Image(t, cfg, imagetest.Layer(t, imagetest.File("bin/tool", "x", 0o755)), imagetest.Layer(t, imagetest.File("srv/data", "d", 0o644)))
+	digest := imagetest.Push(t, host+"/team/tool:v1", img)
+	got, err := s.Pull(ctx, host+"/team/tool:v1", "tool")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := img.ConfigName()
+	if got.ID != want.String() || got.Digest != digest || got.Source != host+"/team/tool:v1" || len(got.Layers) != 2 {
+		t.Fatalf("pulled %+v, want id %s digest %s", got, want, digest)
+	}
+	if c := got.Config; c.User != "1000" || strings.Join(c.Env, " ") != "PATH=/opt/bin:/bin A=1" || c.WorkingDir != "/srv" ||
+		strings.Join(c.Entrypoint, " ") != "/bin/tool" || strings.Join(c.Cmd, " ") != "serve" {
+		t.Fatalf("config %+v", c)
+	}
+	if again, err := s.Get(ctx, "tool"); err != nil || again.Digest != digest {
+		t.Fatalf("recorded: %+v %v", again, err)
+	}
+	// By digest too.
+	if _, err := s.Pull(ctx, host+"/team/tool@"+digest, "bydigest"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Pull(ctx, host+"/team/tool:nope", "nope"); err == nil {
+		t.Error("an unknown tag pulled")
+	}
+	if _, err := s.Get(ctx, "nope"); !errors.Is(err, image.ErrNotFound) {
+		t.Errorf("a failed pull recorded the image: %v", err)
+	}
+	if _, err := s.Pull(ctx, "not a reference", "x"); err == nil {
+		t.Error("a bad reference pulled")
+	}
+	if _, err := s.Pull(ctx, host+"/team/tool:v1", "base"); !errors.Is(err, image.ErrInvalidName) {
+		t.Errorf("pull over base: %v", err)
+	}
 }

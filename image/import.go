@@ -17,8 +17,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/google/go-containerregistry/pkg/authn"
+	gname "github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 )
@@ -31,11 +36,8 @@ type layerMeta struct {
 }
 
 func (s *Store) importImage(ctx context.Context, src, name string) (*Image, error) {
-	if err := checkName(name); err != nil {
+	if err := checkImportName(name); err != nil {
 		return nil, err
-	}
-	if name == BaseName {
-		return nil, fmt.Errorf("%w: %q is the embedded image", ErrInvalidName, name)
 	}
 	unlock, err := s.lock(ctx, false)
 	if err != nil {
@@ -47,6 +49,48 @@ func (s *Store) importImage(ctx context.Context, src, name string) (*Image, erro
 		return nil, err
 	}
 	defer cleanup()
+	return s.record(ctx, img, name, src, "")
+}
+
+func (s *Store) pull(ctx context.Context, ref, name string) (*Image, error) {
+	if err := checkImportName(name); err != nil {
+		return nil, err
+	}
+	r, err := gname.ParseReference(ref)
+	if err != nil {
+		return nil, fmt.Errorf("image: pull %s: %w", ref, err)
+	}
+	unlock, err := s.lock(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	img, err := remote.Image(r, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain),
+		remote.WithPlatform(v1.Platform{OS: "linux", Architecture: runtime.GOARCH}))
+	if err != nil {
+		return nil, fmt.Errorf("image: pull %s: %w", ref, err)
+	}
+	digest, err := img.Digest()
+	if err != nil {
+		return nil, fmt.Errorf("image: pull %s: %w", ref, err)
+	}
+	return s.record(ctx, img, name, r.Name(), digest.String())
+}
+
+// checkImportName refuses a name an import or a pull may not take.
+func checkImportName(name string) error {
+	if err := checkName(name); err != nil {
+		return err
+	}
+	if name == BaseName {
+		return fmt.Errorf("%w: %q is the embedded image", ErrInvalidName, name)
+	}
+	return nil
+}
+
+// record unpacks img's layers and records it under name, from src (with
+// its manifest digest, if known).
+func (s *Store) record(ctx context.Context, img v1.Image, name, src, digest string) (*Image, error) {
 	id, err := img.ConfigName()
 	if err != nil {
 		return nil, fmt.Errorf("image: %s: config: %w", src, err)
@@ -67,7 +111,11 @@ func (s *Store) importImage(ctx context.Context, src, name string) (*Image, erro
 			User:       cfg.Config.User,
 			Env:        cfg.Config.Env,
 			WorkingDir: cfg.Config.WorkingDir,
+			Entrypoint: cfg.Config.Entrypoint,
+			Cmd:        cfg.Config.Cmd,
 		},
+		Source: src,
+		Digest: digest,
 	}
 	for _, l := range layers {
 		dir, meta, err := s.ensureLayer(ctx, l, s.maxSize-r.Size)
@@ -100,6 +148,18 @@ func (s *Store) open(ctx context.Context, src string) (v1.Image, func(), error) 
 		return nil, nop, err
 	}
 	switch kind {
+	case "rootfs":
+		// As docker import: the tar is the one layer, the configuration
+		// empty (root, the worker's PATH, no command).
+		layer, err := tarball.LayerFromFile(src)
+		if err != nil {
+			return nil, nop, fmt.Errorf("image: %s: %w", src, err)
+		}
+		img, err := mutate.AppendLayers(empty.Image, layer)
+		if err != nil {
+			return nil, nop, fmt.Errorf("image: %s: %w", src, err)
+		}
+		return img, nop, nil
 	case "docker-archive":
 		img, err := tarball.ImageFromPath(src, nil)
 		if err != nil {
@@ -133,13 +193,23 @@ func (s *Store) open(ctx context.Context, src string) (v1.Image, func(), error) 
 }
 
 // archiveKind tells a docker-archive (manifest.json; docker save since 25
-// writes an OCI layout beside it) from an oci-archive (oci-layout).
+// writes an OCI layout beside it) from an oci-archive (oci-layout) and
+// from a plain root filesystem ("rootfs": a tar with neither, or a
+// compressed tar, which image archives are not).
 func archiveKind(src string) (string, error) {
 	f, err := os.Open(src)
 	if err != nil {
 		return "", fmt.Errorf("image: %w", err)
 	}
 	defer f.Close()
+	magic := make([]byte, 4)
+	if n, _ := io.ReadFull(f, magic); n >= 2 && magic[0] == 0x1f && magic[1] == 0x8b ||
+		n == 4 && string(magic) == "\x28\xb5\x2f\xfd" {
+		return "rootfs", nil // gzip, zstd
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", fmt.Errorf("image: %w", err)
+	}
 	tr := tar.NewReader(f)
 	oci := false
 	for {
@@ -160,7 +230,7 @@ func archiveKind(src string) (string, error) {
 	if oci {
 		return "oci-archive", nil
 	}
-	return "", fmt.Errorf("image: %s: not an image archive (no manifest.json or oci-layout)", src)
+	return "rootfs", nil
 }
 
 // fromLayout returns the image of an OCI layout: its only image, or the

@@ -49,6 +49,9 @@ type record struct {
 	Layers    []string  `json:"layers"`
 	HostBinds []string  `json:"host_binds,omitempty"`
 	Config    Config    `json:"config"`
+	// Source and Digest: see Image.
+	Source string `json:"source,omitempty"`
+	Digest string `json:"digest,omitempty"`
 	// Version is the generator's stamp (base only).
 	Version int `json:"version,omitempty"`
 }
@@ -188,6 +191,8 @@ func (s *Store) toImage(r *record) *Image {
 		Size:      r.Size,
 		HostBinds: slices.Clone(r.HostBinds),
 		Config:    r.Config,
+		Source:    r.Source,
+		Digest:    r.Digest,
 	}
 	for _, l := range r.Layers {
 		im.Layers = append(im.Layers, filepath.Join(s.dir, layersDir, l))

@@ -26,12 +26,13 @@ const GuestHome = "/home/corral"
 // transport, preparation fails at once with machine.ErrNoPrivilegedTransport
 // (nothing to clean up).
 //
-// The working directory is a guest path: empty means /workspace; a relative
+// The working directory is a guest path: empty means the image's WorkingDir
+// (else /workspace); a relative
 // path is taken below /workspace; it must stay inside /workspace or the
 // machine's home after cleaning. Output is sanitized by replacing the host
-// workspace path with /workspace. The environment is the machine's (PATH,
-// HOME, LANG, TERM, USER), then Options.Env, then the request's Env, which
-// wins.
+// workspace path with /workspace. The environment is the machine's (its
+// image's Env, with its PATH, else the worker's default PATH; then HOME,
+// LANG, TERM, USER), then Options.Env, then the request's Env, which wins.
 //
 // ten, if not nil, is the tenancy read whose version the lease insert
 // checks (mintLease): the session starts under its egress policy
@@ -44,8 +45,10 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	if err != nil {
 		return nil, fmt.Errorf("provider: project %d: %w", proj.ID, err)
 	}
+	// No PATH: the machine's applies (the image's, as Docker's config
+	// gives it, else the worker's default, which has the sbin directories
+	// root's tools need).
 	env := map[string]string{
-		"PATH": DefaultPath,
 		"HOME": GuestHome,
 		"LANG": "C.UTF-8",
 		"TERM": "dumb",
@@ -73,7 +76,7 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 		ID:    "00000000-0000-0000-0000-000000000000",
 		Lease: "00000000-0000-0000-0000-000000000000",
 		Argv:  in.Command.Argv(),
-		Cwd:   cwd,
+		Cwd:   machineCwd(in.Cwd, cwd),
 		Env:   env,
 		User:  in.User,
 	}
@@ -142,6 +145,16 @@ func requestBytes(argv []string, cwd string, env map[string]string) int {
 		n += len(k) + len(v) + 2
 	}
 	return n
+}
+
+// machineCwd is the working directory a request sends the machine: none
+// when the caller gave none, so that the machine's image's WorkingDir
+// applies (else /workspace), as Docker's does.
+func machineCwd(req, resolved string) string {
+	if req == "" {
+		return ""
+	}
+	return resolved
 }
 
 // guestCwd resolves a requested working directory inside the machine.

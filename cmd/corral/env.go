@@ -54,7 +54,7 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
-	env := &runEnv{}
+	env := &runEnv{state: state}
 	ok := false
 	defer func() {
 		if !ok {
@@ -103,10 +103,12 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 	if err != nil {
 		return nil, err
 	}
+	env.image = proj.Image
 	if f.image != "" && f.image != proj.Image {
 		if err := changeImage(ctx, state, c, proj, f.image); err != nil {
 			return nil, err
 		}
+		env.image = f.image
 	}
 	if _, err := st.GetMember(ctx, proj.ID, acct.ID); errors.Is(err, store.ErrNotFound) {
 		if _, err := st.AddMember(ctx, store.Member{Project: proj.ID, Account: acct.ID, Role: store.RoleOwner}); err != nil && !errors.Is(err, store.ErrExists) {

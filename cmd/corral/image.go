@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	gname "github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/image"
@@ -39,6 +41,26 @@ func (f *imageFlags) open(ctx context.Context) (string, *image.Store, error) {
 	return dir, s, err
 }
 
+// add runs an import or a pull into the store and reports the image: its
+// name, id, digest (when known), layers, size and the time it took.
+func (f *imageFlags) add(cmd *cobra.Command, add func(*image.Store) (*image.Image, error)) error {
+	_, s, err := f.open(cmd.Context())
+	if err != nil {
+		return imageFailed(cmd, err)
+	}
+	start := time.Now()
+	im, err := add(s)
+	if err != nil {
+		return imageFailed(cmd, err)
+	}
+	id := im.ID
+	if im.Digest != "" {
+		id += " " + im.Digest
+	}
+	fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%d layers, %s) in %v\n", im.Name, id, len(im.Layers), mib(im.Size), time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 // imageFailed reports an operational failure (exit status 1; usage
 // errors are 2).
 func imageFailed(cmd *cobra.Command, err error) error {
@@ -63,32 +85,52 @@ read-only and a generated /etc with only root and the guest user "user".`,
 	var name string
 	imp := &cobra.Command{
 		Use:   "import SOURCE --name NAME",
-		Short: "Import an OCI image layout directory or an image tarball",
+		Short: "Import an OCI image layout directory, an image tarball or a root filesystem tar",
 		Long: `Import the image at SOURCE under NAME, replacing an image of that name.
 
 SOURCE is an OCI image layout directory, a docker-archive tar (docker save,
-skopeo copy ... docker-archive:FILE) or an oci-archive tar (skopeo copy ...
-oci-archive:FILE). Layers are unpacked once and shared between images; an
-archive that would write outside its tree is refused.`,
+skopeo copy ... docker-archive:FILE), an oci-archive tar (skopeo copy ...
+oci-archive:FILE), or a plain root filesystem tar, gzipped or not (docker
+export, tar -C rootfs -cf rootfs.tar .), which becomes an image of one layer
+with an empty configuration (root, the default PATH), as docker import makes.
+Layers are unpacked once and shared between images; an archive that would
+write outside its tree is refused.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if name == "" {
 				return errors.New("image import: --name NAME is required")
 			}
-			_, s, err := f.open(cmd.Context())
-			if err != nil {
-				return imageFailed(cmd, err)
-			}
-			start := time.Now()
-			im, err := s.Import(cmd.Context(), args[0], name)
-			if err != nil {
-				return imageFailed(cmd, err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s %s (%d layers, %s) in %v\n", im.Name, im.ID, len(im.Layers), mib(im.Size), time.Since(start).Round(time.Millisecond))
-			return nil
+			return f.add(cmd, func(s *image.Store) (*image.Image, error) { return s.Import(cmd.Context(), args[0], name) })
 		},
 	}
 	imp.Flags().StringVar(&name, "name", "", "the image's `NAME` ([a-z0-9][a-z0-9._-]*)")
+
+	var pullName string
+	pull := &cobra.Command{
+		Use:   "pull REF [--name NAME]",
+		Short: "Pull an image from a registry",
+		Long: `Pull the image REF (debian:bookworm, ghcr.io/org/tool:v1, REPO@sha256:...)
+from its registry under NAME (default: the last part of its repository,
+"debian" for debian:bookworm), replacing an image of that name. An index is
+resolved to this host's platform. Credentials are the Docker configuration's
+($DOCKER_CONFIG/config.json or ~/.docker/config.json, with its credential
+helpers: what docker login wrote); registries on loopback addresses are
+spoken to over plain HTTP. The manifest's digest is recorded (image list
+--json shows it). Layers are unpacked as they arrive, once, shared with other
+images.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n := pullName
+			if n == "" {
+				var err error
+				if n, err = nameFromRef(args[0]); err != nil {
+					return err
+				}
+			}
+			return f.add(cmd, func(s *image.Store) (*image.Image, error) { return s.Pull(cmd.Context(), args[0], n) })
+		},
+	}
+	pull.Flags().StringVar(&pullName, "name", "", "the image's `NAME` (default: the last part of REF's repository)")
 
 	var asJSON bool
 	list := &cobra.Command{
@@ -165,9 +207,20 @@ it is made again on next use.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(imp, list, rm)
+	cmd.AddCommand(imp, pull, list, rm)
 	return cmd
 }
 
 // mib formats a size in MiB with one decimal.
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// nameFromRef is the default image name of a pulled reference: the last
+// part of its repository ("debian" for docker.io/library/debian:bookworm).
+func nameFromRef(ref string) (string, error) {
+	r, err := gname.ParseReference(ref)
+	if err != nil {
+		return "", fmt.Errorf("image pull %s: %w", ref, err)
+	}
+	repo := r.Context().RepositoryStr()
+	return strings.ToLower(repo[strings.LastIndexByte(repo, '/')+1:]), nil
+}

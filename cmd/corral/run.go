@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -17,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/image"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -83,13 +86,21 @@ becomes the command's (streamed; through --daemon it is sent whole, at most
 16 MiB); without it the command's input is empty and corral's stdin is not
 read.
 
+A managed machine applies its image's configuration as Docker does: its Env
+(PATH included) under -e, its User unless --user, its WorkingDir unless
+--cwd; and with --project and no command, its Entrypoint followed by its Cmd
+runs.
+
 --project runs go through the state directory's shared worker
 (STATE/worker.sock): the first run starts it in the background, later runs
 (in parallel, on any project) use it, and it exits with its machines once no
 run has used it for --worker-idle (default 1m). Its log is STATE/worker.log.
 --worker-socket PATH uses a worker started otherwise (corral worker).`,
-		Args: cobra.MinimumNArgs(1),
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 && f.project == "" {
+				return errors.New("requires a command: corral run [flags] -- FILE [ARG...] (only --project may omit it, for its image's)")
+			}
 			status := runMain(cmd, &f, args)
 			if status != 0 {
 				return exitError{status}
@@ -176,6 +187,11 @@ func runMain(cmd *cobra.Command, f *runFlags, argv []string) int {
 		return report(nil, err)
 	}
 	defer renv.close()
+	if len(argv) == 0 {
+		if argv, err = imageCommand(ctx, renv.state, renv.image); err != nil {
+			return report(nil, err)
+		}
+	}
 	in := sandbox.ExecInput{
 		Command:   sandbox.Command{Type: sandbox.CommandTypeArgv, File: argv[0], Args: argv[1:]},
 		Cwd:       renv.cwd,
@@ -284,6 +300,8 @@ type runEnv struct {
 	actor   sandbox.Actor
 	cwd     string
 	closers []func()
+	// state is the state directory; image a managed project's image.
+	state, image string
 }
 
 func (e *runEnv) close() {
@@ -314,4 +332,29 @@ func signalContext(parent context.Context, sigs ...os.Signal) (ctx context.Conte
 		cancel()
 	}
 	return ctx, stop, func() syscall.Signal { return syscall.Signal(got.Load()) }
+}
+
+// imageCommand is the command of a run that gives none: the image's
+// Entrypoint followed by its Cmd, as Docker runs a container without one.
+func imageCommand(ctx context.Context, state, name string) ([]string, error) {
+	if name == "" {
+		name = image.BaseName
+	}
+	var cfg image.Config
+	if name != image.BaseName {
+		imgs, err := image.Open(filepath.Join(state, "images"), image.Options{Logger: cliLogger()})
+		if err != nil {
+			return nil, err
+		}
+		img, err := imgs.Get(ctx, name)
+		if err != nil {
+			return nil, err
+		}
+		cfg = img.Config
+	}
+	argv := append(slices.Clone(cfg.Entrypoint), cfg.Cmd...)
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("no command given, and the image %s has no Entrypoint or Cmd", name)
+	}
+	return argv, nil
 }
