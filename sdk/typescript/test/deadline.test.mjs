@@ -6,12 +6,12 @@ import assert from "node:assert/strict";
 import { after, before, test } from "node:test";
 
 import { ConnectionError, Corral, DeadlineError, TimeoutError, TransportError } from "../dist/index.js";
-import { newProject, startDaemon } from "./helpers.mjs";
+import { newProject, startDaemon, urlOf } from "./helpers.mjs";
 
 let d, corral, project;
 before(async () => {
   d = await startDaemon();
-  corral = new Corral({ url: d.url, token: d.token, deadlineMs: 20000 });
+  corral = new Corral({ url: await urlOf(d), token: d.token, deadlineMs: 20000 });
   project = await newProject(corral);
 });
 after(async () => {

@@ -3,6 +3,7 @@
 // file), and fresh projects.
 
 import { execFile } from "node:child_process";
+import { createServer, connect } from "node:net";
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -40,12 +41,59 @@ export async function startDaemon() {
   };
 }
 
+/**
+ * A TCP listener on 127.0.0.1 that forwards each connection to the daemon's
+ * Unix socket: the SDK then speaks over fetch and TCP WebSockets, as in a
+ * browser or against `corral daemon --listen`. A connection whose daemon
+ * side breaks is reset, as the daemon's own would be.
+ */
+export async function tcpProxy(unixUrl) {
+  const socketPath = unixUrl.slice("unix://".length);
+  const conns = new Set();
+  const server = createServer((c) => {
+    const u = connect(socketPath);
+    conns.add(c);
+    c.on("close", () => {
+      conns.delete(c);
+      u.destroy();
+    });
+    c.pipe(u);
+    u.pipe(c);
+    u.on("error", () => c.resetAndDestroy());
+    c.on("error", () => u.destroy());
+    u.on("close", () => c.destroyed || c.resetAndDestroy());
+    conns.add(u);
+    u.on("close", () => conns.delete(u));
+  });
+  await new Promise((r) => server.listen(0, "127.0.0.1", r));
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    close: () => {
+      for (const c of conns) c.destroy();
+      return new Promise((r) => server.close(r));
+    },
+  };
+}
+
+/** Over TCP when CORRAL_TEST_TRANSPORT is "tcp" (run.mjs runs the suite both ways). */
+export const overTCP = process.env.CORRAL_TEST_TRANSPORT === "tcp";
+
 let shared;
 let ownDaemon;
+const proxies = [];
 // Registered at load (a hook registered inside another runs too early).
 after(async () => {
+  for (const p of proxies) await p.close();
   if (ownDaemon) await (await ownDaemon).stop();
 });
+
+/** The URL to reach daemon `d` by in this run: its socket, or a TCP proxy to it. */
+export async function urlOf(d) {
+  if (!overTCP) return d.url;
+  const p = await tcpProxy(d.url);
+  proxies.push(p);
+  return p.url;
+}
 
 /**
  * The daemon of this test file: the run's (CORRAL_URL, CORRAL_TOKEN and
@@ -59,7 +107,9 @@ export async function daemon() {
       shared = ownDaemon = startDaemon();
     }
   }
-  return shared;
+  const d = await shared;
+  d.via ??= urlOf(d);
+  return { ...d, url: await d.via };
 }
 
 /** A client of the file's daemon. */
