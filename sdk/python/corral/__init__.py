@@ -24,7 +24,7 @@ from ._sync import (CommandStream, Corral, FileReader, Files, Messages, Output, 
 from ._types import (Chunk, CommandResult, EgressPolicy, ExitStatus, FileEvent, FileInfo, FileList, Limits,
                      Machine, Member, OutputEnd, ProcessInfo, ProjectInfo)
 
-__version__ = "0.1.0"
+from ._conn import VERSION as __version__
 
 __all__ = [
     "Corral", "AsyncCorral", "Projects", "AsyncProjects", "Project", "AsyncProject", "CommandStream",

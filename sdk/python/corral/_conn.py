@@ -32,7 +32,8 @@ DEFAULT_DEADLINE = 30.0
 # Query parameters: a dict, or a list of pairs (repeated names).
 Params = Any
 
-_VERSION = "0.1.0"
+#: The SDK's version: pyproject.toml's and the TypeScript SDK's (a test checks).
+VERSION = "0.1.0"
 
 
 class Deadline:
@@ -123,7 +124,7 @@ class Connection:
         else:
             raise Invalid(f"bad daemon URL {url!r}: http(s)://host:port or unix:///path/to/corral.sock")
         self._ssl = ssl.create_default_context() if parts.scheme == "https" else None
-        self._headers = {"Authorization": f"Bearer {token}", "User-Agent": f"corral-python/{_VERSION}"}
+        self._headers = {"Authorization": f"Bearer {token}", "User-Agent": f"corral-python/{VERSION}"}
         transport = httpx.AsyncHTTPTransport(uds=self._unix) if self._unix else None
         # httpx's timeouts bound each step (connect, each read, each
         # write); whole calls are bounded by a Deadline as well.

@@ -144,3 +144,14 @@ def test_configuration_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> 
         assert e.value.status is None and not isinstance(e.value, corral.DeadlineExceeded)
     with pytest.raises(corral.Invalid):
         corral.Corral("http://127.0.0.1:1", "t", deadline=0)
+
+
+def test_versioned_with_corral() -> None:
+    """One version: the package's, its pyproject's and the TypeScript SDK's."""
+    root = Path(__file__).resolve().parents[3]
+    pyproject = (root / "sdk" / "python" / "pyproject.toml").read_text()
+    m = re.search(r'^version = "([^"]+)"', pyproject, re.M)
+    assert m is not None and m.group(1) == corral.__version__
+    ts = root / "sdk" / "typescript" / "package.json"
+    if ts.exists():
+        assert json.loads(ts.read_text())["version"] == corral.__version__
