@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 import uuid
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Callable, Dict, Iterator, List
 
 import pytest
 
@@ -69,6 +69,27 @@ class Daemon:
                 if want in cmd + " ":
                     return int(d.name)
         raise LookupError("no worker")
+
+
+def sleepers(marker: str) -> List[int]:
+    """The host's processes running `sleep MARKER` (machines' included)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if (d / "cmdline").read_bytes() == b"sleep\0" + marker.encode() + b"\0":
+                    found.append(int(d.name))
+            except OSError:
+                pass
+    return found
+
+
+def wait_until(cond: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    """Waits for cond to hold (polling), failing after timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
+        time.sleep(0.02)
 
 
 def new_daemon() -> Daemon:

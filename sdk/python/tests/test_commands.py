@@ -4,11 +4,12 @@ output, on the real daemon."""
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 
 import corral
-from conftest import Daemon, delete_project_async, unique
+from conftest import Daemon, delete_project_async, sleepers, unique, wait_until
 
 
 def test_nonzero_exit_is_a_result(project: corral.Project) -> None:
@@ -199,3 +200,29 @@ def test_async_client_has_the_same_surface(daemon: Daemon) -> None:
             finally:
                 await delete_project_async(p)
     asyncio.run(main())
+
+
+def test_nothing_keeps_running_after_a_timeout_an_early_close_or_a_passed_deadline(project: corral.Project) -> None:
+    # E2B #500: a timeout that raises while the process keeps running.
+    def marker() -> str:
+        return f"{random.randint(100000, 999999)}.25"
+
+    m = marker()
+    with pytest.raises(corral.Timeout) as e:
+        project.run(["sh", "-c", f"sleep {m} & echo up; sleep {m}"], timeout=1)
+    assert e.value.stdout == "up\n"
+    assert sleepers(m) == []  # the daemon answers once they are gone
+
+    m = marker()
+    s = project.stream(["sh", "-c", f"echo up; sleep {m}"], timeout=60)
+    assert next(s).data == b"up\n"
+    wait_until(lambda: len(sleepers(m)) == 1, "the command started")
+    s.close()  # the daemon sees its client go and cancels the command
+    wait_until(lambda: sleepers(m) == [], "an abandoned command ended")
+
+    m = marker()
+    started = []
+    with pytest.raises(corral.DeadlineExceeded):
+        project.run(["sh", "-c", f"echo up; sleep {m}"], timeout=60, deadline=1.5, on_stdout=started.append)
+    assert [c.data for c in started] == [b"up\n"]
+    wait_until(lambda: sleepers(m) == [], "a command past its client's deadline ended")

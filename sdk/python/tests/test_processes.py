@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import random
 import time
-from pathlib import Path
-from typing import List
-
 import corral
-from conftest import Daemon
+from conftest import Daemon, sleepers
 
 
 def test_output_replayed_from_an_offset_after_reconnecting(daemon: Daemon, project: corral.Project) -> None:
@@ -65,19 +62,6 @@ def test_list_get_signal(project: corral.Project) -> None:
         raise AssertionError("an ended process took a signal")
     except corral.Conflict:
         pass
-
-
-def sleepers(marker: str) -> List[int]:
-    """The host's processes running `sleep MARKER`."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                if (d / "cmdline").read_bytes() == b"sleep\0" + marker.encode() + b"\0":
-                    found.append(int(d.name))
-            except OSError:
-                pass
-    return found
 
 
 def test_killed_process_tree_leaves_nothing_running(project: corral.Project) -> None:
