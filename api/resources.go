@@ -6,6 +6,9 @@ import "time"
 type Health struct {
 	// Status is "ok".
 	Status string `json:"status"`
+	// Store is "ok": the daemon read its store (an unreadable store
+	// answers 503 "unavailable" with the store's error instead).
+	Store string `json:"store"`
 	// Sandbox is "ok", or why the sandbox domain is unavailable.
 	Sandbox string `json:"sandbox"`
 	// Worker is the worker's state ("connected", "none", …).

@@ -580,7 +580,7 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) error {
 	if _, err := a.store.SchemaVersion(ctx); err != nil {
 		return apiErr(http.StatusServiceUnavailable, KindUnavailable, "store: %v", err)
 	}
-	body := map[string]any{"status": "ok"}
+	body := map[string]any{"status": "ok", "store": "ok"}
 	if _, err := a.core.Sandbox(); err != nil {
 		body["sandbox"] = err.Error()
 	} else {

@@ -2,7 +2,7 @@ package daemon
 
 import (
 	"context"
-	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -347,11 +347,14 @@ func (t *processTable) forgetLocked(p *bgProcess) {
 	p.mu.Unlock()
 }
 
-// newProcessID returns a random process id.
-func newProcessID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	return "proc_" + hex.EncodeToString(b[:])
+// processID returns the id of the process whose lease is leaseID: the
+// first 128 bits of a hash of the lease's id (random: a UUIDv7 has 74
+// random bits, and the id is looked up in its project only), so that
+// another replica, which shares the store but not this table, can tell
+// whose process an id names (see foreignProcess).
+func processID(leaseID string) string {
+	h := sha256.Sum256([]byte("corral process " + leaseID))
+	return "proc_" + hex.EncodeToString(h[:16])
 }
 
 // startProcess serves POST /v1/projects/{id}/processes.
@@ -417,7 +420,7 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	now := time.Now()
 	p := &bgProcess{
-		id: newProcessID(), project: proj.ID, account: acct.ID, argv: req.Argv, cwd: req.Cwd, user: req.User, tty: req.TTY != nil,
+		id: processID(sess.LeaseID()), project: proj.ID, account: acct.ID, argv: req.Argv, cwd: req.Cwd, user: req.User, tty: req.TTY != nil,
 		started: now, deadline: now.Add(lifetime), out: newOutputRing(size), sess: sess, leaseID: sess.LeaseID(),
 		kill: make(chan struct{}), done: make(chan struct{}), state: ProcessRunning,
 	}
@@ -552,9 +555,32 @@ func (a *App) projectProcess(r *http.Request) (store.Project, *bgProcess, error)
 	}
 	p := a.procs.get(proj.ID, r.PathValue("pid"))
 	if p == nil {
-		return proj, nil, apiErr(http.StatusNotFound, KindNotFound, "no process %q in project %d", r.PathValue("pid"), proj.ID)
+		return proj, nil, a.foreignProcess(r.Context(), proj.ID, r.PathValue("pid"))
 	}
 	return proj, p, nil
+}
+
+// foreignProcess is the answer for a process id this daemon does not
+// hold: 409 "conflict" naming the replica that runs it when another
+// daemon on the same store (a replica) holds the live lease it was named
+// after, else 404. Processes live in the memory of the daemon that
+// started them; a replica answers for them without proxying: the client
+// (or its load balancer) sends the process's requests to its owner.
+func (a *App) foreignProcess(ctx context.Context, project int64, id string) error {
+	notFound := apiErr(http.StatusNotFound, KindNotFound, "no process %q in project %d", id, project)
+	if !strings.HasPrefix(id, "proc_") {
+		return notFound
+	}
+	live, err := a.store.ListLeases(ctx, store.LeaseFilter{Project: project, State: store.LeaseLive})
+	if err != nil {
+		return err
+	}
+	for _, l := range live {
+		if l.Kind == string(sandbox.LeaseProcess) && processID(l.ID) == id && l.Holder != a.core.Leases().Holder() {
+			return apiErr(http.StatusConflict, KindConflict, "process %s runs on another replica of this daemon, %q (the one that started it): send its requests there", id, l.Holder)
+		}
+	}
+	return notFound
 }
 
 // listProcesses serves GET /v1/projects/{id}/processes.

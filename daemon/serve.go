@@ -22,6 +22,7 @@ import (
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
 )
 
 // ShutdownTimeout bounds the graceful shutdown of Serve: requests in
@@ -126,6 +127,18 @@ type Config struct {
 	// Required; it is created if missing and made mode 0700 (StateDirMode)
 	// either way.
 	StateDir string
+	// Store is the store URL (store.Open): "sqlite:PATH" or
+	// "postgres://…". Empty means STATE/corral.db (store.DefaultURL).
+	// Several daemons ("replicas") may serve one store: see
+	// docs/daemon.md, "Replicas".
+	Store string
+	// Socket is the API's Unix socket. Empty means STATE/corral.sock.
+	// Replicas sharing a state directory need one each.
+	Socket string
+	// Replica names this daemon in the leases it holds (their holder) and
+	// in the answers other replicas give for what it owns (its background
+	// processes). Empty means "pid N on HOST".
+	Replica string
 	// Listen, if non-empty, is a TCP address served besides the socket.
 	// There, /metrics needs an administrator's bearer token.
 	Listen string
@@ -317,8 +330,15 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if cfg.Lease.TTL > 0 && cfg.Lease.TTL/3 < sandbox.DefaultHeartbeatInterval {
 		beat = cfg.Lease.TTL / 3
 	}
+	storeURL := cfg.Store
+	if storeURL == "" {
+		storeURL = store.DefaultURL(state)
+	}
+	if cfg.Replica != "" {
+		cfg.Lease.Holder = cfg.Replica
+	}
 	c, err := core.Build(ctx, core.Options{
-		StorePath:           filepath.Join(state, "corral.db"),
+		StorePath:           storeURL,
 		Migrate:             true,
 		PrivilegedTransport: transport,
 		Logger:              log,
@@ -339,7 +359,10 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	defer app.Close()
 
-	sock := filepath.Join(state, "corral.sock")
+	sock := cfg.Socket
+	if sock == "" {
+		sock = filepath.Join(state, "corral.sock")
+	}
 	uln, err := ListenUnix(sock, SocketMode)
 	if err != nil {
 		return err

@@ -136,6 +136,10 @@ func NewManager(st store.Store, opts Options) *Manager {
 // TTL returns the lease time-to-live.
 func (m *Manager) TTL() time.Duration { return m.ttl }
 
+// Holder returns the name this manager writes as the holder of the
+// leases it acquires (Options.Holder, or "pid N on HOST").
+func (m *Manager) Holder() string { return m.holder }
+
 // AcquireRequest describes a lease to acquire.
 type AcquireRequest struct {
 	Account int64             // the actor's AccountUserID

@@ -25,9 +25,11 @@ import (
 
 const daemonChildEnv = "CORRAL_SUITES_DAEMON"
 
-// maybeRunDaemonChild serves a daemon in a child process of the test (so a
-// test can kill it with SIGKILL): state dir and worker socket come from the
-// environment, the lease TTL is one second.
+// maybeRunDaemonChild serves a daemon (daemon.Run, what `corral daemon`
+// runs) in a child process of the test (so a test can kill it with
+// SIGKILL): state dir, worker socket and, for replicas, store URL, API
+// socket and replica name come from the environment; the lease TTL is one
+// second; the account "admin" is an administrator.
 func maybeRunDaemonChild() {
 	state := os.Getenv(daemonChildEnv)
 	if state == "" {
@@ -35,7 +37,11 @@ func maybeRunDaemonChild() {
 	}
 	err := daemon.Run(context.Background(), daemon.Config{
 		StateDir:     state,
+		Store:        os.Getenv(daemonChildEnv + "_STORE"),
+		Socket:       os.Getenv(daemonChildEnv + "_SOCKET"),
+		Replica:      os.Getenv(daemonChildEnv + "_REPLICA"),
 		WorkerSocket: os.Getenv(daemonChildEnv + "_WORKER"),
+		Admins:       []string{"admin"},
 		Logger:       slog.New(slog.DiscardHandler),
 		Lease:        lease.Options{TTL: time.Second, SweepInterval: 200 * time.Millisecond},
 	})
@@ -43,16 +49,29 @@ func maybeRunDaemonChild() {
 	os.Exit(1)
 }
 
+// daemonProc is a daemon child. Store, socket and replica are optional
+// (empty: the state directory's database and socket, the default holder
+// name).
 type daemonProc struct {
-	state, worker string
-	cmd           *exec.Cmd
-	done          chan struct{}
+	state, worker          string
+	store, socket, replica string
+	cmd                    *exec.Cmd
+	done                   chan struct{}
+}
+
+// sock returns the daemon's API socket.
+func (d *daemonProc) sock() string {
+	if d.socket != "" {
+		return d.socket
+	}
+	return filepath.Join(d.state, "corral.sock")
 }
 
 func (d *daemonProc) start(t *testing.T) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), daemonChildEnv+"="+d.state, daemonChildEnv+"_WORKER="+d.worker)
+	cmd.Env = append(os.Environ(), daemonChildEnv+"="+d.state, daemonChildEnv+"_WORKER="+d.worker,
+		daemonChildEnv+"_STORE="+d.store, daemonChildEnv+"_SOCKET="+d.socket, daemonChildEnv+"_REPLICA="+d.replica)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// From pdeath's permanent thread: the signal follows the forking
@@ -63,7 +82,7 @@ func (d *daemonProc) start(t *testing.T) {
 	go func(c *exec.Cmd, done chan struct{}) { _ = c.Wait(); close(done) }(cmd, d.done)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := net.Dial("unix", filepath.Join(d.state, "corral.sock"))
+		c, err := net.Dial("unix", d.sock())
 		if err == nil {
 			c.Close()
 			return
@@ -210,14 +229,7 @@ func TestDaemonKilled(t *testing.T) {
 func waitProc(t *testing.T, s string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			b, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-			if strings.Contains(strings.ReplaceAll(string(b), "\x00", " "), s) {
-				return
-			}
-		}
+	for len(hostProcesses(s)) == 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("no process %q started", s)
 		}
