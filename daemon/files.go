@@ -26,6 +26,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path"
 	"strconv"
@@ -161,6 +162,20 @@ type fileTarget interface {
 	rename(ctx context.Context, from, to string) error
 	watch(ctx context.Context, p string, recursive bool) (*os.File, []fileInfo, error)
 	addWatch(ctx context.Context, ino *os.File, p string) ([]fileInfo, error)
+}
+
+// pathParam is a request's path parameter, with "." (the workspace, as
+// relative paths are taken from it) and a leading "./" accepted as shells
+// and SDKs write them.
+func pathParam(q url.Values) string {
+	p := q.Get("path")
+	for strings.HasPrefix(p, "./") {
+		p = strings.TrimLeft(p[2:], "/")
+	}
+	if p == "." {
+		return provider.DisplayRoot
+	}
+	return p
 }
 
 // checkFilePath refuses a path parameter that is not a clean guest path:
@@ -360,7 +375,7 @@ func parseMode(s string, mask uint32) (uint32, error) {
 // getFile serves GET …/files: the file's bytes, streamed.
 func (a *App) getFile(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	p := q.Get("path")
+	p := pathParam(q)
 	fc, err := a.beginFiles(r, q.Get("user"), "", p)
 	if err != nil {
 		return err
@@ -467,14 +482,25 @@ type writerOnly struct{ io.Writer }
 // putFile serves PUT …/files: the body replaces the file atomically.
 func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	p := q.Get("path")
+	p := pathParam(q)
 	mode, err := parseMode(q.Get("mode"), 0o777)
 	if err != nil {
 		return err
 	}
+	mkdirs := q.Get("mkdirs")
+	if mkdirs != "" && mkdirs != "0" && mkdirs != "1" {
+		return apiErr(http.StatusBadRequest, KindInvalid, "mkdirs %q is not 0 or 1", mkdirs)
+	}
 	fc, err := a.beginFiles(r, q.Get("user"), "put", p)
 	if err != nil {
 		return err
+	}
+	if dir := path.Dir(p); mkdirs == "1" && dir != "." && dir != "/" {
+		// As mkdir -p, as the request's user: what exists is kept.
+		if _, err := fc.target.mkdir(fc.ctx, dir, 0o755, true); err != nil {
+			fc.end(err)
+			return fileAPIError(err)
+		}
 	}
 	_, err = fc.target.write(fc.ctx, p, mode, ctxReader{fc.ctx, r.Body})
 	if err == nil {
@@ -492,7 +518,7 @@ func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {
 // statFile serves GET …/files/stat.
 func (a *App) statFile(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	p := q.Get("path")
+	p := pathParam(q)
 	fc, err := a.beginFiles(r, q.Get("user"), "", p)
 	if err != nil {
 		return err
@@ -509,7 +535,7 @@ func (a *App) statFile(w http.ResponseWriter, r *http.Request) error {
 // listFiles serves GET …/files/list.
 func (a *App) listFiles(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	p := q.Get("path")
+	p := pathParam(q)
 	if p == "" {
 		p = provider.DisplayRoot
 	}
@@ -620,7 +646,7 @@ func (a *App) renameFile(w http.ResponseWriter, r *http.Request) error {
 // watched directory goes).
 func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
-	p := q.Get("path")
+	p := pathParam(q)
 	if p == "" {
 		p = provider.DisplayRoot
 	}

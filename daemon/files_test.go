@@ -194,6 +194,33 @@ func testFiles(t *testing.T, e *env, tok string, p store.Project, managed bool) 
 	if status, _ = e.do(ctx, "GET", filesPath(id, "stat", qp("path", "many")), tok, nil); status != 404 {
 		t.Errorf("stat after remove: %d", status)
 	}
+	// PUT into a missing directory: 404, or made as mkdir -p with
+	// mkdirs=1; "." and "./x" name the workspace and x in it.
+	if status, _, b = e.rawDo(ctx, "PUT", filesPath(id, "", qp("path", "new/deep/f.txt")), tok, strings.NewReader("x")); status != 404 {
+		t.Errorf("PUT into a missing directory: %d %s", status, b)
+	}
+	if status, _, b = e.rawDo(ctx, "PUT", filesPath(id, "", qp("path", "new/deep/f.txt", "mkdirs", "1")), tok, strings.NewReader("deep")); status != 200 {
+		t.Fatalf("PUT mkdirs=1: %d %s", status, b)
+	}
+	if status, _, b = e.rawDo(ctx, "PUT", filesPath(id, "", qp("path", "./new/deep/g.txt", "mkdirs", "1")), tok, strings.NewReader("g")); status != 200 {
+		t.Fatalf("PUT mkdirs=1 into an existing directory: %d %s", status, b)
+	}
+	if out := e.runOut(t, tok, id, "cat", "new/deep/f.txt", "new/deep/g.txt"); out != "deepg" {
+		t.Errorf("the files PUT made: %q", out)
+	}
+	if status, _, b = e.rawDo(ctx, "PUT", filesPath(id, "", qp("path", "x", "mkdirs", "yes")), tok, strings.NewReader("x")); status != 400 {
+		t.Errorf("mkdirs=yes: %d %s", status, b)
+	}
+	status, b = e.do(ctx, "GET", filesPath(id, "list", qp("path", ".")), tok, nil)
+	if json.Unmarshal(b, &lj); status != 200 || lj.Dir.Path != "/workspace" {
+		t.Errorf("list path=.: %d %s", status, b)
+	}
+	if status, _ = e.do(ctx, "GET", filesPath(id, "list", qp("path", "./new")), tok, nil); status != 200 {
+		t.Errorf("list path=./new: %d", status)
+	}
+	if status, _ = e.do(ctx, "GET", filesPath(id, "list", qp("path", "new/../..")), tok, nil); status != 400 {
+		t.Errorf("a climbing path: %d", status)
+	}
 	// PUT refuses a directory target.
 	e.do(ctx, "POST", filesPath(id, "mkdir", nil), tok, map[string]any{"path": "adir"})
 	if status, _, b = e.rawDo(ctx, "PUT", filesPath(id, "", qp("path", "adir")), tok, strings.NewReader("x")); status != 400 {

@@ -53,12 +53,7 @@ func (m *Machine) serveHTTP(ln net.Listener) error {
 		},
 	}
 	p.ConnectionErrHandler = func(w io.Writer, ctx *goproxy.ProxyCtx, err error) {
-		status, body := http.StatusBadGateway, fmt.Sprintf("corral egress: %v\n", err)
-		if rule, ok := IsDenied(err); ok {
-			status, body = http.StatusForbidden, deniedBody(rule)
-		}
-		fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
-			status, http.StatusText(status), len(body), body)
+		_ = refusal(ctx.Req, err).Write(w)
 	}
 	p.OnRequest().HandleConnectFunc(func(host string, ctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 		name, port, err := splitHostPort(host, 443)
@@ -68,11 +63,7 @@ func (m *Machine) serveHTTP(ln net.Listener) error {
 		}
 		nc, err := m.open(ctx.Req.Context(), "connect", name, port)
 		if err != nil {
-			status, body := http.StatusBadGateway, fmt.Sprintf("corral egress: %v\n", err)
-			if rule, ok := IsDenied(err); ok {
-				status, body = http.StatusForbidden, deniedBody(rule)
-			}
-			ctx.Resp = textResponse(ctx.Req, status, body)
+			ctx.Resp = refusal(ctx.Req, err)
 			return goproxy.RejectConnect, host
 		}
 		used := false
@@ -95,10 +86,7 @@ func (m *Machine) serveHTTP(ln net.Listener) error {
 		}
 		nc, err := m.open(r.Context(), "http", name, port)
 		if err != nil {
-			if rule, ok := IsDenied(err); ok {
-				return r, textResponse(r, http.StatusForbidden, deniedBody(rule))
-			}
-			return r, textResponse(r, http.StatusBadGateway, fmt.Sprintf("corral egress: %v\n", err))
+			return r, refusal(r, err)
 		}
 		return r.WithContext(context.WithValue(r.Context(), dialKey{}, nc)), nil
 	})
@@ -114,6 +102,31 @@ func (m *Machine) serveHTTP(ln net.Listener) error {
 
 func deniedBody(rule string) string {
 	return fmt.Sprintf("corral egress: connection not allowed by the project's network policy (%s)\n", rule)
+}
+
+// refusal is the answer to a request the proxy could not connect: 502 with
+// the error, or, for a denial, 403 with the reason where clients show it —
+// a CONNECT's body is read by few (curl prints only the status code), so
+// the reason is also in the status line's reason phrase (Python's and Go's
+// clients print it: "Tunnel connection failed: 403 Forbidden by corral
+// egress (no allow rule)"), in X-Corral-Egress-Denied (curl -v) and in a
+// Proxy-Status header (RFC 9209).
+func refusal(r *http.Request, err error) *http.Response {
+	rule, ok := IsDenied(err)
+	if !ok {
+		return textResponse(r, http.StatusBadGateway, fmt.Sprintf("corral egress: %v\n", err))
+	}
+	resp := textResponse(r, http.StatusForbidden, deniedBody(rule))
+	rule = strings.Map(func(c rune) rune {
+		if c < 0x20 || c == 0x7f || c == '"' || c == '\\' {
+			return '?'
+		}
+		return c
+	}, rule)
+	resp.Status = fmt.Sprintf("%d Forbidden by corral egress (%s)", http.StatusForbidden, rule)
+	resp.Header.Set("X-Corral-Egress-Denied", rule)
+	resp.Header.Set("Proxy-Status", fmt.Sprintf(`corral-egress; error=destination_ip_prohibited; details="not allowed by the project's network policy (%s)"`, rule))
+	return resp
 }
 
 func textResponse(r *http.Request, status int, body string) *http.Response {

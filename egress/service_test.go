@@ -152,7 +152,7 @@ func (f *fixture) connect(t *testing.T, target string) (string, net.Conn, *bufio
 	}
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(resp.Body)
-		return resp.Status + " " + string(b), c, br
+		return resp.Status + " " + string(b) + "X-Corral-Egress-Denied: " + resp.Header.Get("X-Corral-Egress-Denied"), c, br
 	}
 	return resp.Status, c, br
 }
@@ -239,8 +239,10 @@ func TestDeniedAndNotAllowed(t *testing.T) {
 			t.Errorf("record %+v", r)
 		}
 		status, _, _ := f.connect(t, fmt.Sprintf("%s:%d", tt.host, f.port))
-		if !strings.HasPrefix(status, "403") || !strings.Contains(status, tt.rule) {
-			t.Errorf("CONNECT %s: %s", tt.host, status)
+		// The reason in the status line, where clients print it.
+		if want := "403 Forbidden by corral egress (" + tt.rule + ") "; !strings.HasPrefix(status, want) || !strings.Contains(status, "not allowed") ||
+			!strings.HasSuffix(status, "X-Corral-Egress-Denied: "+tt.rule) {
+			t.Errorf("CONNECT %s: %q, want %q…", tt.host, status, want)
 		}
 		if r := f.rec.next(t); r.Verdict != VerdictDenied || r.Protocol != "connect" {
 			t.Errorf("record %+v", r)

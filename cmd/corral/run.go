@@ -109,7 +109,7 @@ run has used it for --worker-idle (default 1m). Its log is STATE/worker.log.
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.host, "host", "", "run in a host project rooted at `DIR`")
+	fl.StringVar(&f.host, "host", "", "run in a host project rooted at `DIR` (as root: ACL entries on DIR give the project's user access; see README)")
 	fl.StringVar(&f.project, "project", "", "run in a managed project whose workspace is `DIR` (root)")
 	fl.StringVarP(&f.cwd, "cwd", "w", "", "working `PATH` (host path for --host, guest path for --project)")
 	fl.StringVarP(&f.user, "user", "u", "", "run as `NAME|UID` of the machine (--project, --daemon; default: the image's user)")
