@@ -89,6 +89,23 @@ func New(addr, token string) (*Client, error) {
 // HTTPClient returns the http.Client the client uses (for WebSocket dials).
 func (c *Client) HTTPClient() *http.Client { return c.http }
 
+// WithToken returns a client of the same daemon, over the same connections,
+// that authenticates with token (empty sends none).
+func (c *Client) WithToken(token string) *Client {
+	c2 := *c
+	c2.token = token
+	return &c2
+}
+
+// WithHTTPClient returns a client of the same daemon that sends its
+// requests with hc: a transport of the caller's (an in-process one, a
+// proxy's). hc must not be nil.
+func (c *Client) WithHTTPClient(hc *http.Client) *Client {
+	c2 := *c
+	c2.http = hc
+	return &c2
+}
+
 // URL returns the absolute URL of an API path such as "/v1/projects" or
 // "/v1/projects/3/sessions?tty=1". path is taken as already escaped: a
 // query after '?' is kept as the query, and escapes such as %2F (from

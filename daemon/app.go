@@ -32,6 +32,7 @@ import (
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/docs"
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/mcpserver"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -160,6 +161,7 @@ type App struct {
 
 	exporter *export.Exporter
 	procs    *processTable
+	mcp      *mcpserver.Handler
 
 	ctx     context.Context // ended by Close: cancels sessions
 	cancel  context.CancelFunc
@@ -294,6 +296,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		return nil, err
 	}
 	go a.followSessions()
+	a.mcp = mcpserver.NewHandler(a, mcpserver.Options{Logger: log})
 	a.routes = []Route{
 		{"GET", "/healthz", false, a.healthz},
 		{"GET", "/metrics", false, a.serveMetrics},
@@ -338,6 +341,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"POST", "/v1/projects/{id}/files/remove", true, a.removeFile},
 		{"POST", "/v1/projects/{id}/files/rename", true, a.renameFile},
 		{"GET", "/v1/projects/{id}/files/watch", true, a.watchFiles},
+		{"POST", "/v1/mcp", true, a.serveMCP},
 		{"", "/sites/{name}/{path...}", true, a.sites.serve},
 	}
 	for _, rt := range a.routes {
@@ -392,6 +396,7 @@ func (a *App) Close() error {
 		a.wg.Wait()
 		<-a.followDone
 		a.sites.close()
+		_ = a.mcp.Close()
 	})
 	return nil
 }

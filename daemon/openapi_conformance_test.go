@@ -218,6 +218,14 @@ func TestOpenAPIConformance(t *testing.T) {
 	}
 }
 
+// mcpAccept is the Accept header MCP's streamable HTTP transport wants.
+var mcpAccept = map[string]string{"Accept": "application/json, text/event-stream"}
+
+// mcpCall is a JSON-RPC request calling an MCP tool without arguments.
+func mcpCall(tool string) map[string]any {
+	return map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": map[string]any{"name": tool, "arguments": map[string]any{}}}
+}
+
 // errorCaseElsewhere names the operations whose documented errors the
 // shared daemon cannot produce, and the test that does.
 var errorCaseElsewhere = map[string]string{
@@ -721,6 +729,17 @@ func specCases(f *specFixture) []specCase {
 		{op: "signalProcess", as: "alice", method: "POST", path: "/v1/projects/{box}/processes/{proc}/signal", body: map[string]any{"signal": "NOSUCH"}, status: 400, lenient: true},
 		{op: "deleteProcess", as: "alice", method: "DELETE", path: "/v1/projects/{box}/processes/{proc}", status: 200},
 		{op: "deleteProcess", as: "alice", method: "DELETE", path: "/v1/projects/{box}/processes/{proc}", status: 404},
+
+		// MCP: a tool call acts as the token's account (bob sees box).
+		{op: "mcp", as: "bob", method: "POST", path: "/v1/mcp", header: mcpAccept, body: mcpCall("list_projects"), status: 200,
+			check: func(t *testing.T, _ *specFixture, _ *http.Response, b []byte) {
+				if !bytes.Contains(b, []byte(`\"name\":\"box\"`)) || bytes.Contains(b, []byte(`"isError":true`)) {
+					t.Errorf("list_projects as bob: %s", b)
+				}
+			}},
+		{op: "mcp", method: "POST", path: "/v1/mcp", header: mcpAccept, body: mcpCall("list_projects"), status: 401},
+		{op: "mcp", as: "bob", method: "POST", path: "/v1/mcp", header: map[string]string{"Accept": "application/json"}, body: mcpCall("list_projects"), status: 400, lenient: true},
+		{op: "mcp", as: "bob", method: "POST", path: "/v1/mcp", header: map[string]string{"Accept": mcpAccept["Accept"], "Content-Type": "text/plain"}, body: mcpCall("list_projects"), status: 415, badRequest: true},
 	}
 	// The Sites gateway, by path, for every method.
 	for _, m := range anyMethod {

@@ -132,15 +132,22 @@ func TestAdminCommands(t *testing.T) {
 // startDaemon runs the daemon on state until the test ends.
 func startDaemon(t *testing.T, state string) string {
 	t.Helper()
+	return startDaemonConfig(t, daemon.Config{StateDir: state})
+}
+
+// startDaemonConfig runs the daemon of cfg until the test ends and returns
+// its socket. A nil cfg.Logger discards the logs.
+func startDaemonConfig(t *testing.T, cfg daemon.Config) string {
+	t.Helper()
 	ready := make(chan string, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.Ready = func(s string) { ready <- s }
 	go func() {
-		done <- daemon.Run(ctx, daemon.Config{
-			StateDir: state,
-			Logger:   slog.New(slog.DiscardHandler),
-			Ready:    func(s string) { ready <- s },
-		})
+		done <- daemon.Run(ctx, cfg)
 	}()
 	t.Cleanup(func() {
 		cancel()

@@ -36,6 +36,11 @@ func (f *processFlags) client() (*client.Client, error) {
 	if f.daemon == "" || f.projectID <= 0 {
 		return nil, errors.New("give --daemon ADDR --project-id N")
 	}
+	return f.dial()
+}
+
+// dial returns a client of --daemon with --token (default $CORRAL_TOKEN).
+func (f *processFlags) dial() (*client.Client, error) {
 	token := f.token
 	if token == "" {
 		token = os.Getenv("CORRAL_TOKEN")

@@ -30,6 +30,7 @@ func addCommands(root *cobra.Command) {
 	root.AddCommand(newExecCmd())
 	root.AddCommand(newProcessCmd())
 	root.AddCommand(newCpCmd())
+	root.AddCommand(newMCPCmd())
 }
 
 // envTransport is the transport for a run that was given --worker-socket.
