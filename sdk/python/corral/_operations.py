@@ -59,5 +59,8 @@ for _method in ("Get", "Head", "Post", "Put", "Patch", "Delete", "Options"):
     OPERATIONS["siteRedirect" + _method] = None
     OPERATIONS["site" + _method] = None
 
+OPERATIONS["mcp"] = None
+
 #: Why an operation has no method.
 NOT_COVERED: Dict[str, str] = {op: _SITE_TRAFFIC for op, m in OPERATIONS.items() if m is None}
+NOT_COVERED["mcp"] = "the Model Context Protocol endpoint, for MCP clients (agents): point one at /v1/mcp with a bearer token"

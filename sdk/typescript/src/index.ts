@@ -78,3 +78,11 @@ export const OPERATIONS: Readonly<Record<string, string>> = Object.freeze({
   getProcessOutput: "Process.output",
   signalProcess: "Process.signal",
 });
+
+/**
+ * NOT_COVERED says why an operation of the API has no method: it serves
+ * another kind of client.
+ */
+export const NOT_COVERED: Readonly<Record<string, string>> = Object.freeze({
+  mcp: "the Model Context Protocol endpoint, for MCP clients (agents): point one at /v1/mcp with a bearer token",
+});

@@ -44,7 +44,8 @@ function errorKinds() {
 test("every operation of docs/openapi.json has a method", () => {
   const ids = operations();
   assert.ok(ids.length > 40, `only ${ids.length} operations: the document was not read`);
-  const missing = ids.filter((id) => !(id in sdk.OPERATIONS));
+  const missing = ids.filter((id) => !(id in sdk.OPERATIONS) && !(id in sdk.NOT_COVERED));
+  for (const id of Object.keys(sdk.NOT_COVERED)) assert.ok(ids.includes(id), `NOT_COVERED names ${id}, which the document does not have`);
   assert.deepEqual(missing, [], "operations the SDK does not cover: add a method and name it in OPERATIONS");
   for (const [id, where] of Object.entries(sdk.OPERATIONS)) {
     assert.ok(ids.includes(id), `OPERATIONS names ${id}, which the document does not have`);
