@@ -52,11 +52,11 @@ var ErrOutsideRoots = errors.New("provider: working directory outside the projec
 //     with its main process. At the project's first confined preparation
 //     (per process), every root is made writable for that user with POSIX
 //     ACLs (a named-user entry in the access and default ACLs of the root
-//     and of what lies beneath it: see grantUser), rather than by chown,
+//     and of what lies beneath it: see posixacl.GrantUser), rather than by chown,
 //     because host roots are existing directories whose owners must keep
 //     them; and each directory above a root that the user cannot search
 //     (a 0700 home) gets an ACL entry that lets that user, and nobody
-//     else, search it (x only: see grantSearch; Landlock still decides
+//     else, search it (x only: see posixacl.GrantSearch; Landlock still decides
 //     what it may read). A project whose id does not fit the block is
 //     refused.
 //   - when corral is not root, keeps corral's user: Landlock and

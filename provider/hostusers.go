@@ -10,6 +10,7 @@ import (
 
 	"github.com/corral-sandbox/corral/confine"
 	"github.com/corral-sandbox/corral/internal/idrange"
+	"github.com/corral-sandbox/corral/internal/posixacl"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,10 +82,10 @@ func (h *hostUsers) user(id int64) (*confine.User, error) {
 	return &confine.User{UID: uid, GID: uid}, nil
 }
 
-// prepareRoot makes root writable for u (grantUser, once per process and
-// root) and reachable: if u cannot search every directory above it, each
-// one that others cannot search gets an ACL entry letting u search it
-// (grantSearch).
+// prepareRoot makes root writable for u (posixacl.GrantUser, once per
+// process and root) and reachable: if u cannot search every directory
+// above it, each one that others cannot search gets an ACL entry letting u
+// search it (posixacl.GrantSearch).
 func (h *hostUsers) prepareRoot(root string, u *confine.User) error {
 	k := grantKey{root, u.UID}
 	h.mu.Lock()
@@ -100,7 +101,7 @@ func (h *hostUsers) prepareRoot(root string, u *confine.User) error {
 	}
 	l.Lock()
 	defer l.Unlock()
-	if err := grantUser(root, u.UID); err != nil {
+	if err := posixacl.GrantUser(root, u.UID, nil); err != nil {
 		if errors.Is(err, unix.EOPNOTSUPP) {
 			return fmt.Errorf("provider: %s: its file system does not support POSIX ACLs, so it cannot be made writable for the project's user %d: %w", root, u.UID, err)
 		}
@@ -109,7 +110,7 @@ func (h *hostUsers) prepareRoot(root string, u *confine.User) error {
 	if err := canReach(root, u); err != nil {
 		// Let it search the directories above the root, and only those.
 		for dir := filepath.Dir(root); ; dir = filepath.Dir(dir) {
-			if gerr := grantSearch(dir, u.UID); gerr != nil {
+			if gerr := posixacl.GrantSearch(dir, u.UID); gerr != nil {
 				return fmt.Errorf("%w (%w)", err, gerr)
 			}
 			if dir == "/" {

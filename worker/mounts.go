@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/image"
+	"github.com/corral-sandbox/corral/internal/posixacl"
 )
 
 // workspaceMounts prepares the workspace and the home as detached mounts
@@ -26,7 +27,9 @@ import (
 // bound as is, so that what the guest creates belongs to the guest user's
 // host id (root's files show as the overflow id inside and are writable
 // only through their "other" bits) — unless Config.OwnWorkspaces, in which
-// case the worker first gives the tree to the guest user's host id. The
+// case the worker first gives the tree to the guest user's host id, or
+// Config.GrantWorkspaces, in which case ACL entries let the guest user and
+// guest root write it, its .git excepted. The
 // home belongs to the guest user's host id and is bound as is.
 func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.File, err error) {
 	defer func() {
@@ -41,6 +44,14 @@ func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.Fi
 			return nil, fmt.Errorf("workspace: %w", err)
 		}
 		uid, gid = guestUID, guestGID
+	}
+	if uid == 0 && m.w.cfg.GrantWorkspaces {
+		for _, id := range []uint32{guestUID, m.hostUID} {
+			if err := posixacl.GrantUser(m.workspace, id, isGitDir); err != nil {
+				m.w.log.Warn("cannot grant the root-owned workspace to the machine, binding it as is", "project", m.id, "workspace", m.workspace, "err", err)
+				break
+			}
+		}
 	}
 	var userns *os.File
 	if uid != 0 && uid != guestUID {
@@ -78,6 +89,10 @@ func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.Fi
 	mounts = append(mounts, hm)
 	return mounts, nil
 }
+
+// isGitDir reports whether p is a repository's .git (a directory, or the
+// file of a submodule or worktree): GrantWorkspaces leaves them out.
+func isGitDir(p string) bool { return filepath.Base(p) == ".git" }
 
 // workspaceMap is the uid (or gid) map of an idmapped workspace whose
 // owner is the host id owner: owner shows as guest (the guest user's host

@@ -119,6 +119,16 @@ type Config struct {
 	// id of its own. For workspaces the worker's operator manages (the
 	// daemon's projects root); not for a user's checkout.
 	OwnWorkspaces bool
+	// GrantWorkspaces, for a root-owned workspace the worker does not own
+	// (a checkout on a root machine), gives the machine's guest user and
+	// guest root read and write access with POSIX ACL entries (the access
+	// and default ACLs of the tree, package posixacl) before the machine's
+	// first start, instead of binding it read-only in effect: owners and
+	// modes stay, what the guest creates is its own unprivileged host
+	// ids', and every ".git" is left out, so that the guest cannot write
+	// the configuration or hooks host root's git would run. corral run's
+	// shared worker sets it.
+	GrantWorkspaces bool
 	// IdleGrace is how long a machine without sessions stays up. Zero
 	// means DefaultIdleGrace.
 	IdleGrace time.Duration

@@ -127,7 +127,7 @@ func startSharedWorker(ctx context.Context, state, sock string, idle time.Durati
 		Exe: self,
 		Args: []string{"worker", "--socket", sock, "--projects-root", "/",
 			"--state", filepath.Join(state, "worker"), "--images", filepath.Join(state, "images"),
-			"--exit-idle", idle.String(), "--idle-lock", filepath.Join(state, sharedUsersLock)},
+			"--grant-workspaces", "--exit-idle", idle.String(), "--idle-lock", filepath.Join(state, sharedUsersLock)},
 		Socket: sock,
 		Stdout: logf,
 		Stderr: logf,

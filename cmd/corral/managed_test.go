@@ -94,9 +94,9 @@ func TestRunProjectPrivateWorker(t *testing.T) {
 }
 
 // TestRunProjectGitStatus: the README's `corral run --project . -- git
-// status` works on a fresh machine whether the checkout belongs to root (it
-// is then bound as is: the guest writes nothing as root) or to an ordinary
-// user; an unknown --image is a start error naming it.
+// status` works on a fresh machine whether the checkout belongs to root
+// (the guest then writes it through ACL entries for its own ids: nothing as
+// root) or to an ordinary user; an unknown --image is refused naming it.
 func TestRunProjectGitStatus(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("managed projects need root (CI runs as root)")
@@ -133,8 +133,8 @@ func TestRunProjectGitStatus(t *testing.T) {
 		var st syscall.Stat_t
 		err := syscall.Lstat(filepath.Join(ws, "guest"), &st)
 		switch {
-		case owner == 0 && err == nil:
-			t.Errorf("the guest wrote into a root-owned checkout (file owned by %d)", st.Uid)
+		case owner == 0 && (err != nil || st.Uid == 0):
+			t.Errorf("the guest's file in a root-owned checkout: %v, uid %d (want one of its machine's ids)", err, st.Uid)
 		case owner != 0 && (err != nil || st.Uid != uint32(owner)):
 			t.Errorf("owner %d: the guest's file: %v, uid %d", owner, err, st.Uid)
 		}
@@ -187,79 +187,89 @@ func TestRunProjectFsmonitorAttack(t *testing.T) {
 	}
 }
 
-// TestWorkspaceWritableByRoot: on a checkout of an ordinary user, the
-// default user and guest root both write the workspace — `corral run
-// --user root` and `corral cp -u root` (before: EOVERFLOW, "Value too large
-// for defined data type", for root) — and nothing they write is owned on
-// the host by root or set-id: the default user's files are the checkout
-// owner's, root's belong to its machine's unprivileged id.
-func TestWorkspaceWritableByRoot(t *testing.T) {
+// TestWorkspaceWritable: the default user and guest root both write the
+// workspace — `corral run --user root` and `corral cp -u root` (before:
+// EOVERFLOW, "Value too large for defined data type", for root) — on a
+// checkout of an ordinary user and on a root-owned one (before: EACCES for
+// the default user), and nothing they write is owned on the host by root
+// or set-id: on the user's checkout the default user's files are that
+// user's, root's its machine's unprivileged id's; on root's, both are
+// their machine ids', and the checkout's .git stays out of their reach.
+func TestWorkspaceWritable(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("managed projects need root (CI runs as root)")
 	}
 	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
-	state := t.TempDir()
-	ws := filepath.Join(t.TempDir(), "proj")
-	if err := os.MkdirAll(filepath.Join(ws, "sub"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(ws, "sub", "old"), []byte("old"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	const owner = 4242
-	if out, err := exec.Command("chown", "-R", "4242:4242", ws).CombinedOutput(); err != nil {
-		t.Fatalf("chown: %v %s", err, out)
-	}
-	script := `set -e; echo $(id -u) > mine-$(id -u); mkdir -p dir-$(id -u)/x; echo more >> sub/old; ` +
-		`chmod u+s mine-$(id -u) 2>/dev/null && echo setuid-allowed; cat sub/old`
-	for _, user := range []string{"", "root"} {
-		args := []string{"--project", ws}
-		if user != "" {
-			args = append(args, "--user", user)
+	for _, owner := range []uint32{4242, 0} {
+		state := t.TempDir()
+		ws := filepath.Join(t.TempDir(), "proj")
+		if err := os.MkdirAll(filepath.Join(ws, "sub"), 0o755); err != nil {
+			t.Fatal(err)
 		}
-		out, errs, status := corral(t, state, append(args, "--", "sh", "-c", script)...)
-		if status != 0 || strings.Contains(out, "setuid-allowed") || !strings.HasPrefix(out, "old") {
-			t.Fatalf("user %q: %d %q %q", user, status, out, errs)
+		if err := os.WriteFile(filepath.Join(ws, "sub", "old"), []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
 		}
-	}
-	src := filepath.Join(t.TempDir(), "src")
-	if err := os.WriteFile(src, []byte("copied"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, errs, status := cli("cp", "--state", state, "--project", ws, "-u", "root", src, ":copied-by-root"); status != 0 {
-		t.Fatalf("cp -u root into the workspace: %d %s", status, errs)
-	}
-	var rootFiles int
-	err := filepath.WalkDir(ws, func(p string, _ os.DirEntry, err error) error {
+		if err := os.MkdirAll(filepath.Join(ws, ".git"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if owner != 0 {
+			if out, err := exec.Command("chown", "-R", "4242:4242", ws).CombinedOutput(); err != nil {
+				t.Fatalf("chown: %v %s", err, out)
+			}
+		}
+		script := `set -e; echo $(id -u) > mine-$(id -u); mkdir -p dir-$(id -u)/x; echo more >> sub/old; ` +
+			`chmod u+s mine-$(id -u) 2>/dev/null && echo setuid-allowed; touch .git/hook-$(id -u) 2>/dev/null && echo git-writable; cat sub/old`
+		for _, user := range []string{"", "root"} {
+			args := []string{"--project", ws}
+			if user != "" {
+				args = append(args, "--user", user)
+			}
+			out, errs, status := corral(t, state, append(args, "--", "sh", "-c", script)...)
+			if status != 0 || strings.Contains(out, "setuid-allowed") || !strings.Contains(out, "oldmore\n") {
+				t.Fatalf("owner %d, user %q: %d %q %q", owner, user, status, out, errs)
+			}
+			if owner == 0 && strings.Contains(out, "git-writable") {
+				t.Errorf("owner 0, user %q: the guest wrote the root-owned checkout's .git", user)
+			}
+		}
+		src := filepath.Join(t.TempDir(), "src")
+		if err := os.WriteFile(src, []byte("copied"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, errs, status := cli("cp", "--state", state, "--project", ws, "-u", "root", src, ":copied-by-root"); status != 0 {
+			t.Fatalf("owner %d: cp -u root into the workspace: %d %s", owner, status, errs)
+		}
+		var made int
+		err := filepath.WalkDir(ws, func(p string, _ os.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			var st syscall.Stat_t
+			if err := syscall.Lstat(p, &st); err != nil {
+				return err
+			}
+			if st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
+				t.Errorf("%s: mode %o on the host", p, st.Mode)
+			}
+			rel, _ := filepath.Rel(ws, p)
+			if !strings.HasPrefix(rel, "mine-") && !strings.HasPrefix(rel, "dir-") && rel != "copied-by-root" {
+				return nil // the host's
+			}
+			made++
+			if st.Uid == 0 || st.Gid == 0 {
+				t.Errorf("owner %d: %s, which the guest made, is owned by %d:%d on the host", owner, rel, st.Uid, st.Gid)
+			}
+			if byUser := strings.HasSuffix(rel, "1000") || strings.Contains(rel, "1000/"); byUser != (st.Uid == owner) && owner != 0 {
+				t.Errorf("owner %d: %s owned by %d", owner, rel, st.Uid)
+			}
+			return nil
+		})
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
-		var st syscall.Stat_t
-		if err := syscall.Lstat(p, &st); err != nil {
-			return err
+		if made != 7 {
+			t.Errorf("owner %d: the guest's files: %d of 7", owner, made)
 		}
-		if st.Uid == 0 || st.Gid == 0 || st.Mode&(syscall.S_ISUID|syscall.S_ISGID) != 0 {
-			t.Errorf("%s: uid %d gid %d mode %o on the host", p, st.Uid, st.Gid, st.Mode)
-		}
-		base := filepath.Base(p)
-		switch {
-		case base == "mine-1000" || base == "dir-1000":
-			if st.Uid != owner {
-				t.Errorf("%s: the default user's file is owned by %d, want the checkout's owner %d", p, st.Uid, owner)
-			}
-		case base == "mine-0" || base == "dir-0" || base == "copied-by-root":
-			rootFiles++
-			if st.Uid == owner {
-				t.Errorf("%s: guest root's file is owned by the checkout's owner", p)
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rootFiles != 3 {
-		t.Errorf("guest root's files: %d of 3", rootFiles)
 	}
 }
 

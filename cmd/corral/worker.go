@@ -22,7 +22,7 @@ func newWorkerCmd() *cobra.Command {
 		socket, projectsRoot, state string
 		cgroupParent                string
 		images                      string
-		ownWorkspaces               bool
+		ownWorkspaces, grant        bool
 		idle, exitIdle              time.Duration
 		idleLock                    string
 		memory, tmp, disk           sizeFlag
@@ -58,17 +58,18 @@ and from the uid given by --allow-uid (the daemon's); others get a
 			}
 			log := slog.New(slog.NewJSONHandler(cmd.ErrOrStderr(), nil))
 			w, err := worker.New(worker.Config{
-				ProjectsRoot:  projectsRoot,
-				StateDir:      state,
-				ImagesDir:     images,
-				OwnWorkspaces: ownWorkspaces,
-				CgroupParent:  cgroupParent,
-				IdleGrace:     idle,
-				MaxSessions:   maxSessions,
-				Limits:        worker.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n},
-				Logger:        log,
-				Name:          "corral-worker/" + version,
-				AllowUID:      allowUID,
+				ProjectsRoot:    projectsRoot,
+				StateDir:        state,
+				ImagesDir:       images,
+				OwnWorkspaces:   ownWorkspaces,
+				GrantWorkspaces: grant,
+				CgroupParent:    cgroupParent,
+				IdleGrace:       idle,
+				MaxSessions:     maxSessions,
+				Limits:          worker.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n},
+				Logger:          log,
+				Name:            "corral-worker/" + version,
+				AllowUID:        allowUID,
 			})
 			if err != nil {
 				return err
@@ -115,6 +116,7 @@ and from the uid given by --allow-uid (the daemon's); others get a
 	fl.StringVar(&state, "state", "", "worker state `DIR` (homes, upper layers); default /var/lib/corral/worker")
 	fl.StringVar(&images, "images", "", "image store `DIR` (default STATE/images)")
 	fl.BoolVar(&ownWorkspaces, "own-workspaces", false, "give root-owned workspaces to their projects' unprivileged ids before the first start (for managed workspaces, not user checkouts)")
+	fl.BoolVar(&grant, "grant-workspaces", false, "let machines write root-owned workspaces through POSIX ACL entries for their guest ids, every .git excepted (for user checkouts on a root machine; corral run's shared worker)")
 	fl.StringVar(&cgroupParent, "cgroup-parent", "", "machine cgroup parent `PATH`, relative to the worker's own cgroup (v1, delegated v2) or the v2 root; default corral-<hash of the state directory>")
 	fl.DurationVar(&idle, "idle-grace", 0, "stop a machine after this long without sessions (default 1m)")
 	fl.DurationVar(&exitIdle, "exit-idle", 0, "exit once the lock file --idle-lock has been free (no corral run holds it shared) for this long (the shared worker of corral run --project)")

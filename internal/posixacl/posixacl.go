@@ -1,6 +1,11 @@
-package provider
+// Package posixacl grants a user access to a directory tree with POSIX
+// ACLs, leaving owners, modes and every other entry as they are: how
+// corral lets a project's unprivileged user write a directory it does not
+// own (a host project's root, a root-owned checkout bound into a machine).
+package posixacl
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -65,13 +70,7 @@ func (a acl) encode() []byte {
 		if x.tag != y.tag {
 			return int(x.tag) - int(y.tag)
 		}
-		switch {
-		case x.id < y.id:
-			return -1
-		case x.id > y.id:
-			return 1
-		}
-		return 0
+		return cmp.Compare(x.id, y.id)
 	})
 	b := binary.LittleEndian.AppendUint32(nil, aclVersion)
 	for _, e := range a {
@@ -167,7 +166,7 @@ func readACL(path, kind string, mode uint32) (acl, error) {
 	}
 }
 
-// grantUser gives uid read and write access (and search, for directories
+// GrantUser gives uid read and write access (and search, for directories
 // and executables) to root and everything beneath it that is not a
 // symlink or on another file system, by adding a named-user entry to each
 // one's access ACL, and to each directory's default ACL, so that what is
@@ -184,7 +183,11 @@ func readACL(path, kind string, mode uint32) (acl, error) {
 // it runs before the project's first confined command (uid has no process
 // yet) and again only if root's own entry was removed. An fd-based walk
 // (openat with O_NOFOLLOW all the way) would close that window for good.
-func grantUser(root string, uid uint32) error {
+//
+// skip, if not nil, is asked about every path beneath root (not root
+// itself): a directory it reports is left alone with everything beneath
+// it, as is a file.
+func GrantUser(root string, uid uint32, skip func(path string) bool) error {
 	var st unix.Stat_t
 	if err := unix.Lstat(root, &st); err != nil {
 		return &os.PathError{Op: "lstat", Path: root, Err: err}
@@ -200,6 +203,12 @@ func grantUser(root string, uid uint32) error {
 			return err
 		}
 		if path == root {
+			return nil
+		}
+		if skip != nil && skip(path) {
+			if d.IsDir() {
+				return fs.SkipDir
+			}
 			return nil
 		}
 		if d.Type()&fs.ModeSymlink != 0 || !d.IsDir() && !d.Type().IsRegular() {
@@ -224,14 +233,14 @@ func grantUser(root string, uid uint32) error {
 	return rootErr
 }
 
-// grantSearch lets uid search dir (x only: it can reach what is beneath by
+// GrantSearch lets uid search dir (x only: it can reach what is beneath by
 // name, not list it), with an entry in dir's access ACL, unless others may
 // search it already. It is how a project's user reaches a root beneath a
 // directory such as a 0700 home: the narrowest grant that does it (chmod
 // o+x would open the directory to every user). What uid may then read or
 // write beneath dir is still what Landlock allows (the roots and the
 // system directories only).
-func grantSearch(dir string, uid uint32) error {
+func GrantSearch(dir string, uid uint32) error {
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		return &os.PathError{Op: "stat", Path: dir, Err: err}
@@ -288,4 +297,19 @@ func grantOne(path string, mode uint32, uid uint32) error {
 		return fmt.Errorf("set the default ACL of %s: %w", path, err)
 	}
 	return nil
+}
+
+// Grants reports whether path's access ACL (or, without one, its mode)
+// gives uid at least perm (r 4, w 2, x 1) through a named-user entry and
+// the mask.
+func Grants(path string, uid uint32, perm uint16) (bool, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(path, &st); err != nil {
+		return false, &os.PathError{Op: "lstat", Path: path, Err: err}
+	}
+	a, err := readACL(path, xattrACLAccess, st.Mode)
+	if err != nil {
+		return false, err
+	}
+	return a.grants(uid, perm), nil
 }
