@@ -19,17 +19,20 @@ import json
 import os
 from dataclasses import dataclass
 from typing import (Any, AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Dict, Iterable, List, Mapping,
-                    Optional, Sequence, Tuple, Union)
+                    Optional, Sequence, Tuple, Generic, TypeVar, Union)
 
 import httpx
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK
 from websockets.legacy.client import WebSocketClientProtocol
 
-from ._conn import DEFAULT_DEADLINE, LINK_ERRORS, Connection, Deadline, link_error, query, ws_closed_error
+from ._conn import DEFAULT_DEADLINE, LINK_ERRORS, Connection, Deadline, keepalive, link_error, query, ws_closed_error
 from ._errors import CorralError, Invalid, Transport, from_body
 from ._types import (Chunk, CommandResult, EgressPolicy, ExitStatus, FileEvent, FileInfo, FileList, Limits, Machine,
                      Member, OutputEnd, ProcessInfo, ProjectInfo)
 from ._utf8 import Splitter
+
+_T = TypeVar("_T")
+_C = TypeVar("_C")
 
 #: The timeout of a command run without one (the daemon's default).
 DEFAULT_COMMAND_TIMEOUT = 10.0
@@ -53,7 +56,40 @@ class OutputLimit:
         return {k: v for k, v in d.items() if v}
 
 
-class AsyncCorral:
+class _Closing:
+    """``async with`` closes it (``aclose``)."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self: _C) -> _C:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class _Generated(_Closing, Generic[_T]):
+    """An asynchronous iterator over what its generator ``_items`` yields."""
+
+    def __init__(self) -> None:
+        self._gen = self._items()
+
+    def _items(self) -> AsyncGenerator[_T, None]:
+        raise NotImplementedError
+
+    def __aiter__(self: _C) -> _C:
+        return self
+
+    async def __anext__(self) -> _T:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        """Stops it early; what it was reading is released."""
+        await self._gen.aclose()
+
+
+class AsyncCorral(_Closing):
     """A client of one corral daemon.
 
     ``url`` is ``http(s)://host:port`` or ``unix:///path/to/corral.sock``
@@ -68,12 +104,6 @@ class AsyncCorral:
         self._conn = Connection(url if url else os.environ.get("CORRAL_URL", ""),
                                 token if token else os.environ.get("CORRAL_TOKEN", ""), deadline)
         self.projects = AsyncProjects(self._conn)
-
-    async def __aenter__(self) -> "AsyncCorral":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Closes its connections. Idempotent."""
@@ -262,15 +292,27 @@ class AsyncProject:
                       lease_kind: Optional[str] = None, tty: Optional[Tuple[int, int]] = None) -> "AsyncSession":
         """Starts ``argv`` as an interactive session (stdin, output as it is
         written, no timeout): it runs until it exits or the session is
-        closed. ``tty=(rows, cols)`` runs it on a terminal (see terminal)."""
+        closed. ``tty=(rows, cols)`` runs it on a terminal (see terminal).
+        It returns once the command started (or failed to: ``wait`` raises
+        why), within the deadline."""
         if isinstance(argv, str) or not argv:
             raise Invalid("argv must be a non-empty list of strings")
         params = [("argv", a) for a in argv] + query(("cwd", cwd), ("leaseKind", lease_kind), ("user", user))
         params += [("env", f"{k}={v}") for k, v in (env or {}).items()]
         if tty is not None:
             params += query(("tty", True), ("rows", tty[0]), ("cols", tty[1]))
-        ws = await self._conn.websocket(self._path + "/sessions", params)
-        return AsyncSession(ws, tty is not None)
+        # The daemon reads the socket (and answers pings) once the command
+        # started: until its "started" the deadline bounds the wait, then
+        # pings do.
+        ws = await self._conn.websocket(self._path + "/sessions", params, keepalive=False)
+        s = AsyncSession(ws, tty is not None)
+        try:
+            await Deadline(self._conn.deadline).within(s._started.wait())
+        except BaseException:
+            await s.aclose()
+            raise
+        s._keepalive = asyncio.ensure_future(keepalive(ws, self._conn.deadline))
+        return s
 
     async def terminal(self, argv: Sequence[str] = ("sh",), *, rows: int = 24, cols: int = 80,
                        cwd: Optional[str] = None, env: Optional[Mapping[str, str]] = None,
@@ -334,7 +376,7 @@ def _seg(s: str) -> str:
     return quote(s, safe="")
 
 
-class AsyncCommandStream:
+class AsyncCommandStream(_Generated[Chunk]):
     """A running command's output, chunk by chunk (see AsyncProject.stream).
 
     Chunks never end inside a UTF-8 character. After the last chunk,
@@ -345,19 +387,13 @@ class AsyncCommandStream:
     def __init__(self, conn: Connection, path: str, body: Dict[str, Any], deadline: float) -> None:
         self._conn, self._path, self._body, self._deadline = conn, path, body, deadline
         self.result: Optional[CommandResult] = None
-        self._gen = self._chunks()
-
-    def __aiter__(self) -> "AsyncCommandStream":
-        return self
-
-    async def __anext__(self) -> Chunk:
-        return await self._gen.__anext__()
+        super().__init__()
 
     async def aclose(self) -> None:
         """Stops reading; a command still running is cancelled by the daemon."""
-        await self._gen.aclose()
+        await super().aclose()
 
-    async def _chunks(self) -> AsyncGenerator[Chunk, None]:
+    async def _items(self) -> AsyncGenerator[Chunk, None]:
         dl = Deadline(self._deadline)
         resp = await self._conn.open_stream("POST", self._path, deadline=dl, json_body=self._body,
                                             headers={"Accept": "application/x-ndjson"}, base64_output=True)
@@ -391,7 +427,7 @@ class AsyncCommandStream:
 _EOF = object()
 
 
-class AsyncSession:
+class AsyncSession(_Closing):
     """An interactive session (a command with stdin) or a terminal.
 
     Iterate it for its output (Chunks; a terminal's all come as stdout),
@@ -412,6 +448,8 @@ class AsyncSession:
         self._queue: "asyncio.Queue[Any]" = asyncio.Queue(256)
         self._ended = False
         self._unread: Optional[Chunk] = None  # what expect read past its pattern
+        self._started = asyncio.Event()  # started, or ended before
+        self._keepalive: "Optional[asyncio.Future[None]]" = None
         self._reader = asyncio.ensure_future(self._read())
 
     async def _read(self) -> None:
@@ -428,6 +466,7 @@ class AsyncSession:
                 m = json.loads(msg)
                 if m.get("type") == "started":
                     self.lease_id = m.get("leaseId")
+                    self._started.set()
                 elif m.get("type") == "exit":
                     self.exit = ExitStatus.from_json(m)
                 elif m.get("type") == "error":
@@ -438,6 +477,9 @@ class AsyncSession:
         except LINK_ERRORS as e:
             self._error = link_error(e)
         finally:
+            self._started.set()
+            if self._keepalive is not None:
+                self._keepalive.cancel()
             for k, s in split.items():
                 rest = s.flush()
                 if rest:
@@ -524,20 +566,17 @@ class AsyncSession:
     async def aclose(self) -> None:
         """Closes the session; a command still running is cancelled. Idempotent."""
         await self._ws.close()
+        if self._keepalive is not None:
+            self._keepalive.cancel()
         self._reader.cancel()
         try:
             await self._reader
         except BaseException:
             pass
 
-    async def __aenter__(self) -> "AsyncSession":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
 
 
-class AsyncMessages:
+class AsyncMessages(_Closing):
     """A WebSocket of JSON messages (a language server's JSON-RPC)."""
 
     def __init__(self, ws: WebSocketClientProtocol) -> None:
@@ -564,11 +603,6 @@ class AsyncMessages:
     async def aclose(self) -> None:
         await self._ws.close()
 
-    async def __aenter__(self) -> "AsyncMessages":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
 
 
 class AsyncProcesses:
@@ -661,7 +695,7 @@ class AsyncProcess:
         return self.info
 
 
-class AsyncOutput:
+class AsyncOutput(_Generated[Chunk]):
     """A background process's output (see AsyncProcess.output)."""
 
     def __init__(self, conn: Connection, path: str, since: int, follow: bool) -> None:
@@ -670,16 +704,7 @@ class AsyncOutput:
         #: Bytes of output between ``since`` and the end that the daemon no
         #: longer had (they fell off its ring): never lost silently.
         self.skipped = 0
-        self._gen = self._chunks()
-
-    def __aiter__(self) -> "AsyncOutput":
-        return self
-
-    async def __anext__(self) -> Chunk:
-        return await self._gen.__anext__()
-
-    async def aclose(self) -> None:
-        await self._gen.aclose()
+        super().__init__()
 
     async def _lines(self) -> AsyncGenerator[Dict[str, Any], None]:
         params = query(("from", self._since), ("follow", self._follow), ("encoding", "base64"))
@@ -704,7 +729,7 @@ class AsyncOutput:
         finally:
             await resp.aclose()
 
-    async def _chunks(self) -> AsyncGenerator[Chunk, None]:
+    async def _items(self) -> AsyncGenerator[Chunk, None]:
         lines = self._lines()
         expected = self._since
         try:
@@ -801,7 +826,7 @@ class AsyncFiles:
         return AsyncWatch(ws)
 
 
-class AsyncFileReader:
+class AsyncFileReader(_Closing):
     """A file being read: ``size`` and ``mode`` once open, its bytes by iteration."""
 
     def __init__(self, conn: Connection, path: str, params: Any) -> None:
@@ -839,11 +864,8 @@ class AsyncFileReader:
     async def __aenter__(self) -> "AsyncFileReader":
         return await self.open()
 
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()
 
-
-class AsyncWatch:
+class AsyncWatch(_Closing):
     """FileEvents as they happen (see AsyncFiles.watch); ``aclose`` ends the watch."""
 
     def __init__(self, ws: WebSocketClientProtocol) -> None:
@@ -865,9 +887,3 @@ class AsyncWatch:
 
     async def aclose(self) -> None:
         await self._ws.close()
-
-    async def __aenter__(self) -> "AsyncWatch":
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        await self.aclose()

@@ -252,16 +252,18 @@ class Connection:
                 except ValueError as e:
                     raise Transport(f"the daemon sent a line that is not JSON: {line[:200]!r}") from e
 
-    async def websocket(self, path: str, params: Params = None) -> WebSocketClientProtocol:
+    async def websocket(self, path: str, params: Params = None, *, keepalive: bool = True) -> WebSocketClientProtocol:
         """Opens a WebSocket within the deadline. A ping every quarter of the
         deadline finds a daemon that stopped answering: once a pong is a
         quarter late, the socket fails (Transport) after a quarter more for
-        its closing, so within the deadline."""
+        its closing, so within the deadline. Without ``keepalive`` the
+        caller pings (see keepalive) once the daemon reads the socket."""
         query = urlencode(params, doseq=True) if params else ""
         uri = self._ws_base + path + ("?" + query if query else "")
         kw: Dict[str, Any] = dict(
             extra_headers=self._headers, create_protocol=_Protocol, open_timeout=self.deadline,
-            ping_interval=self.deadline / 4, ping_timeout=self.deadline / 4, close_timeout=self.deadline / 4,
+            ping_interval=self.deadline / 4 if keepalive else None, ping_timeout=self.deadline / 4,
+            close_timeout=self.deadline / 4,
             max_size=32 << 20, compression=None,
         )
         if self._unix:
@@ -278,6 +280,21 @@ class Connection:
             raise link_error(e, self.deadline) from e
         self._sockets.add(ws)
         return ws
+
+
+async def keepalive(ws: WebSocketClientProtocol, deadline: float) -> None:
+    """Pings ``ws`` as Connection.websocket's keepalive does, from now on
+    (until the socket closes or the task is cancelled)."""
+    while True:
+        await asyncio.sleep(deadline / 4)
+        try:
+            pong = await ws.ping()
+            await asyncio.wait_for(pong, deadline / 4)
+        except asyncio.TimeoutError:
+            ws.fail_connection(1011, "keepalive ping timeout")
+            return
+        except ConnectionClosed:
+            return
 
 
 def _chunks(data: Any) -> Iterator[bytes]:

@@ -70,9 +70,10 @@ def test_daemon_that_stopped_answering_fails_calls_within_the_deadline(own_daemo
         out = proc.output(follow=True)
         assert next(out).data == b"up\n"
         watch = iter(p.files.watch())
+        term = p.terminal(["sh"])
         os.kill(own_daemon.pid, signal.SIGSTOP)
         try:
-            for call in (c.whoami, lambda: next(out), lambda: next(watch)):
+            for call in (c.whoami, lambda: next(out), lambda: next(watch), term.wait):
                 t0 = time.monotonic()
                 with pytest.raises(corral.Transport):
                     call()
@@ -105,7 +106,10 @@ def test_daemon_shutting_down_aborts_sessions(own_daemon: Daemon) -> None:
     with corral.Corral(own_daemon.url, own_daemon.token, deadline=DEADLINE) as c:
         p = c.projects.create("shutdown")
         with p.session(["sh", "-c", "echo in; sleep 600"]) as s:
-            assert s.read().data == b"in\n"
+            first = s.read()
+            if first is None:
+                s.wait()  # raises why it ended
+            assert first is not None and first.data == b"in\n"
             os.kill(own_daemon.pid, signal.SIGTERM)
             with pytest.raises(corral.Abort) as e:
                 s.wait()
