@@ -2,15 +2,16 @@ package api
 
 import "time"
 
-// Health is the answer of GET /healthz.
+// Health is the answer of GET /healthz (its fields in the order the
+// daemon has always written them).
 type Health struct {
+	// Sandbox is "ok", or why the sandbox domain is unavailable.
+	Sandbox string `json:"sandbox"`
 	// Status is "ok".
 	Status string `json:"status"`
 	// Store is "ok": the daemon read its store (an unreadable store
 	// answers 503 "unavailable" with the store's error instead).
 	Store string `json:"store"`
-	// Sandbox is "ok", or why the sandbox domain is unavailable.
-	Sandbox string `json:"sandbox"`
 	// Worker is the worker's state ("connected", "none", …).
 	Worker string `json:"worker"`
 }

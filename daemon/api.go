@@ -4,52 +4,14 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/store"
 )
 
-// AccountJSON is an account in responses.
-type AccountJSON struct {
-	ID      int64     `json:"id"`
-	Name    string    `json:"name"`
-	Created time.Time `json:"created"`
-}
-
-// ProjectJSON is a project in responses. Root is shown for host projects
-// only: a managed project's workspace is the daemon's business.
-type ProjectJSON struct {
-	ID      int64     `json:"id"`
-	Name    string    `json:"name"`
-	Kind    string    `json:"kind"`
-	Root    string    `json:"root,omitempty"`
-	Created time.Time `json:"created"`
-	// Role is the caller's role in the project.
-	Role string `json:"role,omitempty"`
-	// Machine is a managed project's machine spec.
-	Machine *MachineJSON `json:"machine,omitempty"`
-}
-
-// MemberJSON is a membership in responses.
-type MemberJSON struct {
-	Account int64     `json:"accountId"`
-	Name    string    `json:"account,omitempty"`
-	Role    string    `json:"role"`
-	Trusted bool      `json:"trusted"`
-	Created time.Time `json:"created"`
-}
-
-// TokenJSON is a newly created token: Token is shown once.
-type TokenJSON struct {
-	ID      int64  `json:"id"`
-	Account int64  `json:"accountId"`
-	Name    string `json:"name"`
-	Token   string `json:"token"`
-}
-
-func projectJSON(p store.Project, role store.Role) ProjectJSON {
-	out := ProjectJSON{ID: p.ID, Name: p.Name, Kind: string(p.Kind), Created: p.Created, Role: string(role), Machine: machineJSON(p)}
+func projectJSON(p store.Project, role store.Role) api.Project {
+	out := api.Project{ID: p.ID, Name: p.Name, Kind: string(p.Kind), Created: p.Created, Role: string(role), Machine: machineJSON(p)}
 	if p.Kind == store.ProjectHost {
 		out.Root = p.Root
 	}
@@ -58,7 +20,7 @@ func projectJSON(p store.Project, role store.Role) ProjectJSON {
 
 func (a *App) whoami(w http.ResponseWriter, r *http.Request) error {
 	acct, _ := accountFrom(r.Context())
-	writeJSON(w, http.StatusOK, AccountJSON{acct.ID, acct.Name, acct.Created})
+	writeJSON(w, http.StatusOK, api.Account{ID: acct.ID, Name: acct.Name, Created: acct.Created})
 	return nil
 }
 
@@ -75,9 +37,7 @@ func (a *App) createAccount(w http.ResponseWriter, r *http.Request) error {
 	if err := a.requireAdmin(r); err != nil {
 		return err
 	}
-	var req struct {
-		Name string `json:"name"`
-	}
+	var req api.AccountRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -88,7 +48,7 @@ func (a *App) createAccount(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, AccountJSON{acct.ID, acct.Name, acct.Created})
+	writeJSON(w, http.StatusCreated, api.Account{ID: acct.ID, Name: acct.Name, Created: acct.Created})
 	return nil
 }
 
@@ -109,9 +69,7 @@ func (a *App) createToken(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	var req struct {
-		Name string `json:"name"`
-	}
+	var req api.TokenRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -141,34 +99,14 @@ func (a *App) createToken(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, TokenJSON{ID: t.ID, Account: acct.ID, Name: t.Name, Token: tok})
+	writeJSON(w, http.StatusCreated, api.Token{ID: t.ID, AccountID: acct.ID, Name: t.Name, Token: tok})
 	return nil
-}
-
-// ProjectRequest is the body of POST /v1/projects.
-type ProjectRequest struct {
-	Name string `json:"name"`
-	// Kind is "managed" (the default) or "host".
-	Kind string `json:"kind,omitempty"`
-	// Root is a host project's directory (AllowHostPaths only).
-	Root string `json:"root,omitempty"`
-	// From is a host directory copied into a new managed workspace
-	// (AllowHostPaths only).
-	From string `json:"from,omitempty"`
-	// Git is a URL cloned into a new managed workspace (https and http,
-	// to public addresses unless the operator allowed a range; a host path
-	// or file:// URL with host paths as for From).
-	Git string `json:"git,omitempty"`
-	// ExportRemotes, if non-empty, are the remote patterns the project may
-	// be exported to (see export.ValidRemotePattern), narrowing the
-	// daemon's --export-remote list.
-	ExportRemotes []string `json:"exportRemotes,omitempty"`
 }
 
 // createProject serves POST /v1/projects; the caller becomes its owner.
 func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 	acct, _ := accountFrom(r.Context())
-	var req ProjectRequest
+	var req api.ProjectRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -235,7 +173,7 @@ func (a *App) listProjects(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []ProjectJSON{}
+	out := []api.Project{}
 	for _, p := range all {
 		m, err := a.store.GetMember(r.Context(), p.ID, acct.ID)
 		if err != nil {
@@ -290,26 +228,16 @@ func (a *App) listMembers(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]MemberJSON, 0, len(ms))
+	out := make([]api.Member, 0, len(ms))
 	for _, m := range ms {
-		mj := MemberJSON{Account: m.Account, Role: string(m.Role), Trusted: m.Trusted, Created: m.Created}
+		mj := api.Member{AccountID: m.Account, Role: string(m.Role), Trusted: m.Trusted, Created: m.Created}
 		if acct, err := a.store.GetAccount(r.Context(), m.Account); err == nil {
-			mj.Name = acct.Name
+			mj.Account = acct.Name
 		}
 		out = append(out, mj)
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
-}
-
-// MemberRequest is the body of POST /v1/projects/{id}/members.
-type MemberRequest struct {
-	Account string `json:"account"`
-	// Role is "member" (the default) or "owner".
-	Role string `json:"role,omitempty"`
-	// Trusted members run host commands unconfined (AllowHostPaths, and
-	// only an owner granted host paths may grant it).
-	Trusted bool `json:"trusted,omitempty"`
 }
 
 // addMember serves POST /v1/projects/{id}/members (owners only).
@@ -321,7 +249,7 @@ func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
 	if err := requireOwner(m, p); err != nil {
 		return err
 	}
-	var req MemberRequest
+	var req api.MemberRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -348,6 +276,6 @@ func (a *App) addMember(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusCreated, MemberJSON{Account: nm.Account, Name: acct.Name, Role: string(nm.Role), Trusted: nm.Trusted, Created: nm.Created})
+	writeJSON(w, http.StatusCreated, api.Member{AccountID: nm.Account, Account: acct.Name, Role: string(nm.Role), Trusted: nm.Trusted, Created: nm.Created})
 	return nil
 }

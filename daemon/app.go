@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/docs"
 	"github.com/corral-sandbox/corral/export"
@@ -131,7 +132,7 @@ type AppOptions struct {
 	// field means the worker's default (DefaultOwnerLimits); a negative
 	// one no ceiling (the defaults are unlimited); Disk zero means any
 	// size (the default disk is none).
-	OwnerLimits LimitsJSON
+	OwnerLimits api.Limits
 	// MaxAccountProjects bounds the projects an account that is not an
 	// admin may have created and not deleted (POST /v1/projects answers
 	// 403 beyond; projects others made it an owner of do not count): each managed
@@ -585,13 +586,10 @@ func (a *App) healthz(w http.ResponseWriter, r *http.Request) error {
 	if _, err := a.store.SchemaVersion(ctx); err != nil {
 		return apiErr(http.StatusServiceUnavailable, KindUnavailable, "store: %v", err)
 	}
-	body := map[string]any{"status": "ok", "store": "ok"}
+	body := api.Health{Status: "ok", Store: "ok", Sandbox: "ok", Worker: a.metrics.workerState()}
 	if _, err := a.core.Sandbox(); err != nil {
-		body["sandbox"] = err.Error()
-	} else {
-		body["sandbox"] = "ok"
+		body.Sandbox = err.Error()
 	}
-	body["worker"] = a.metrics.workerState()
 	// A worker that cannot start machines fails every managed command:
 	// unhealthy for a while after each such failure.
 	if at, msg := a.core.Gateway().LastStartFailure(); !at.IsZero() && time.Since(at) < StartFailureWindow {

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -48,9 +49,9 @@ func TestEveryProjectRouteRefusesOutsiders(t *testing.T) {
 	}
 	bodies := map[string]any{
 		"POST /v1/projects/{id}/commands":    cmdBody("true"),
-		"POST /v1/projects/{id}/members":     MemberRequest{Account: "mallory"},
-		"PUT /v1/projects/{id}/machine":      MachineJSON{Limits: LimitsJSON{Pids: -1}},
-		"PUT /v1/projects/{id}/egress":       EgressPolicyJSON{Mode: "proxy", Allow: []string{"example.com"}},
+		"POST /v1/projects/{id}/members":     api.MemberRequest{Account: "mallory"},
+		"PUT /v1/projects/{id}/machine":      api.Machine{Limits: api.Limits{Pids: -1}},
+		"PUT /v1/projects/{id}/egress":       api.EgressPolicy{Mode: "proxy", Allow: []string{"example.com"}},
 		"PUT /v1/projects/{id}/sites/{name}": map[string]any{"port": 8080},
 		"POST /v1/projects/{id}/export":      map[string]any{"branch": "main", "remote": "https://github.com/a/b"},
 	}
@@ -115,11 +116,11 @@ func TestAccountProjectQuota(t *testing.T) {
 		}
 	}
 	for i := range 3 {
-		if status, body := e.do(ctx, "POST", "/v1/projects", tok, ProjectRequest{Name: fmt.Sprintf("p%d", i)}); status != http.StatusCreated {
+		if status, body := e.do(ctx, "POST", "/v1/projects", tok, api.ProjectRequest{Name: fmt.Sprintf("p%d", i)}); status != http.StatusCreated {
 			t.Fatalf("project %d within the quota: %d %s", i, status, body)
 		}
 	}
-	status, body := e.do(ctx, "POST", "/v1/projects", tok, ProjectRequest{Name: "one-too-many"})
+	status, body := e.do(ctx, "POST", "/v1/projects", tok, api.ProjectRequest{Name: "one-too-many"})
 	if status != http.StatusForbidden || !strings.Contains(string(body), "created 3 projects") {
 		t.Errorf("project beyond the quota: %d %s", status, body)
 	}
@@ -128,7 +129,7 @@ func TestAccountProjectQuota(t *testing.T) {
 		t.Errorf("projects: %d, %v", len(all), err)
 	}
 	for i := range 4 {
-		if status, body := e.do(ctx, "POST", "/v1/projects", rootTok, ProjectRequest{Name: fmt.Sprintf("r%d", i)}); status != http.StatusCreated {
+		if status, body := e.do(ctx, "POST", "/v1/projects", rootTok, api.ProjectRequest{Name: fmt.Sprintf("r%d", i)}); status != http.StatusCreated {
 			t.Errorf("admin's project %d: %d %s", i, status, body)
 		}
 	}
@@ -322,7 +323,7 @@ func TestGitImportsBounded(t *testing.T) {
 	// Without the bound this one hangs like the others: 10 s fail it.
 	bctx, bcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer bcancel()
-	status, body := e.do(bctx, "POST", "/v1/projects", tok, ProjectRequest{Name: "one-too-many", Git: url})
+	status, body := e.do(bctx, "POST", "/v1/projects", tok, api.ProjectRequest{Name: "one-too-many", Git: url})
 	if status != http.StatusTooManyRequests || !strings.Contains(string(body), "imports") {
 		t.Errorf("an import beyond the bound: %d %s", status, body)
 	}

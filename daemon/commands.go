@@ -12,55 +12,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/internal/utf8tail"
 
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
-
-// CommandRequest is the pinned body of POST /v1/projects/{id}/commands.
-//
-// Command must be {"type":"argv","file":F,"args":[...]}. Cwd is the working
-// directory (a host path inside a host project's root, a guest path for a
-// managed project; empty means the project's root). LeaseKind is one of
-// editor, files, terminal, github, lsp, runner; empty means terminal.
-// User (optional) names whom the command runs as in a managed project's
-// machine (sandbox.ExecInput.User); empty means the machine's default
-// user.
-// TimeoutMs zero means sandbox.DefaultTimeout (10 s); OutputLimit zero
-// means 1 MiB per stream; both are capped by AppOptions.
-//
-// The optional fields extend the pinned body; a request without them is
-// answered exactly as before:
-//
-//   - Env: variables merged over the sandbox's defaults (the caller's
-//     win); names must match [A-Za-z_][A-Za-z0-9_]*, values must not hold
-//     NUL, and all of it must fit sandbox.MaxEnvBytes (400 "prepare"
-//     otherwise, before any provider is contacted).
-//   - Stdin: the command's standard input, base64 (standard alphabet,
-//     padded); empty means an empty input. Decoded, it may hold at most
-//     AppOptions.MaxStdin bytes (16 MiB; 413 "requestTooLarge" beyond).
-//   - Encoding: "" (the default) answers stdout and stderr as UTF-8 text
-//     (invalid bytes become U+FFFD); "base64" answers them as the base64
-//     of the bytes the command wrote, in the result, in the error body's
-//     partial output and in streamed chunks.
-type CommandRequest struct {
-	Command     sandbox.Command     `json:"command"`
-	Cwd         string              `json:"cwd,omitempty"`
-	User        string              `json:"user,omitempty"`
-	LeaseKind   sandbox.LeaseKind   `json:"leaseKind,omitempty"`
-	TimeoutMs   int64               `json:"timeoutMs,omitempty"`
-	OutputLimit sandbox.OutputLimit `json:"outputLimit"`
-	Env         map[string]string   `json:"env,omitempty"`
-	Stdin       string              `json:"stdin,omitempty"`
-	Encoding    string              `json:"encoding,omitempty"`
-}
-
-// EncodingBase64 is CommandRequest.Encoding for binary-safe output.
-const EncodingBase64 = "base64"
-
-// MediaNDJSON is the media type of a streamed command answer.
-const MediaNDJSON = "application/x-ndjson"
 
 // projectRef is the sandbox's name of a store project.
 func projectRef(p store.Project) sandbox.ProjectRef {
@@ -85,7 +42,7 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req CommandRequest
+	var req api.CommandRequest
 	// The body may carry MaxStdin bytes of input (as base64) beyond
 	// MaxBody; everything else stays under MaxBody.
 	limit := a.opts.MaxBody + int64(base64.StdEncoding.EncodedLen(int(a.opts.MaxStdin)))
@@ -111,7 +68,7 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	if err := a.decodeBodyLimit(w, r, &req, limit); err != nil {
 		return err
 	}
-	if body.n-int64(len(req.Stdin)) > a.opts.MaxBody {
+	if body.n-int64(base64.StdEncoding.EncodedLen(len(req.Stdin))) > a.opts.MaxBody {
 		return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "request body is larger than %d bytes", a.opts.MaxBody)
 	}
 	if req.LeaseKind == "" {
@@ -131,25 +88,18 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	binary := false
 	switch req.Encoding {
 	case "":
-	case EncodingBase64:
+	case api.EncodingBase64:
 		binary = true
 	default:
-		return apiErr(http.StatusBadRequest, KindInvalid, "encoding %q is not supported (only %q)", req.Encoding, EncodingBase64)
+		return apiErr(http.StatusBadRequest, KindInvalid, "encoding %q is not supported (only %q)", req.Encoding, api.EncodingBase64)
 	}
-	var stdin []byte
-	if req.Stdin != "" {
-		if int64(base64.StdEncoding.DecodedLen(len(req.Stdin))) > a.opts.MaxStdin+2 {
-			return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "stdin is larger than %d bytes", a.opts.MaxStdin)
-		}
-		stdin, err = base64.StdEncoding.DecodeString(req.Stdin)
-		if err != nil {
-			return apiErr(http.StatusBadRequest, KindInvalid, "stdin is not base64: %v", err)
-		}
-		if int64(len(stdin)) > a.opts.MaxStdin {
-			return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "stdin is larger than %d bytes", a.opts.MaxStdin)
-		}
-		req.Stdin = "" // the decoded copy is the one kept
+	// The JSON decoder decoded stdin's base64 (a malformed one is a 400
+	// of the body), within the body's limit.
+	stdin := req.Stdin
+	if int64(len(stdin)) > a.opts.MaxStdin {
+		return apiErr(http.StatusRequestEntityTooLarge, KindRequestTooLarge, "stdin is larger than %d bytes", a.opts.MaxStdin)
 	}
+	req.Stdin = nil
 	ctl, err := a.core.Sandbox()
 	if err != nil {
 		return err
@@ -168,7 +118,7 @@ func (a *App) runCommand(w http.ResponseWriter, r *http.Request) error {
 	defer untrack()
 	in := sandbox.ExecInput{Command: req.Command, Cwd: req.Cwd, User: req.User, LeaseKind: req.LeaseKind, Project: projectRef(proj), Env: req.Env}
 	opts := &sandbox.RunOptions{Timeout: timeout, OutputLimit: l, RawOutput: binary}
-	if stdin != nil {
+	if len(stdin) > 0 {
 		opts.Stdin = bytes.NewReader(stdin)
 	}
 	if !acceptsNDJSON(r) {
@@ -238,7 +188,7 @@ const ndjsonWriteGrace = 30 * time.Second
 func acceptsNDJSON(r *http.Request) bool {
 	for _, v := range r.Header.Values("Accept") {
 		for _, part := range strings.Split(v, ",") {
-			if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil && mt == MediaNDJSON {
+			if mt, _, err := mime.ParseMediaType(strings.TrimSpace(part)); err == nil && mt == api.MediaNDJSON {
 				return true
 			}
 		}
@@ -294,7 +244,7 @@ func (s *ndjsonStream) begin(deadline time.Time) {
 	s.started = true
 	_ = s.rc.SetWriteDeadline(deadline)
 	h := s.w.Header()
-	h.Set("Content-Type", MediaNDJSON)
+	h.Set("Content-Type", api.MediaNDJSON)
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Cache-Control", "no-store")
 	s.w.WriteHeader(http.StatusOK)

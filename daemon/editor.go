@@ -8,10 +8,6 @@ import (
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
-// KindUnknownRevision is the kind of a 404 for a ref or path that does not
-// exist (GET /v1/projects/{id}/git/...).
-const KindUnknownRevision = "unknownRevision"
-
 // editorActor is the actor of an authenticated request: the daemon
 // authenticated the request and checked membership already.
 func editorActor(r *http.Request) (sandbox.Actor, error) {

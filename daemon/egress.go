@@ -4,10 +4,10 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -20,35 +20,8 @@ import (
 //	PUT /v1/projects/{id}/egress      EgressPolicyJSON → EgressPolicyJSON
 //	GET /v1/projects/{id}/egress/log  ?limit=N (≤ 1000, default 100) → [EgressLogJSON], newest first
 
-// EgressPolicyJSON is a project's policy on the wire: mode "none" (the
-// default: loopback only) or "proxy" with allow and deny rules (domains,
-// "*." wildcards, ":port", addresses and CIDRs; deny wins), under the
-// daemon's floor.
-type EgressPolicyJSON struct {
-	Mode  string   `json:"mode"`
-	Allow []string `json:"allow"`
-	Deny  []string `json:"deny"`
-}
-
-// EgressLogJSON is one journaled connection attempt.
-type EgressLogJSON struct {
-	ID         int64     `json:"id"`
-	Account    int64     `json:"account"`
-	Protocol   string    `json:"protocol"`
-	Name       string    `json:"name"`
-	Addr       string    `json:"addr"`
-	Port       int       `json:"port"`
-	Verdict    string    `json:"verdict"`
-	Rule       string    `json:"rule"`
-	Error      string    `json:"error,omitempty"`
-	BytesIn    int64     `json:"bytesIn"`
-	BytesOut   int64     `json:"bytesOut"`
-	StartedAt  time.Time `json:"startedAt"`
-	DurationMS int64     `json:"durationMs"`
-}
-
-func policyJSON(p egress.Policy) EgressPolicyJSON {
-	out := EgressPolicyJSON{Mode: string(p.Mode), Allow: p.Allow, Deny: p.Deny}
+func policyJSON(p egress.Policy) api.EgressPolicy {
+	out := api.EgressPolicy{Mode: string(p.Mode), Allow: p.Allow, Deny: p.Deny}
 	if out.Allow == nil {
 		out.Allow = []string{}
 	}
@@ -98,7 +71,7 @@ func (a *App) putEgress(w http.ResponseWriter, r *http.Request) error {
 	if !owner {
 		return apiErr(http.StatusForbidden, KindForbidden, "only an owner of project %d or an admin may set its network policy", p.ID)
 	}
-	var req EgressPolicyJSON
+	var req api.EgressPolicy
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -133,9 +106,9 @@ func (a *App) egressLog(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := make([]EgressLogJSON, 0, len(rows))
+	out := make([]api.EgressLogEntry, 0, len(rows))
 	for _, e := range rows {
-		out = append(out, EgressLogJSON{ID: e.ID, Account: e.Account, Protocol: e.Protocol, Name: e.Name, Addr: e.Addr,
+		out = append(out, api.EgressLogEntry{ID: e.ID, Account: e.Account, Protocol: e.Protocol, Name: e.Name, Addr: e.Addr,
 			Port: e.Port, Verdict: e.Verdict, Rule: e.Rule, Error: e.Error, BytesIn: e.BytesIn, BytesOut: e.BytesOut,
 			StartedAt: e.StartedAt.UTC(), DurationMS: e.Duration.Milliseconds()})
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -34,7 +35,7 @@ func TestEgressAPI(t *testing.T) {
 	if code != 200 || strings.TrimSpace(string(body)) != `{"mode":"none","allow":[],"deny":[]}` {
 		t.Fatalf("GET default = %d %s", code, body)
 	}
-	set := EgressPolicyJSON{Mode: "proxy", Allow: []string{"pypi.org", " *.pythonhosted.org"}, Deny: []string{"10.0.0.0/8"}}
+	set := api.EgressPolicy{Mode: "proxy", Allow: []string{"pypi.org", " *.pythonhosted.org"}, Deny: []string{"10.0.0.0/8"}}
 	if code, body := e.do(ctx, "PUT", path, mtok, set); code != http.StatusForbidden {
 		t.Errorf("PUT by a member = %d %s", code, body)
 	}
@@ -53,14 +54,14 @@ func TestEgressAPI(t *testing.T) {
 		t.Fatalf("PUT by the owner = %d %s", code, body)
 	}
 	for _, bad := range []any{
-		EgressPolicyJSON{Mode: "open"}, EgressPolicyJSON{Mode: "proxy", Allow: []string{"a b"}},
-		EgressPolicyJSON{Mode: "none", Allow: []string{"pypi.org"}}, `{"mode":"proxy","allow":"pypi.org"}`,
+		api.EgressPolicy{Mode: "open"}, api.EgressPolicy{Mode: "proxy", Allow: []string{"a b"}},
+		api.EgressPolicy{Mode: "none", Allow: []string{"pypi.org"}}, `{"mode":"proxy","allow":"pypi.org"}`,
 	} {
 		if code, body := e.do(ctx, "PUT", path, otok, bad); code != http.StatusBadRequest {
 			t.Errorf("PUT %v = %d %s", bad, code, body)
 		}
 	}
-	if code, _ := e.do(ctx, "PUT", path, rtok, EgressPolicyJSON{Mode: "proxy", Allow: []string{"pypi.org"}}); code != 200 {
+	if code, _ := e.do(ctx, "PUT", path, rtok, api.EgressPolicy{Mode: "proxy", Allow: []string{"pypi.org"}}); code != 200 {
 		t.Errorf("PUT by an admin (not a member) = %d", code)
 	}
 	if pol, err := egress.LoadPolicy(ctx, e.st, p.ID); err != nil || len(pol.Allow) != 1 || pol.Allow[0] != "pypi.org" {
@@ -73,7 +74,7 @@ func TestEgressAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	code, body = e.do(ctx, "GET", path+"/log?limit=5", mtok, nil)
-	var rows []EgressLogJSON
+	var rows []api.EgressLogEntry
 	if code != 200 || json.Unmarshal(body, &rows) != nil || len(rows) != 1 || rows[0].Verdict != "allowed" ||
 		rows[0].BytesIn != 100 || rows[0].DurationMS != 1000 {
 		t.Errorf("GET log = %d %s", code, body)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/internal/errdefs"
 	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
@@ -17,24 +18,32 @@ import (
 )
 
 // StatusClientClosed is the status recorded when the client went away
-// before its command completed (nginx's 499). The client never reads it; it
-// shows in logs and metrics.
-const StatusClientClosed = 499
+// before its command completed (nginx's 499).
+const StatusClientClosed = api.StatusClientClosed
 
-// Kinds of APIError that are not sandbox.ErrorKind values. A command that
-// failed carries its sandbox.ErrorKind ("prepare", "start", "timeout",
-// "abort", "overflow", "transport", "cleanup") instead.
+// The kinds of APIError that are not sandbox.ErrorKind values, as the
+// strings APIError carries: package api declares them (api.ErrorKind),
+// with their statuses. A command that failed carries its sandbox.ErrorKind
+// ("prepare", "start", "timeout", "abort", "overflow", "transport",
+// "cleanup") instead.
 const (
-	KindUnauthorized    = "unauthorized"    // 401: no or unknown bearer token
-	KindForbidden       = "forbidden"       // 403: not allowed
-	KindNotFound        = "notFound"        // 404: unknown project (or not the caller's), site or route
-	KindInvalid         = "invalid"         // 400: malformed request
-	KindRequestTooLarge = "requestTooLarge" // 413: request body over the cap
-	KindConflict        = "conflict"        // 409: exists already, or in use
-	KindBusy            = "busy"            // 429: an admission budget is exhausted
-	KindUnavailable     = "unavailable"     // 503: a domain or the transport is missing
-	KindBadGateway      = "badGateway"      // 502: a site or remote could not be reached
-	KindInternal        = "internal"        // 500
+	KindUnauthorized    = string(api.KindUnauthorized)
+	KindForbidden       = string(api.KindForbidden)
+	KindNotFound        = string(api.KindNotFound)
+	KindInvalid         = string(api.KindInvalid)
+	KindRequestTooLarge = string(api.KindRequestTooLarge)
+	KindConflict        = string(api.KindConflict)
+	KindBusy            = string(api.KindBusy)
+	KindUnavailable     = string(api.KindUnavailable)
+	KindBadGateway      = string(api.KindBadGateway)
+	KindInternal        = string(api.KindInternal)
+	KindUnsupported     = string(api.KindUnsupported)
+	KindNoSpace         = string(api.KindNoSpace)
+	KindUnknownRevision = string(api.KindUnknownRevision)
+	KindHeadMoved       = string(api.KindHeadMoved)
+	KindRejected        = string(api.KindRejected)
+	KindNotRepository   = string(api.KindNotRepository)
+	KindTooLarge        = string(api.KindTooLarge)
 )
 
 // RetryAfter is the Retry-After of a 429 answer (an admission budget
@@ -105,33 +114,18 @@ func apiErr(status int, kind, format string, args ...any) *APIError {
 	return &APIError{Status: status, Kind: kind, Message: fmt.Sprintf(format, args...)}
 }
 
-// classStatus is the HTTP status and kind of each error class
-// (internal/errdefs).
-var classStatus = map[errdefs.Kind]struct {
-	status int
-	kind   string
-}{
-	errdefs.Invalid:         {http.StatusBadRequest, KindInvalid},
-	errdefs.NotFound:        {http.StatusNotFound, KindNotFound},
-	errdefs.Forbidden:       {http.StatusForbidden, KindForbidden},
-	errdefs.Unauthenticated: {http.StatusUnauthorized, KindUnauthorized},
-	errdefs.Conflict:        {http.StatusConflict, KindConflict},
-	errdefs.Unavailable:     {http.StatusServiceUnavailable, KindUnavailable},
-	errdefs.TooLarge:        {http.StatusRequestEntityTooLarge, KindTooLarge},
-	errdefs.Timeout:         {http.StatusGatewayTimeout, string(sandbox.KindTimeout)},
-	errdefs.Busy:            {http.StatusTooManyRequests, KindBusy},
-}
-
-// commandStatus is the HTTP status of each sandbox.ErrorKind, for a
-// command error whose cause has no class.
-var commandStatus = map[sandbox.ErrorKind]int{
-	sandbox.KindPrepare:   http.StatusBadRequest,
-	sandbox.KindStart:     http.StatusUnprocessableEntity,
-	sandbox.KindTimeout:   http.StatusGatewayTimeout,
-	sandbox.KindAbort:     StatusClientClosed,
-	sandbox.KindOverflow:  http.StatusRequestEntityTooLarge,
-	sandbox.KindTransport: http.StatusBadGateway,
-	sandbox.KindCleanup:   http.StatusInternalServerError,
+// classKind is the kind of each error class (internal/errdefs); its
+// status is the kind's (api.ErrorKind.Status).
+var classKind = map[errdefs.Kind]api.ErrorKind{
+	errdefs.Invalid:         api.KindInvalid,
+	errdefs.NotFound:        api.KindNotFound,
+	errdefs.Forbidden:       api.KindForbidden,
+	errdefs.Unauthenticated: api.KindUnauthorized,
+	errdefs.Conflict:        api.KindConflict,
+	errdefs.Unavailable:     api.KindUnavailable,
+	errdefs.TooLarge:        api.KindTooLarge,
+	errdefs.Timeout:         api.KindTimeout,
+	errdefs.Busy:            api.KindBusy,
 }
 
 // rule is a row of errorRules: errors that need a kind of their own (more
@@ -200,15 +194,12 @@ func toAPIError(err error) *APIError {
 	if errors.As(err, &ae) {
 		return ae
 	}
-	class, classed := classStatus[errdefs.KindOf(err)]
+	class, classed := classKind[errdefs.KindOf(err)]
 	var ce *sandbox.CommandError
 	if errors.As(err, &ce) {
-		out := &APIError{Status: commandStatus[ce.Kind], Kind: string(ce.Kind), Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr, Reason: string(ce.Reason), Cause: err}
+		out := &APIError{Status: ce.Kind.Status(), Kind: string(ce.Kind), Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr, Reason: string(ce.Reason), Cause: err}
 		if classed {
-			out.Status = class.status
-		}
-		if out.Status == 0 {
-			out.Status = http.StatusInternalServerError
+			out.Status = class.Status()
 		}
 		return out
 	}
@@ -222,7 +213,7 @@ func toAPIError(err error) *APIError {
 		}
 	}
 	if classed {
-		return &APIError{Status: class.status, Kind: class.kind, Message: err.Error(), Cause: err}
+		return &APIError{Status: class.Status(), Kind: string(class), Message: err.Error(), Cause: err}
 	}
 	if errors.Is(err, context.Canceled) {
 		return &APIError{Status: StatusClientClosed, Kind: string(sandbox.KindAbort), Message: "client went away", Cause: err}

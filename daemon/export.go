@@ -4,29 +4,10 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/sandbox"
 )
-
-// Kinds of APIError specific to POST /v1/projects/{id}/export.
-const (
-	KindHeadMoved     = "headMoved"     // 409: the branch is not at expectedHead
-	KindRejected      = "rejected"      // 409: the remote refused the push
-	KindNotRepository = "notRepository" // 409: the workspace is not a Git repository
-	KindTooLarge      = "tooLarge"      // 413: the bundle is over the cap
-)
-
-// ExportRequest is the body of POST /v1/projects/{id}/export.
-//
-// Remote is the URL pushed to (https; with AppOptions.Export.AllowInsecure
-// also http, file and absolute host paths), which must match the daemon's
-// export remotes and the project's, if it has any (else 403); Branch a branch name (without
-// refs/heads/); ExpectedHead the full object name the branch must point at.
-type ExportRequest struct {
-	Remote       string `json:"remote"`
-	Branch       string `json:"branch"`
-	ExpectedHead string `json:"expectedHead"`
-}
 
 // startExport builds the app's exporter and starts its sweeper, which runs
 // until Close.
@@ -58,7 +39,7 @@ func (a *App) exportBranch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req ExportRequest
+	var req api.ExportRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -72,6 +53,6 @@ func (a *App) exportBranch(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, http.StatusOK, api.ExportResult{Pushed: res.Pushed, Head: res.Head, Remote: res.Remote})
 	return nil
 }

@@ -38,6 +38,7 @@ import (
 	"github.com/coder/websocket"
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/internal/fsop"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
@@ -90,61 +91,6 @@ func (a *App) startFileCall(acct store.Account) (func(), error) {
 			a.fileN--
 		})
 	}, nil
-}
-
-// FileJSON describes a file in the files API.
-type FileJSON struct {
-	Name string `json:"name"`
-	// Path is the file's guest path (/workspace/...).
-	Path string `json:"path"`
-	// Type is "file", "dir", "symlink" or "other".
-	Type string `json:"type"`
-	Size int64  `json:"size"`
-	// Mode is the permission bits, with set-id and sticky bits, as an
-	// octal string ("0644").
-	Mode   string    `json:"mode"`
-	MTime  time.Time `json:"mtime"`
-	Target string    `json:"target,omitempty"`
-}
-
-// FileListJSON answers GET …/files/list.
-type FileListJSON struct {
-	Dir       FileJSON   `json:"dir"`
-	Entries   []FileJSON `json:"entries"`
-	Truncated bool       `json:"truncated"`
-}
-
-// FileMkdirRequest is the body of POST …/files/mkdir.
-type FileMkdirRequest struct {
-	Path string `json:"path"`
-	// Mode is octal ("0755", the default).
-	Mode    string `json:"mode,omitempty"`
-	Parents bool   `json:"parents,omitempty"`
-	User    string `json:"user,omitempty"`
-}
-
-// FileRemoveRequest is the body of POST …/files/remove.
-type FileRemoveRequest struct {
-	Path      string `json:"path"`
-	Recursive bool   `json:"recursive,omitempty"`
-	User      string `json:"user,omitempty"`
-}
-
-// FileRenameRequest is the body of POST …/files/rename.
-type FileRenameRequest struct {
-	From string `json:"from"`
-	To   string `json:"to"`
-	User string `json:"user,omitempty"`
-}
-
-// FileEvent is one message of the watch WebSocket: Type is "create",
-// "modify", "delete", "rename" (From is the old path) or "overflow" (the
-// kernel dropped events).
-type FileEvent struct {
-	Type  string `json:"type"`
-	Path  string `json:"path,omitempty"`
-	From  string `json:"from,omitempty"`
-	IsDir bool   `json:"isDir,omitempty"`
 }
 
 // fileInfo is what both targets report of a file.
@@ -223,9 +169,6 @@ func fileAPIError(err error) error {
 	}
 	return err
 }
-
-// KindNoSpace is the kind of 507: the project's disk is full.
-const KindNoSpace = "noSpace"
 
 // fileCall is one authorized files request: its project, target, lease
 // and the journal row of a write.
@@ -355,8 +298,8 @@ func managedProject(p store.Project) machine.Project {
 	return mp
 }
 
-func fileJSON(fi fileInfo) FileJSON {
-	return FileJSON{Name: fi.Name, Path: fi.Path, Type: fi.Type, Size: fi.Size,
+func fileJSON(fi fileInfo) api.File {
+	return api.File{Name: fi.Name, Path: fi.Path, Type: fi.Type, Size: fi.Size,
 		Mode: fmt.Sprintf("%04o", fi.Mode), MTime: fi.MTime.UTC(), Target: fi.Target}
 }
 
@@ -563,7 +506,7 @@ func (a *App) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return fileAPIError(err)
 	}
-	out := FileListJSON{Dir: fileJSON(dir), Entries: make([]FileJSON, len(entries)), Truncated: trunc}
+	out := api.FileList{Dir: fileJSON(dir), Entries: make([]api.File, len(entries)), Truncated: trunc}
 	for i, e := range entries {
 		out.Entries[i] = fileJSON(e)
 	}
@@ -576,7 +519,7 @@ func (a *App) makeDirectory(w http.ResponseWriter, r *http.Request) error {
 	if _, _, _, err := a.projectMember(r); err != nil {
 		return err
 	}
-	var req FileMkdirRequest
+	var req api.FileMkdirRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -602,7 +545,7 @@ func (a *App) removeFile(w http.ResponseWriter, r *http.Request) error {
 	if _, _, _, err := a.projectMember(r); err != nil {
 		return err
 	}
-	var req FileRemoveRequest
+	var req api.FileRemoveRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -624,7 +567,7 @@ func (a *App) renameFile(w http.ResponseWriter, r *http.Request) error {
 	if _, _, _, err := a.projectMember(r); err != nil {
 		return err
 	}
-	var req FileRenameRequest
+	var req api.FileRenameRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -691,7 +634,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		_, _, _ = conn.Read(rctx)
 		cancel()
 	}()
-	send := func(ev FileEvent) bool {
+	send := func(ev api.FileEvent) bool {
 		b, _ := json.Marshal(ev)
 		return conn.Write(ctx, websocket.MessageText, b) == nil
 	}
@@ -706,7 +649,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		var pendingDir bool
 		flush := func() bool {
 			if pendingFrom != "" {
-				ok := send(FileEvent{Type: "delete", Path: pendingFrom, IsDir: pendingDir})
+				ok := send(api.FileEvent{Type: "delete", Path: pendingFrom, IsDir: pendingDir})
 				pendingFrom = ""
 				return ok
 			}
@@ -721,7 +664,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 			off += unix.SizeofInotifyEvent + nl
 			dir, known := dirs[wd]
 			if mask&unix.IN_Q_OVERFLOW != 0 {
-				if !send(FileEvent{Type: "overflow"}) {
+				if !send(api.FileEvent{Type: "overflow"}) {
 					return nil
 				}
 				continue
@@ -735,10 +678,10 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 			}
 			full := path.Join(dir, name)
 			isDir := mask&unix.IN_ISDIR != 0
-			var ev FileEvent
+			var ev api.FileEvent
 			switch {
 			case mask&unix.IN_MOVED_TO != 0 && pendingFrom != "" && cookie == pendingCookie:
-				ev = FileEvent{Type: "rename", From: pendingFrom, Path: full, IsDir: isDir}
+				ev = api.FileEvent{Type: "rename", From: pendingFrom, Path: full, IsDir: isDir}
 				pendingFrom = ""
 			case mask&unix.IN_MOVED_FROM != 0:
 				if !flush() {
@@ -747,11 +690,11 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 				pendingFrom, pendingCookie, pendingDir = full, cookie, isDir
 				continue
 			case mask&(unix.IN_CREATE|unix.IN_MOVED_TO) != 0:
-				ev = FileEvent{Type: "create", Path: full, IsDir: isDir}
+				ev = api.FileEvent{Type: "create", Path: full, IsDir: isDir}
 			case mask&unix.IN_MODIFY != 0:
-				ev = FileEvent{Type: "modify", Path: full}
+				ev = api.FileEvent{Type: "modify", Path: full}
 			case mask&unix.IN_DELETE != 0:
-				ev = FileEvent{Type: "delete", Path: full, IsDir: isDir}
+				ev = api.FileEvent{Type: "delete", Path: full, IsDir: isDir}
 			case mask&(unix.IN_DELETE_SELF|unix.IN_MOVE_SELF) != 0:
 				continue
 			default:
@@ -769,7 +712,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 					// Directories made inside it before its watch began
 					// had no event: they are reported now.
 					if _, known := dirs[int32(wi.WD)]; !known && wi.Path != ev.Path {
-						if !send(FileEvent{Type: "create", Path: wi.Path, IsDir: true}) {
+						if !send(api.FileEvent{Type: "create", Path: wi.Path, IsDir: true}) {
 							return nil
 						}
 					}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
 
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
@@ -127,7 +128,7 @@ func testFiles(t *testing.T, e *env, tok string, p store.Project, managed bool) 
 	if status != 200 {
 		t.Fatalf("PUT: %d %s", status, b)
 	}
-	var fj FileJSON
+	var fj api.File
 	if err := json.Unmarshal(b, &fj); err != nil || fj.Size != int64(len(data)) || fj.Mode != "0640" || fj.Type != "file" || fj.Path != "/workspace/bin.dat" {
 		t.Fatalf("PUT answered %s (%v)", b, err)
 	}
@@ -154,7 +155,7 @@ func testFiles(t *testing.T, e *env, tok string, p store.Project, managed bool) 
 	}
 	e.runOut(t, tok, id, "sh", "-c", "cd many && i=0; while [ $i -lt 1000 ]; do : > f$i; i=$((i+1)); done")
 	status, b = e.do(ctx, "GET", filesPath(id, "list", qp("path", "/workspace/many")), tok, nil)
-	var lj FileListJSON
+	var lj api.FileList
 	if status != 200 || json.Unmarshal(b, &lj) != nil {
 		t.Fatalf("list: %d %.300s", status, b)
 	}
@@ -391,7 +392,7 @@ func testFileWatch(t *testing.T, e *env, tok string, id int64) {
 	}
 	defer conn.CloseNow()
 	e.runOut(t, tok, id, "sh", "-c", "cd w && echo a > f && echo b >> f && mkdir d && sleep 0.2 && echo c > d/g && mv f h && rm h")
-	want := []FileEvent{
+	want := []api.FileEvent{
 		{Type: "create", Path: "/workspace/w/f"},
 		{Type: "modify", Path: "/workspace/w/f"},
 		{Type: "create", Path: "/workspace/w/d", IsDir: true},
@@ -399,14 +400,14 @@ func testFileWatch(t *testing.T, e *env, tok string, id int64) {
 		{Type: "rename", From: "/workspace/w/f", Path: "/workspace/w/h"},
 		{Type: "delete", Path: "/workspace/w/h"},
 	}
-	var got []FileEvent
+	var got []api.FileEvent
 	i := 0
 	for i < len(want) {
 		_, b, err := conn.Read(ctx)
 		if err != nil {
 			t.Fatalf("watch read after %v: %v", got, err)
 		}
-		var ev FileEvent
+		var ev api.FileEvent
 		json.Unmarshal(b, &ev)
 		got = append(got, ev)
 		if ev == want[i] {
@@ -472,7 +473,7 @@ func TestFilesDiskLimit(t *testing.T) {
 		t.Fatalf("PUT over the disk limit: %d %s", status, b)
 	}
 	status, b = e.do(ctx, "GET", filesPath(p.ID, "list", qp("path", "/home/corral")), tok, nil)
-	var lj FileListJSON
+	var lj api.FileList
 	if json.Unmarshal(b, &lj); status != 200 {
 		t.Fatalf("list: %d %s", status, b)
 	}

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
@@ -228,7 +229,7 @@ func testNDJSON(t *testing.T, e *env, tok string, id int64) {
 	waitFor(t, "the aborted commands' leases", func() bool { return e.liveLeases() == 0 })
 
 	status, ctype, _, lines := streamCommand(t, e, tok, id, cmdBody("sh", "-c", "echo a; sleep 1; echo b; echo c >&2"))
-	if status != 200 || ctype != MediaNDJSON {
+	if status != 200 || ctype != api.MediaNDJSON {
 		t.Fatalf("status %d, content type %q", status, ctype)
 	}
 	var out, errs strings.Builder

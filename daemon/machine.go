@@ -10,48 +10,28 @@ import (
 	"regexp"
 	"strconv"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/store"
 	"github.com/corral-sandbox/corral/wire"
 )
 
-// MachineJSON is a managed project's machine spec, in responses and as
-// the body of PUT /v1/projects/{id}/machine.
-type MachineJSON struct {
-	// Image names the image of the machine's root filesystem; empty (in a
-	// request) means "base". A changed image takes effect at the machine's
-	// next start and discards its upper layer.
-	Image string `json:"image,omitempty"`
-	// Limits override the daemon's defaults; a zero or absent field means
-	// the default, a negative one no limit.
-	Limits LimitsJSON `json:"limits"`
-}
-
-// LimitsJSON are a machine's resource limits.
-type LimitsJSON struct {
-	Memory    int64 `json:"memory,omitempty"`    // bytes
-	Pids      int64 `json:"pids,omitempty"`      // tasks
-	CPUMillis int64 `json:"cpuMillis,omitempty"` // thousandths of a CPU
-	Disk      int64 `json:"disk,omitempty"`      // bytes: workspace, home, upper layer
-	Tmp       int64 `json:"tmp,omitempty"`       // bytes: /tmp and /dev/shm
-}
-
-func machineJSON(p store.Project) *MachineJSON {
+func machineJSON(p store.Project) *api.Machine {
 	if p.Kind != store.ProjectManaged {
 		return nil
 	}
 	l := p.Limits
-	return &MachineJSON{Image: p.Image, Limits: LimitsJSON{l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp}}
+	return &api.Machine{Image: p.Image, Limits: api.Limits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}}
 }
 
 // DefaultOwnerLimits are the ceilings of AppOptions.OwnerLimits' zero
 // fields: the worker's default limits (worker.DefaultMemory, DefaultPids,
 // DefaultCPUMillis, DefaultTmp).
-var DefaultOwnerLimits = LimitsJSON{Memory: 1 << 30, Pids: 512, CPUMillis: 1000, Tmp: 256 << 20}
+var DefaultOwnerLimits = api.Limits{Memory: 1 << 30, Pids: 512, CPUMillis: 1000, Tmp: 256 << 20}
 
-// allows returns a 403 error unless a project owner who is not an admin
-// may ask for l under the ceilings c (AppOptions.OwnerLimits).
-func (c LimitsJSON) allows(l LimitsJSON) error {
+// ownerMayAsk returns a 403 error unless a project owner who is not an
+// admin may ask for l under the ceilings c (AppOptions.OwnerLimits).
+func ownerMayAsk(c, l api.Limits) error {
 	for _, f := range []struct {
 		name           string
 		v, ceil, deflt int64
@@ -119,7 +99,7 @@ func (a *App) setMachine(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req MachineJSON
+	var req api.Machine
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -131,7 +111,7 @@ func (a *App) setMachine(w http.ResponseWriter, r *http.Request) error {
 	}
 	l := req.Limits
 	if acct, _ := accountFrom(r.Context()); !a.isAdmin(acct) {
-		if err := a.opts.OwnerLimits.allows(l); err != nil {
+		if err := ownerMayAsk(a.opts.OwnerLimits, l); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -29,17 +30,17 @@ func TestMachineSpecAndReset(t *testing.T) {
 	h := e.hostProject("web", alice)
 	path := fmt.Sprintf("/v1/projects/%d/machine", p.ID)
 
-	if status, body := e.do(ctx, "PUT", path, bobTok, MachineJSON{Image: "base"}); status != http.StatusForbidden {
+	if status, body := e.do(ctx, "PUT", path, bobTok, api.Machine{Image: "base"}); status != http.StatusForbidden {
 		t.Errorf("member sets the machine: %d %s", status, body)
 	}
-	if status, body := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/machine", h.ID), tok, MachineJSON{}); status != http.StatusBadRequest {
+	if status, body := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/machine", h.ID), tok, api.Machine{}); status != http.StatusBadRequest {
 		t.Errorf("host project: %d %s", status, body)
 	}
-	if status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Image: "../etc"}); status != http.StatusBadRequest {
+	if status, body := e.do(ctx, "PUT", path, tok, api.Machine{Image: "../etc"}); status != http.StatusBadRequest {
 		t.Errorf("bad image name: %d %s", status, body)
 	}
-	status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Image: "nosuch", Limits: LimitsJSON{Memory: 300 << 20, CPUMillis: 500}})
-	var got MachineJSON
+	status, body := e.do(ctx, "PUT", path, tok, api.Machine{Image: "nosuch", Limits: api.Limits{Memory: 300 << 20, CPUMillis: 500}})
+	var got api.Machine
 	if status != 200 || json.Unmarshal(body, &got) != nil || got.Image != "nosuch" || got.Limits.Memory != 300<<20 || got.Limits.CPUMillis != 500 {
 		t.Fatalf("set machine: %d %s", status, body)
 	}
@@ -47,7 +48,7 @@ func TestMachineSpecAndReset(t *testing.T) {
 	if status == 200 || !strings.Contains(string(body), "nosuch") {
 		t.Fatalf("a command with an unknown image: %d %s", status, body)
 	}
-	if status, body := e.do(ctx, "PUT", path, tok, MachineJSON{}); status != 200 || !strings.Contains(string(body), `"image":"base"`) {
+	if status, body := e.do(ctx, "PUT", path, tok, api.Machine{}); status != 200 || !strings.Contains(string(body), `"image":"base"`) {
 		t.Fatalf("back to base: %d %s", status, body)
 	}
 	if status, body := e.do(ctx, "GET", fmt.Sprintf("/v1/projects/%d", p.ID), tok, nil); status != 200 || !strings.Contains(string(body), `"machine":{"image":"base"`) {
@@ -95,17 +96,17 @@ func TestMachineSpecAndReset(t *testing.T) {
 // the stored limits are unchanged; lowering a limit is allowed, and an
 // admin may lift any.
 func TestOwnerCannotLiftMachineLimits(t *testing.T) {
-	e := newEnv(t, envOpts{app: AppOptions{Admins: []string{"root"}, OwnerLimits: LimitsJSON{Disk: 1 << 30}}})
+	e := newEnv(t, envOpts{app: AppOptions{Admins: []string{"root"}, OwnerLimits: api.Limits{Disk: 1 << 30}}})
 	ctx := context.Background()
 	alice, tok := e.account("alice")
 	_, rootTok := e.account("root")
 	p := e.managedProject("box", alice)
 	path := fmt.Sprintf("/v1/projects/%d/machine", p.ID)
-	for _, l := range []LimitsJSON{
+	for _, l := range []api.Limits{
 		{Pids: -1}, {Memory: -1}, {CPUMillis: -1}, {Tmp: -1}, {Disk: -1},
 		{Memory: 1 << 40}, {Pids: 1 << 20}, {CPUMillis: 64000}, {Tmp: 1 << 40}, {Disk: 1 << 40},
 	} {
-		status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Limits: l})
+		status, body := e.do(ctx, "PUT", path, tok, api.Machine{Limits: l})
 		if status != http.StatusForbidden || !strings.Contains(string(body), "admin") {
 			t.Errorf("owner sets %+v: %d %s", l, status, body)
 		}
@@ -113,11 +114,11 @@ func TestOwnerCannotLiftMachineLimits(t *testing.T) {
 	if got, err := e.st.GetProject(ctx, p.ID); err != nil || got.Limits != (store.MachineLimits{}) {
 		t.Fatalf("stored limits after refusals: %+v %v", got.Limits, err)
 	}
-	lower := LimitsJSON{Memory: 300 << 20, Pids: 100, CPUMillis: 500, Tmp: 16 << 20, Disk: 64 << 20}
-	if status, body := e.do(ctx, "PUT", path, tok, MachineJSON{Limits: lower}); status != http.StatusOK {
+	lower := api.Limits{Memory: 300 << 20, Pids: 100, CPUMillis: 500, Tmp: 16 << 20, Disk: 64 << 20}
+	if status, body := e.do(ctx, "PUT", path, tok, api.Machine{Limits: lower}); status != http.StatusOK {
 		t.Errorf("owner lowers the limits: %d %s", status, body)
 	}
-	if status, body := e.do(ctx, "PUT", path, rootTok, MachineJSON{Limits: LimitsJSON{Pids: -1, Memory: 1 << 40}}); status != http.StatusOK {
+	if status, body := e.do(ctx, "PUT", path, rootTok, api.Machine{Limits: api.Limits{Pids: -1, Memory: 1 << 40}}); status != http.StatusOK {
 		t.Errorf("admin lifts the limits: %d %s", status, body)
 	}
 }

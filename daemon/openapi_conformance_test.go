@@ -25,6 +25,7 @@ import (
 	"github.com/pb33f/libopenapi-validator/config"
 	liberrors "github.com/pb33f/libopenapi-validator/errors"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/docs"
 	"github.com/corral-sandbox/corral/export"
@@ -446,7 +447,7 @@ func (f *specFixture) run(t *testing.T, v validator.Validator, ops []specOp, c s
 	// (application/x-ndjson) is a sequence of JSON values, each an
 	// instance of its schema: each line is validated as the body.
 	bodies := [][]byte{respBody}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), MediaNDJSON) {
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), api.MediaNDJSON) {
 		bodies = bytes.Split(bytes.TrimSuffix(respBody, []byte("\n")), []byte("\n"))
 		checkStreamOrder(t, bodies)
 	}
@@ -516,7 +517,7 @@ func with(m map[string]any, kv ...any) map[string]any {
 // may rely on earlier ones: the account dave, the project new1). Adding an
 // operation to the document means adding its cases here.
 func specCases(f *specFixture) []specCase {
-	ndjson := map[string]string{"Accept": MediaNDJSON}
+	ndjson := map[string]string{"Accept": api.MediaNDJSON}
 	octets := map[string]string{"Content-Type": "application/octet-stream"}
 	cases := []specCase{
 		// Operators.
@@ -595,7 +596,7 @@ func specCases(f *specFixture) []specCase {
 		{op: "runCommand", as: "alice", method: "POST", path: "/v1/projects/{host}/commands", body: cmd("sh", "-c", "echo a; echo b >&2"), header: ndjson, status: 200,
 			check: func(t *testing.T, _ *specFixture, resp *http.Response, b []byte) {
 				ls := lines(b)
-				if resp.Header.Get("Content-Type") != MediaNDJSON || len(ls) < 3 || !strings.Contains(ls[len(ls)-1], `"code":0`) {
+				if resp.Header.Get("Content-Type") != api.MediaNDJSON || len(ls) < 3 || !strings.Contains(ls[len(ls)-1], `"code":0`) {
 					t.Errorf("%s %q", resp.Header.Get("Content-Type"), ls)
 				}
 			}},

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/internal/redact"
 	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -99,90 +100,6 @@ func (o *AppOptions) processDefaults() {
 	}
 }
 
-// KindUnsupported (501) answers a signal the project's sandbox cannot
-// deliver to a whole tree.
-const KindUnsupported = "unsupported"
-
-// Process states.
-const (
-	ProcessRunning     = "running"     // it runs
-	ProcessExited      = "exited"      // it ended by itself, or by a signal it was sent (Exit says how)
-	ProcessKilled      = "killed"      // DELETE killed it
-	ProcessTimedOut    = "timedOut"    // its lifetime ended: it was killed
-	ProcessInterrupted = "interrupted" // the daemon stopped, or its lease or machine was lost
-	ProcessFailed      = "failed"      // it ended, but how cannot be known (Error says why)
-)
-
-// ProcessRequest is the body of POST /v1/projects/{id}/processes.
-//
-// Argv is the command line (at least the program). Env, Cwd and User mean
-// what they mean for a command (CommandRequest). TTY, if set, runs it on a
-// terminal of that size (every output is then stdout). Lifetime bounds how
-// long it may run, in seconds: zero means AppOptions.ProcessLifetime (1 h),
-// at most AppOptions.MaxProcessLifetime (24 h). OutputBuffer is how many
-// bytes of its newest output are retained: zero means
-// AppOptions.ProcessOutputBuffer (1 MiB), at most
-// AppOptions.MaxProcessOutputBuffer (16 MiB).
-type ProcessRequest struct {
-	Argv         []string          `json:"argv"`
-	Env          map[string]string `json:"env,omitempty"`
-	Cwd          string            `json:"cwd,omitempty"`
-	User         string            `json:"user,omitempty"`
-	TTY          *sandbox.TTYSize  `json:"tty,omitempty"`
-	Lifetime     int64             `json:"lifetime,omitempty"`
-	OutputBuffer int64             `json:"outputBuffer,omitempty"`
-}
-
-// ProcessInfo is a process as the API answers it.
-type ProcessInfo struct {
-	ID        string    `json:"id"`
-	ProjectID int64     `json:"projectId"`
-	State     string    `json:"state"`
-	Argv      []string  `json:"argv"`
-	Cwd       string    `json:"cwd"`
-	User      string    `json:"user"`
-	TTY       bool      `json:"tty"`
-	LeaseID   string    `json:"leaseId"`
-	Started   time.Time `json:"started"`
-	// Ended is null while it runs.
-	Ended *time.Time `json:"ended"`
-	// Deadline is when its lifetime ends.
-	Deadline time.Time     `json:"deadline"`
-	Output   ProcessOutput `json:"output"`
-	// Exit is how its main process ended, once observed (null otherwise):
-	// exactly one of code and signal, with oomKilled when the kernel's OOM
-	// killer killed it — the shape of a session's exit.
-	Exit *ProcessExit `json:"exit"`
-	// Error says why it was ended, or why its end is unknown (null for
-	// "running" and "exited"): kind "timeout" (timedOut), "abort" (killed,
-	// or the daemon stopped), "transport" (lease or machine lost).
-	Error *ProcessError `json:"error"`
-}
-
-// ProcessOutput describes a process's output: bytes written per stream,
-// the offsets of what is retained ([start, end)), and the ring's size.
-// start > 0 means older output fell off (its overflow point).
-type ProcessOutput struct {
-	StdoutBytes int64 `json:"stdoutBytes"`
-	StderrBytes int64 `json:"stderrBytes"`
-	Start       int64 `json:"start"`
-	End         int64 `json:"end"`
-	BufferBytes int64 `json:"bufferBytes"`
-}
-
-// ProcessExit is an observed end of a main process.
-type ProcessExit struct {
-	Code      *int    `json:"code"`
-	Signal    *string `json:"signal"`
-	OOMKilled bool    `json:"oomKilled,omitempty"`
-}
-
-// ProcessError is why a process was ended or its end is unknown.
-type ProcessError struct {
-	Kind    string `json:"kind"`
-	Message string `json:"message"`
-}
-
 // bgProcess is one background process.
 type bgProcess struct {
 	id, cwd, user string
@@ -202,19 +119,19 @@ type bgProcess struct {
 	mu       sync.Mutex
 	state    string
 	ended    time.Time
-	exit     *ProcessExit
-	err      *ProcessError
+	exit     *api.ProcessExit
+	err      *api.ProcessError
 	forgotAt *time.Timer
 }
 
-func (p *bgProcess) info() ProcessInfo {
+func (p *bgProcess) info() api.Process {
 	st := p.out.state()
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	in := ProcessInfo{
+	in := api.Process{
 		ID: p.id, ProjectID: p.project, State: p.state, Argv: p.argv, Cwd: p.cwd, User: p.user, TTY: p.tty,
 		LeaseID: p.leaseID, Started: p.started, Deadline: p.deadline, Exit: p.exit, Error: p.err,
-		Output: ProcessOutput{StdoutBytes: st.Stdout, StderrBytes: st.Stderr, Start: st.Start, End: st.End, BufferBytes: p.out.size},
+		Output: api.ProcessOutput{StdoutBytes: st.Stdout, StderrBytes: st.Stderr, Start: st.Start, End: st.End, BufferBytes: p.out.size},
 	}
 	if !p.ended.IsZero() {
 		e := p.ended
@@ -226,7 +143,7 @@ func (p *bgProcess) info() ProcessInfo {
 func (p *bgProcess) running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.state == ProcessRunning
+	return p.state == api.ProcessRunning
 }
 
 // processTable holds an App's processes.
@@ -363,7 +280,7 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req ProcessRequest
+	var req api.ProcessRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -422,7 +339,7 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 	p := &bgProcess{
 		id: processID(sess.LeaseID()), project: proj.ID, account: acct.ID, argv: req.Argv, cwd: req.Cwd, user: req.User, tty: req.TTY != nil,
 		started: now, deadline: now.Add(lifetime), out: newOutputRing(size), sess: sess, leaseID: sess.LeaseID(),
-		kill: make(chan struct{}), done: make(chan struct{}), state: ProcessRunning,
+		kill: make(chan struct{}), done: make(chan struct{}), state: api.ProcessRunning,
 	}
 	a.procs.mu.Lock()
 	a.procs.byID[p.id] = p
@@ -465,16 +382,16 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, 
 
 	timer := time.NewTimer(lifetime)
 	defer timer.Stop()
-	var reason *ProcessError
-	state := ProcessExited
+	var reason *api.ProcessError
+	state := api.ProcessExited
 	select {
 	case <-p.sess.Done():
 	case <-timer.C:
-		state, reason = ProcessTimedOut, &ProcessError{Kind: string(sandbox.KindTimeout), Message: fmt.Sprintf("its lifetime of %s ended", lifetime)}
+		state, reason = api.ProcessTimedOut, &api.ProcessError{Kind: string(sandbox.KindTimeout), Message: fmt.Sprintf("its lifetime of %s ended", lifetime)}
 	case <-p.kill:
-		state, reason = ProcessKilled, &ProcessError{Kind: string(sandbox.KindAbort), Message: "killed (KILL or DELETE)"}
+		state, reason = api.ProcessKilled, &api.ProcessError{Kind: string(sandbox.KindAbort), Message: "killed (KILL or DELETE)"}
 	case <-a.ctx.Done():
-		state, reason = ProcessInterrupted, &ProcessError{Kind: string(sandbox.KindAbort), Message: "the daemon stopped"}
+		state, reason = api.ProcessInterrupted, &api.ProcessError{Kind: string(sandbox.KindAbort), Message: "the daemon stopped"}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
@@ -487,9 +404,9 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, 
 	if cerr != nil {
 		log.Warn("process: close", "err", cerr)
 	}
-	var pexit *ProcessExit
+	var pexit *api.ProcessExit
 	if werr == nil {
-		pexit = &ProcessExit{Code: exit.Code, OOMKilled: exit.OOMKilled && exit.Signal != ""}
+		pexit = &api.ProcessExit{Code: exit.Code, OOMKilled: exit.OOMKilled && exit.Signal != ""}
 		if exit.Signal != "" {
 			s := exit.Signal
 			pexit.Signal = &s
@@ -504,11 +421,11 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, 
 		case errors.Is(werr, sandbox.ErrNotStarted):
 			kind = sandbox.KindStart
 		}
-		state = ProcessFailed
+		state = api.ProcessFailed
 		if kind == sandbox.KindTransport {
-			state = ProcessInterrupted // its lease or its machine was lost
+			state = api.ProcessInterrupted // its lease or its machine was lost
 		}
-		reason = &ProcessError{Kind: string(kind), Message: werr.Error()}
+		reason = &api.ProcessError{Kind: string(kind), Message: werr.Error()}
 	}
 	p.mu.Lock()
 	p.state, p.ended, p.exit, p.err = state, time.Now(), pexit, reason
@@ -527,7 +444,7 @@ func (a *App) journalProcessEnd(log *slog.Logger, id int64, p *bgProcess) {
 	in := p.info()
 	e := store.JournalEnd{StdoutBytes: in.Output.StdoutBytes, StderrBytes: in.Output.StderrBytes}
 	switch {
-	case in.State == ProcessInterrupted:
+	case in.State == api.ProcessInterrupted:
 		e.Outcome, e.Message = store.OutcomeInterrupted, in.Error.Message
 	case in.Error != nil:
 		e.Outcome, e.ErrorKind, e.Message = store.OutcomeError, in.Error.Kind, in.Error.Message
@@ -589,7 +506,7 @@ func (a *App) listProcesses(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	out := []ProcessInfo{}
+	out := []api.Process{}
 	for _, p := range a.procs.list(proj.ID) {
 		out = append(out, p.info())
 	}
@@ -605,12 +522,6 @@ func (a *App) getProcess(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, http.StatusOK, p.info())
 	return nil
-}
-
-// SignalRequest is the body of POST …/processes/{pid}/signal: a signal
-// name with or without "SIG" ("TERM", "SIGINT", "KILL", …).
-type SignalRequest struct {
-	Signal string `json:"signal"`
 }
 
 // parseSignal returns the signal named s.
@@ -632,7 +543,7 @@ func (a *App) signalProcess(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req SignalRequest
+	var req api.SignalRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}

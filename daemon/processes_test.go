@@ -18,6 +18,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -26,28 +27,28 @@ import (
 func processesPath(id int64) string { return fmt.Sprintf("/v1/projects/%d/processes", id) }
 
 // startProc starts a background process and returns it.
-func startProc(t *testing.T, e *env, tok string, id int64, body map[string]any) ProcessInfo {
+func startProc(t *testing.T, e *env, tok string, id int64, body map[string]any) api.Process {
 	t.Helper()
 	status, b := e.do(context.Background(), "POST", processesPath(id), tok, body)
 	if status != http.StatusCreated {
 		t.Fatalf("start %v: %d %s", body, status, b)
 	}
-	var p ProcessInfo
+	var p api.Process
 	if err := json.Unmarshal(b, &p); err != nil {
 		t.Fatal(err)
 	}
 	// A command that ends at once may have ended by the answer.
-	if (p.State != ProcessRunning && p.State != ProcessExited) || !strings.HasPrefix(p.ID, "proc_") || p.LeaseID == "" {
+	if (p.State != api.ProcessRunning && p.State != api.ProcessExited) || !strings.HasPrefix(p.ID, "proc_") || p.LeaseID == "" {
 		t.Fatalf("started: %s", b)
 	}
 	return p
 }
 
 // getProc returns a process's state (the status when not 200).
-func getProc(t *testing.T, e *env, tok string, id int64, pid string) (int, ProcessInfo) {
+func getProc(t *testing.T, e *env, tok string, id int64, pid string) (int, api.Process) {
 	t.Helper()
 	status, b := e.do(context.Background(), "GET", processesPath(id)+"/"+pid, tok, nil)
-	var p ProcessInfo
+	var p api.Process
 	if status == 200 {
 		if err := json.Unmarshal(b, &p); err != nil {
 			t.Fatal(err)
@@ -57,16 +58,16 @@ func getProc(t *testing.T, e *env, tok string, id int64, pid string) (int, Proce
 }
 
 // awaitEnd polls a process until it is no longer running.
-func awaitEnd(t *testing.T, e *env, tok string, id int64, pid string) ProcessInfo {
+func awaitEnd(t *testing.T, e *env, tok string, id int64, pid string) api.Process {
 	t.Helper()
-	var p ProcessInfo
+	var p api.Process
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		status, q := getProc(t, e, tok, id, pid)
 		if status != 200 {
 			t.Fatalf("get %s: %d", pid, status)
 		}
-		if p = q; p.State != ProcessRunning {
+		if p = q; p.State != api.ProcessRunning {
 			return p
 		}
 		if time.Now().After(deadline) {
@@ -86,7 +87,7 @@ func outputLines(t *testing.T, e *env, tok string, id int64, pid, query string) 
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != MediaNDJSON {
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != api.MediaNDJSON {
 		t.Fatalf("output: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	var lines []map[string]any
@@ -222,7 +223,7 @@ func TestProcessAuthBeforeProvider(t *testing.T) {
 	if status, b := e.do(context.Background(), "GET", processesPath(pa.ID), atok, nil); status != 200 || strings.Contains(string(b), bp.ID) {
 		t.Errorf("alice's list: %d %s", status, b)
 	}
-	if status, p := getProc(t, e, btok, pb.ID, bp.ID); status != 200 || p.State != ProcessRunning {
+	if status, p := getProc(t, e, btok, pb.ID, bp.ID); status != 200 || p.State != api.ProcessRunning {
 		t.Errorf("bob's process after alice's attempts: %d %+v", status, p)
 	}
 }
@@ -252,7 +253,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	pr := startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "echo a; echo oops >&2; sleep 0.5; echo b"}})
 	_, lines := outputLines(t, e, tok, id, pr.ID, "from=0")
 	last := lines[len(lines)-1]
-	if joined(lines, "stdout") != "a\nb\n" || joined(lines, "stderr") != "oops\n" || last["state"] != ProcessExited ||
+	if joined(lines, "stdout") != "a\nb\n" || joined(lines, "stderr") != "oops\n" || last["state"] != api.ProcessExited ||
 		last["offset"] != float64(9) || last["exit"].(map[string]any)["code"] != float64(0) {
 		t.Fatalf("followed output: %v", lines)
 	}
@@ -276,7 +277,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 		t.Fatalf("signal: %d %s", status, b)
 	}
 	ended = awaitEnd(t, e, tok, id, tree.ID)
-	if ended.State != ProcessExited || ended.Exit == nil || ended.Exit.Signal == nil || *ended.Exit.Signal != "SIGTERM" {
+	if ended.State != api.ProcessExited || ended.Exit == nil || ended.Exit.Signal == nil || *ended.Exit.Signal != "SIGTERM" {
 		t.Fatalf("after TERM: %+v", ended)
 	}
 	waitFor(t, "the tree to end", func() bool { return len(alive(pids)) == 0 })
@@ -292,8 +293,8 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	tree = startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "trap '' TERM; sleep " + mark + " & sleep " + mark}})
 	waitFor(t, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
 	status, b = e.do(context.Background(), "DELETE", processesPath(id)+"/"+tree.ID, tok, nil)
-	var killed ProcessInfo
-	if err := json.Unmarshal(b, &killed); status != 200 || err != nil || killed.State != ProcessKilled || killed.Error == nil || killed.Error.Kind != string(sandbox.KindAbort) {
+	var killed api.Process
+	if err := json.Unmarshal(b, &killed); status != 200 || err != nil || killed.State != api.ProcessKilled || killed.Error == nil || killed.Error.Kind != string(sandbox.KindAbort) {
 		t.Fatalf("delete: %d %s", status, b)
 	}
 	waitFor(t, "the tree to end", func() bool { return len(alive(pids)) == 0 })
@@ -308,7 +309,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	if status, b := e.do(context.Background(), "POST", processesPath(id)+"/"+tree.ID+"/signal", tok, map[string]string{"signal": "kill"}); status != 200 {
 		t.Fatalf("signal KILL: %d %s", status, b)
 	}
-	if ended = awaitEnd(t, e, tok, id, tree.ID); ended.State != ProcessKilled {
+	if ended = awaitEnd(t, e, tok, id, tree.ID); ended.State != api.ProcessKilled {
 		t.Fatalf("after KILL: %+v", ended)
 	}
 	waitFor(t, "the tree to end", func() bool { return len(alive(pids)) == 0 })
@@ -328,7 +329,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 
 	// The list shows them; ended ones are forgotten after the retention.
 	status, b = e.do(context.Background(), "GET", processesPath(id), tok, nil)
-	var list struct{ Processes []ProcessInfo }
+	var list struct{ Processes []api.Process }
 	if err := json.Unmarshal(b, &list); status != 200 || err != nil || len(list.Processes) == 0 || list.Processes[len(list.Processes)-1].ID != over.ID {
 		t.Fatalf("list: %d %s", status, b)
 	}
@@ -342,7 +343,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	lt := startProc(t, e, tok, id, map[string]any{"argv": []string{"sleep", mark}, "lifetime": 1})
 	waitFor(t, "the process in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 1 })
 	ended = awaitEnd(t, e, tok, id, lt.ID)
-	if ended.State != ProcessTimedOut || ended.Error == nil || ended.Error.Kind != string(sandbox.KindTimeout) {
+	if ended.State != api.ProcessTimedOut || ended.Error == nil || ended.Error.Kind != string(sandbox.KindTimeout) {
 		t.Fatalf("lifetime: %+v", ended)
 	}
 	waitFor(t, "the process to end", func() bool { return len(alive(pids)) == 0 })
@@ -534,7 +535,7 @@ func TestProcessLeaseLost(t *testing.T) {
 	boom := errors.New("lease expired")
 	fake.LastLease().HeartbeatErr.Store(&boom)
 	ended := awaitEnd(t, e, tok, p.ID, pr.ID)
-	if ended.State != ProcessInterrupted || ended.Error == nil || ended.Error.Kind != string(sandbox.KindTransport) || !strings.Contains(ended.Error.Message, "lease expired") {
+	if ended.State != api.ProcessInterrupted || ended.Error == nil || ended.Error.Kind != string(sandbox.KindTransport) || !strings.Contains(ended.Error.Message, "lease expired") {
 		t.Fatalf("after the lease was lost: %+v", ended)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/internal/utf8tail"
 
 	"github.com/coder/websocket"
@@ -210,10 +211,10 @@ func (a *App) processOutput(w http.ResponseWriter, r *http.Request) error {
 	binary := false
 	switch q.Get("encoding") {
 	case "":
-	case EncodingBase64:
+	case api.EncodingBase64:
 		binary = true
 	default:
-		return apiErr(http.StatusBadRequest, KindInvalid, "encoding %q is not supported (only %q)", q.Get("encoding"), EncodingBase64)
+		return apiErr(http.StatusBadRequest, KindInvalid, "encoding %q is not supported (only %q)", q.Get("encoding"), api.EncodingBase64)
 	}
 	var send func(ctx context.Context, line []byte) error
 	var finish func()
@@ -252,7 +253,7 @@ func (a *App) processOutput(w http.ResponseWriter, r *http.Request) error {
 	}
 	rc := http.NewResponseController(w)
 	h := w.Header()
-	h.Set("Content-Type", MediaNDJSON)
+	h.Set("Content-Type", api.MediaNDJSON)
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Corral-Output-Start", strconv.FormatInt(p.out.state().Start, 10))
@@ -280,21 +281,6 @@ func (a *App) processOutput(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// outputLine is one chunk line of a process's output.
-type outputLine struct {
-	Stream string `json:"stream"`
-	Offset int64  `json:"offset"`
-	Data   string `json:"data"`
-}
-
-// outputEnd is the last line of a process's output.
-type outputEnd struct {
-	Offset int64         `json:"offset"`
-	State  string        `json:"state"`
-	Exit   *ProcessExit  `json:"exit"`
-	Error  *ProcessError `json:"error"`
-}
-
 // streamOutput sends p's output from from on, then the last line.
 func (a *App) streamOutput(ctx context.Context, p *bgProcess, from int64, follow, binary bool, send func(context.Context, []byte) error, finish func()) {
 	next := from
@@ -303,7 +289,7 @@ func (a *App) streamOutput(ctx context.Context, p *bgProcess, from int64, follow
 		final := closed && atEnd // nothing more will come
 		for _, c := range chunks {
 			data := c.data
-			line := outputLine{Stream: "stdout", Offset: c.offset}
+			line := api.ProcessOutputChunk{Stream: "stdout", Offset: c.offset}
 			if c.stream == StreamStderr {
 				line.Stream = "stderr"
 			}
@@ -335,7 +321,7 @@ func (a *App) streamOutput(ctx context.Context, p *bgProcess, from int64, follow
 			continue
 		}
 		in := p.info()
-		b, _ := json.Marshal(outputEnd{Offset: next, State: in.State, Exit: in.Exit, Error: in.Error})
+		b, _ := json.Marshal(api.ProcessOutputEnd{Offset: next, State: in.State, Exit: in.Exit, Error: in.Error})
 		if send(ctx, b) == nil {
 			finish()
 		}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // The ring keeps the newest bytes across chunks of both streams, cutting
@@ -47,7 +49,7 @@ func TestOutputRing(t *testing.T) {
 // Text chunks never split a UTF-8 character, also where a step or a write
 // cut one; every byte is sent once, in order.
 func TestStreamOutputUTF8(t *testing.T) {
-	p := &bgProcess{out: newOutputRing(4 * readLimit), done: make(chan struct{}), state: ProcessRunning}
+	p := &bgProcess{out: newOutputRing(4 * readLimit), done: make(chan struct{}), state: api.ProcessRunning}
 	text := strings.Repeat("é", readLimit) // 2 bytes each: a step ends mid-character
 	b := []byte(text)
 	r, w := io.Pipe()
@@ -58,7 +60,7 @@ func TestStreamOutputUTF8(t *testing.T) {
 	}()
 	pumpOutput(p.out, StreamStdout, r)
 	p.out.close()
-	p.state = ProcessExited
+	p.state = api.ProcessExited
 	close(p.done)
 	var out strings.Builder
 	var last map[string]any
@@ -78,7 +80,7 @@ func TestStreamOutputUTF8(t *testing.T) {
 		return nil
 	}
 	(&App{}).streamOutput(context.Background(), p, 0, true, false, send, func() {})
-	if out.String() != text || last["offset"] != float64(len(b)) || last["state"] != ProcessExited {
+	if out.String() != text || last["offset"] != float64(len(b)) || last["state"] != api.ProcessExited {
 		t.Fatalf("got %d bytes, last %v", out.Len(), last)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -78,10 +79,10 @@ func TestHTTPAdministration(t *testing.T) {
 	if status != 201 {
 		t.Fatalf("token create: %d %s", status, body)
 	}
-	var tj TokenJSON
+	var tj api.Token
 	decode(body, &tj)
 	carol := tj.Token
-	var me AccountJSON
+	var me api.Account
 	status, body = e.do(ctx, "GET", "/v1/whoami", carol, nil)
 	decode(body, &me)
 	if status != 200 || me.Name != "carol" {
@@ -112,7 +113,7 @@ func TestHTTPAdministration(t *testing.T) {
 	if status != 201 {
 		t.Fatalf("project create: %d %s", status, body)
 	}
-	var pj ProjectJSON
+	var pj api.Project
 	decode(body, &pj)
 	if pj.Kind != "managed" || pj.Role != "owner" || pj.Root != "" {
 		t.Errorf("project %+v", pj)
@@ -145,7 +146,7 @@ func TestHTTPAdministration(t *testing.T) {
 		t.Errorf("members: %d %s", status, body)
 	}
 	status, body = e.do(ctx, "GET", "/v1/projects", other, nil)
-	var list []ProjectJSON
+	var list []api.Project
 	decode(body, &list)
 	if status != 200 || len(list) != 1 || list[0].Name != "box" || list[0].Role != "member" {
 		t.Errorf("list: %d %s", status, body)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -80,7 +81,7 @@ func TestLongAccessEndsWithItsAuthorization(t *testing.T) {
 			}
 		}},
 		{"streamed command", func(ctx context.Context, t *testing.T, e *env, tok string, p store.Project, marker string) func() string {
-			resp := e.post(ctx, t, tok, p.ID, MediaNDJSON, "echo up; exec sleep "+marker)
+			resp := e.post(ctx, t, tok, p.ID, api.MediaNDJSON, "echo up; exec sleep "+marker)
 			lines := bufio.NewScanner(resp.Body)
 			if !lines.Scan() || !strings.Contains(lines.Text(), "up") {
 				t.Fatalf("first line %q: %v", lines.Text(), lines.Err())

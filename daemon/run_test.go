@@ -16,6 +16,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -234,7 +235,7 @@ func TestPlatformFlow(t *testing.T) {
 	if err := platform.Do(ctx, "POST", "/v1/accounts", map[string]string{"name": "dev"}, nil); err != nil {
 		t.Fatal(err)
 	}
-	var tj TokenJSON
+	var tj api.Token
 	if err := platform.Do(ctx, "POST", "/v1/accounts/dev/tokens", map[string]string{"name": "agent"}, &tj); err != nil {
 		t.Fatal(err)
 	}

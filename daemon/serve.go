@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/export"
@@ -166,7 +167,7 @@ type Config struct {
 	// OwnerLimits are the machines' default limits (those WorkerArgs
 	// give the supervised worker): the most a project owner who is not an
 	// admin may set (AppOptions.OwnerLimits).
-	OwnerLimits LimitsJSON
+	OwnerLimits api.Limits
 	// MaxAccountProjects is AppOptions.MaxAccountProjects.
 	MaxAccountProjects int
 	// Export configures GitHub export (the host-side push credential, the

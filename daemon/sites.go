@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
@@ -605,13 +606,17 @@ func (a *App) listSites(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, list)
+	out := make([]api.Site, 0, len(list))
+	for _, s := range list {
+		out = append(out, siteJSON(s))
+	}
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
-// SiteRequest is the body of PUT /v1/projects/{id}/sites/{name}.
-type SiteRequest struct {
-	Port int `json:"port"`
+// siteJSON is s as the API shows it.
+func siteJSON(s sitesplugin.Site) api.Site {
+	return api.Site{Name: s.Name, ProjectID: s.Project, Port: s.Port, PublishedBy: s.By, Published: s.Published}
 }
 
 func (a *App) publishSite(w http.ResponseWriter, r *http.Request) error {
@@ -619,7 +624,7 @@ func (a *App) publishSite(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req SiteRequest
+	var req api.SiteRequest
 	if err := a.decodeBody(w, r, &req); err != nil {
 		return err
 	}
@@ -634,7 +639,7 @@ func (a *App) publishSite(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, s)
+	writeJSON(w, http.StatusOK, siteJSON(s))
 	return nil
 }
 
@@ -654,22 +659,6 @@ func (a *App) unpublishSite(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// SiteURLRequest is the body of POST /v1/projects/{id}/sites/{name}/url;
-// an empty body means its zero value.
-type SiteURLRequest struct {
-	// Path is the path (and query) the URL opens; empty means "/".
-	Path string `json:"path,omitempty"`
-	// ExpiresInSeconds is the URL's lifetime; zero means the daemon's
-	// default (5 min), at most 1 h.
-	ExpiresInSeconds int `json:"expiresInSeconds,omitempty"`
-}
-
-// SiteURL is the answer of POST /v1/projects/{id}/sites/{name}/url.
-type SiteURL struct {
-	URL     string    `json:"url"`
-	Expires time.Time `json:"expires"`
-}
-
 // siteURL mints a signed URL of a site of the project, for the caller's
 // account and bearer token.
 func (a *App) siteURL(w http.ResponseWriter, r *http.Request) error {
@@ -677,7 +666,7 @@ func (a *App) siteURL(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var req SiteURLRequest
+	var req api.SiteURLRequest
 	if r.ContentLength != 0 {
 		if err := a.decodeBody(w, r, &req); err != nil {
 			return err
@@ -713,6 +702,6 @@ func (a *App) siteURL(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Cache-Control", "no-store")
-	writeJSON(w, http.StatusOK, SiteURL{URL: u, Expires: exp})
+	writeJSON(w, http.StatusOK, api.SiteURL{URL: u, Expires: exp})
 	return nil
 }

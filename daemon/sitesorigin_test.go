@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // sitesTestDomain is the sites domain of these tests.
@@ -61,7 +63,7 @@ func (e *env) mintSiteURL(project int64, name, token string, body any) (int, str
 	if status != 200 {
 		return status, string(b)
 	}
-	var v SiteURL
+	var v api.SiteURL
 	if err := json.Unmarshal(b, &v); err != nil || v.URL == "" || v.Expires.IsZero() {
 		e.t.Fatalf("signed URL: %s (%v)", b, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/store"
@@ -214,7 +215,7 @@ With --json, print {"id":N,"accountId":N,"name":S,"token":S} instead.`,
 					return err
 				}
 				if createJSON {
-					return printJSON(cmd, daemon.TokenJSON{ID: t.ID, Account: a.ID, Name: t.Name, Token: tok})
+					return printJSON(cmd, api.Token{ID: t.ID, AccountID: a.ID, Name: t.Name, Token: tok})
 				}
 				fmt.Fprintln(cmd.OutOrStdout(), tok)
 				fmt.Fprintf(cmd.ErrOrStderr(), "token id %d (revoke with: corral token revoke %d)\n", t.ID, t.ID)
@@ -567,11 +568,11 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				if err != nil {
 					return err
 				}
-				out := make([]daemon.MemberJSON, 0, len(ms))
+				out := make([]api.Member, 0, len(ms))
 				for _, m := range ms {
-					mj := daemon.MemberJSON{Account: m.Account, Role: string(m.Role), Trusted: m.Trusted, Created: m.Created}
+					mj := api.Member{AccountID: m.Account, Role: string(m.Role), Trusted: m.Trusted, Created: m.Created}
 					if a, err := st.GetAccount(ctx, m.Account); err == nil {
-						mj.Name = a.Name
+						mj.Account = a.Name
 					}
 					out = append(out, mj)
 				}
@@ -581,7 +582,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 				fmt.Fprintln(tw, "ACCOUNT\tID\tROLE\tTRUSTED\tSINCE")
 				for _, m := range out {
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\n", m.Name, m.Account, m.Role, m.Trusted, when(m.Created))
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\n", m.Account, m.AccountID, m.Role, m.Trusted, when(m.Created))
 				}
 				return tw.Flush()
 			})

@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/export"
 )
@@ -102,7 +103,7 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 				cfg.WorkerArgs = append(cfg.WorkerArgs, "--disk", disk.String())
 			}
 			// Owners may lower them, not lift them.
-			cfg.OwnerLimits = daemon.LimitsJSON{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n}
+			cfg.OwnerLimits = api.Limits{Memory: memory.n, Pids: pids, CPUMillis: cpuMillis(cpus), Tmp: tmp.n, Disk: disk.n}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return daemon.Run(ctx, cfg)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/corral-sandbox/corral/sandbox"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // Diff and Show size caps.
@@ -37,21 +39,8 @@ type DiffOptions struct {
 	MaxBytes int64
 }
 
-// Diff is a unified diff.
-//
-// If IsRepo is false the project directory is not a Git repository and
-// every other field is empty.
-type Diff struct {
-	IsRepo bool `json:"isRepo"`
-	// Patch is git's unified diff (without external diff drivers or
-	// textconv), at most MaxBytes long.
-	Patch string `json:"patch"`
-	// Truncated reports that the diff was longer than MaxBytes and Patch
-	// was cut (at a line end where possible).
-	Truncated bool `json:"truncated"`
-	// Redacted reports that credentials were removed from Patch.
-	Redacted bool `json:"redacted,omitempty"`
-}
+// Diff is a unified diff (api.GitDiff: its fields and JSON).
+type Diff = api.GitDiff
 
 // Diff runs git diff in project on behalf of actor; see DiffOptions. An
 // unknown ref is ErrUnknownRevision.

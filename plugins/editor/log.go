@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/corral-sandbox/corral/sandbox"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // Log page sizes.
@@ -35,33 +37,11 @@ type LogOptions struct {
 	Path string
 }
 
-// Log is a page of history.
-//
-// If IsRepo is false the project directory is not a Git repository and
-// every other field is empty.
-type Log struct {
-	IsRepo bool `json:"isRepo"`
-	// Commits lists the page, newest first. Never nil for a repository
-	// (empty for a branch with no commit yet).
-	Commits []Commit `json:"commits"`
-	// HasMore reports that commits follow this page (request the next one
-	// with Skip + len(Commits)).
-	HasMore bool `json:"hasMore"`
-}
+// Log is a page of history (api.GitLog: its fields and JSON).
+type Log = api.GitLog
 
-// Commit is one commit of a log.
-type Commit struct {
-	Hash          string   `json:"hash"`
-	Parents       []string `json:"parents"`
-	AuthorName    string   `json:"authorName"`
-	AuthorEmail   string   `json:"authorEmail"`
-	AuthorDate    string   `json:"authorDate"`    // strict ISO 8601
-	CommitterDate string   `json:"committerDate"` // strict ISO 8601
-	// Subject is the message's first paragraph, its lines joined by
-	// spaces; Body is the rest.
-	Subject string `json:"subject"`
-	Body    string `json:"body"`
-}
+// Commit is one commit of a log (api.GitCommit: its fields and JSON).
+type Commit = api.GitCommit
 
 // logFormat prints each commit as its fields separated by US (0x1f), the
 // raw message last (so that it may contain anything but NUL); -z ends

@@ -44,7 +44,7 @@ func TestParseStatus(t *testing.T) {
 		{Kind: EntryRenamed, Path: "new name", OrigPath: "old name", Score: 87, Index: "R", Worktree: ".", ModeHead: "100644", ModeIndex: "100644", ModeWorktree: "100644", OIDHead: oidA, OIDIndex: oidA},
 		{Kind: EntryCopied, Path: "copy", OrigPath: "orig", Score: 50, Index: "C", Worktree: ".", ModeHead: "100644", ModeIndex: "100644", ModeWorktree: "100644", OIDHead: oidA, OIDIndex: oidA},
 		{Kind: EntryUnmerged, Path: "both\nadded", Index: "A", Worktree: "U", ModeWorktree: "100644", Conflicted: true, Conflict: "added by us",
-			Stages: []Stage{{1, "000000", strings.Repeat("0", 40)}, {2, "100644", oidB}, {3, "100644", oidC}}},
+			Stages: []Stage{{Stage: 1, Mode: "000000", OID: strings.Repeat("0", 40)}, {Stage: 2, Mode: "100644", OID: oidB}, {Stage: 3, Mode: "100644", OID: oidC}}},
 		{Kind: EntryUntracked, Path: "untracked", Index: "?", Worktree: "?"},
 		{Kind: EntryIgnored, Path: "ignored/file", Index: "!", Worktree: "!"},
 	}

@@ -8,39 +8,16 @@ import (
 	"strings"
 
 	"github.com/corral-sandbox/corral/sandbox"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // binarySniff is how much of a file Show inspects for a NUL byte, as git
 // does to call a file binary.
 const binarySniff = 8000
 
-// File is a file's content at a ref.
-//
-// If IsRepo is false the project directory is not a Git repository and
-// every other field is empty.
-type File struct {
-	IsRepo bool   `json:"isRepo"`
-	Ref    string `json:"ref,omitempty"`
-	Path   string `json:"path,omitempty"`
-	// OID is the blob's object name; Mode its file mode ("100644",
-	// "100755", or "120000" for a symbolic link, whose content is its
-	// target).
-	OID  string `json:"oid,omitempty"`
-	Mode string `json:"mode,omitempty"`
-	// Size is the blob's full size in bytes.
-	Size int64 `json:"size"`
-	// Binary reports a file with a NUL byte in its first 8000 bytes;
-	// Content is then empty.
-	Binary bool `json:"binary"`
-	// Content is the file as UTF-8 text (invalid bytes replaced by
-	// U+FFFD), at most the requested max bytes.
-	Content string `json:"content"`
-	// Truncated reports that the file is longer than max and Content was
-	// cut.
-	Truncated bool `json:"truncated"`
-	// Redacted reports that credentials were removed from Content.
-	Redacted bool `json:"redacted,omitempty"`
-}
+// File is a file's content at a ref (api.GitFile: its fields and JSON).
+type File = api.GitFile
 
 // Show returns the file at path (relative to the repository root) in ref
 // (empty: HEAD) of project, on behalf of actor, with at most max bytes of

@@ -8,104 +8,38 @@ import (
 	"strings"
 
 	"github.com/corral-sandbox/corral/sandbox"
+
+	"github.com/corral-sandbox/corral/api"
 )
 
 // StatusLimit bounds the output of git status; beyond it the entries are
 // cut and Status.Truncated is set.
 const StatusLimit = 8 << 20
 
-// Status is a repository's working-tree status.
-//
-// If IsRepo is false the project directory is not a Git repository and
-// every other field is empty.
-type Status struct {
-	IsRepo bool    `json:"isRepo"`
-	Branch *Branch `json:"branch,omitempty"`
-	// Entries lists changed, untracked and conflicted paths in git's
-	// order. Never nil for a repository.
-	Entries []Entry `json:"entries"`
-	// Truncated reports that git listed more than StatusLimit bytes of
-	// entries: Entries holds the ones that fit.
-	Truncated bool `json:"truncated,omitempty"`
-}
+// Status is a repository's working-tree status (api.GitStatus: its fields and JSON).
+type Status = api.GitStatus
 
-// Branch is the branch header of a status.
-type Branch struct {
-	// OID is the commit HEAD points at; empty when Initial.
-	OID string `json:"oid,omitempty"`
-	// Initial reports a branch with no commit yet.
-	Initial bool `json:"initial,omitempty"`
-	// Head is the current branch's name; empty when Detached.
-	Head     string `json:"head,omitempty"`
-	Detached bool   `json:"detached,omitempty"`
-	// Upstream is the upstream branch ("origin/main"), if one is set.
-	Upstream string `json:"upstream,omitempty"`
-	// Ahead and Behind count commits relative to the upstream. Both are
-	// nil when there is no upstream or it does not resolve (gone).
-	Ahead  *int `json:"ahead,omitempty"`
-	Behind *int `json:"behind,omitempty"`
-}
+// Branch is the branch header of a status (api.GitBranch: its fields and JSON).
+type Branch = api.GitBranch
 
-// EntryKind classifies a status entry (the first field of porcelain v2).
-type EntryKind string
+// EntryKind classifies a status entry (api.GitEntryKind: its fields and JSON).
+type EntryKind = api.GitEntryKind
 
 // The kinds of status entries.
 const (
-	// EntryOrdinary ("1"): a changed tracked path.
-	EntryOrdinary EntryKind = "ordinary"
-	// EntryRenamed ("2", R): a renamed path; OrigPath is the old name.
-	EntryRenamed EntryKind = "renamed"
-	// EntryCopied ("2", C): a copied path; OrigPath is the source.
-	EntryCopied EntryKind = "copied"
-	// EntryUnmerged ("u"): a conflicted path; Stages holds its sides.
-	EntryUnmerged EntryKind = "unmerged"
-	// EntryUntracked ("?").
-	EntryUntracked EntryKind = "untracked"
-	// EntryIgnored ("!"), listed only when git is asked for ignored files.
-	EntryIgnored EntryKind = "ignored"
+	EntryOrdinary  = api.GitEntryOrdinary
+	EntryRenamed   = api.GitEntryRenamed
+	EntryCopied    = api.GitEntryCopied
+	EntryUnmerged  = api.GitEntryUnmerged
+	EntryUntracked = api.GitEntryUntracked
+	EntryIgnored   = api.GitEntryIgnored
 )
 
-// Entry is one path of a status.
-//
-// Index and Worktree are git's one-letter states of the path in the index
-// (relative to HEAD) and in the working tree (relative to the index):
-// "." unmodified, "M" modified, "T" type changed, "A" added, "D" deleted,
-// "R" renamed, "C" copied, "U" updated but unmerged; "?" and "!" for
-// untracked and ignored paths.
-type Entry struct {
-	Kind     EntryKind `json:"kind"`
-	Path     string    `json:"path"`
-	Index    string    `json:"index"`
-	Worktree string    `json:"worktree"`
-	// OrigPath is a rename's or copy's source path.
-	OrigPath string `json:"origPath,omitempty"`
-	// Score is a rename's or copy's similarity, in percent.
-	Score int `json:"score,omitempty"`
-	// Submodule is git's submodule state ("S<c><m><u>"); empty for
-	// ordinary files.
-	Submodule string `json:"submodule,omitempty"`
-	// Modes and object names of ordinary, renamed and copied entries:
-	// in HEAD, in the index and (mode only) in the working tree.
-	ModeHead     string `json:"modeHead,omitempty"`
-	ModeIndex    string `json:"modeIndex,omitempty"`
-	ModeWorktree string `json:"modeWorktree,omitempty"`
-	OIDHead      string `json:"oidHead,omitempty"`
-	OIDIndex     string `json:"oidIndex,omitempty"`
-	// Conflicted is true for unmerged entries. Conflict names the kind of
-	// conflict from its two letters ("both modified", "deleted by them",
-	// ...), and Stages holds stage 1 (base), 2 (ours) and 3 (theirs); a
-	// stage absent from the index has mode 000000.
-	Conflicted bool    `json:"conflicted,omitempty"`
-	Conflict   string  `json:"conflict,omitempty"`
-	Stages     []Stage `json:"stages,omitempty"`
-}
+// Entry is one path of a status (api.GitEntry: its fields and JSON).
+type Entry = api.GitEntry
 
-// Stage is one side of a conflicted path.
-type Stage struct {
-	Stage int    `json:"stage"`
-	Mode  string `json:"mode"`
-	OID   string `json:"oid"`
-}
+// Stage is one side of a conflicted path (api.GitStage: its fields and JSON).
+type Stage = api.GitStage
 
 var conflicts = map[string]string{
 	"DD": "both deleted",
