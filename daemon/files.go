@@ -181,6 +181,8 @@ type fileCall struct {
 	stop    func()
 	journal int64
 	done    func() // gives the call's reservation back (startFileCall)
+	// releaseOnce guards the lease's release (releaseLease).
+	releaseOnce sync.Once
 	// ctx is the request's, cancelled when the lease's heartbeat fails
 	// (no transfer outlives its lease) and, with a *sessionEnded cause,
 	// when the caller lost its authorization (trackSession).
@@ -271,12 +273,24 @@ func (fc *fileCall) end(err error) {
 			fc.a.log.Warn("files: journal", "err", jerr)
 		}
 	}
-	fc.stop()
 	fc.cancel(nil)
-	if rerr := fc.lease.Release(ctx); rerr != nil {
-		fc.a.log.Warn("files: release lease", "lease", fc.lease.ID(), "err", rerr)
-	}
+	fc.releaseLease()
 	fc.done()
+}
+
+// releaseLease stops the heartbeat and releases the call's lease, once.
+// A watch releases it as soon as it watches: an open watch is no use of
+// the machine, and must not keep the project's owner from deleting it
+// (the session checker ends it then: the project has no members).
+func (fc *fileCall) releaseLease() {
+	fc.stop()
+	fc.releaseOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if rerr := fc.lease.Release(ctx); rerr != nil {
+			fc.a.log.Warn("files: release lease", "lease", fc.lease.ID(), "err", rerr)
+		}
+	})
 }
 
 func truncateMsg(s string) string {
@@ -615,6 +629,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	defer a.wg.Done()
+	fc.releaseLease()
 	dirs := make(map[int32]string, len(watches))
 	for _, wi := range watches {
 		dirs[int32(wi.WD)] = wi.Path

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -175,4 +176,50 @@ func (e *env) post(ctx context.Context, t *testing.T, tok string, id int64, acce
 		return nil
 	}
 	return resp
+}
+
+// TestWatchDoesNotPinProject is the rest of issue 24's attack 4: a
+// member's files watch held a "files" lease for as long as it stayed
+// open, so the owner's DELETE of the project answered 409 with no way to
+// end it. The delete must succeed, and the watch end within a few seconds.
+func TestWatchDoesNotPinProject(t *testing.T) {
+	requireRoot(t)
+	e := newEnv(t, envOpts{})
+	owner, otok := e.account("owner")
+	bob, tok := e.account("bob")
+	p := e.hostProject("box", owner)
+	if _, err := e.st.AddMember(context.Background(), store.Member{Project: p.ID, Account: bob.ID, Role: store.RoleMember}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, resp, err := websocket.Dial(ctx, "ws://corral"+filesPath(p.ID, "watch", qp("path", "/workspace")), &websocket.DialOptions{
+		HTTPClient: e.http, HTTPHeader: http.Header{"Authorization": {"Bearer " + tok}},
+	})
+	if err != nil {
+		t.Fatalf("watch: %v %v", err, resp)
+	}
+	defer c.CloseNow()
+	if err := os.WriteFile(filepath.Join(p.Root, "before"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Read(ctx); err != nil {
+		t.Fatalf("watch read: %v", err)
+	}
+	if status, b := e.do(ctx, "DELETE", fmt.Sprintf("/v1/projects/%d", p.ID), otok, nil); status != http.StatusNoContent {
+		t.Fatalf("the owner's DELETE with a member's watch open: %d %s", status, b)
+	}
+	deleted := time.Now()
+	for {
+		if _, _, err := c.Read(ctx); err != nil {
+			var ce websocket.CloseError
+			if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation {
+				t.Errorf("the watch of a deleted project ended with %v, want 1008", err)
+			}
+			break
+		}
+	}
+	if took := time.Since(deleted); took > 5*time.Second {
+		t.Errorf("the watch ended %v after the delete", took)
+	}
 }
