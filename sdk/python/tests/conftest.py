@@ -30,8 +30,10 @@ class Daemon:
     def start(self, binary: str = "") -> None:
         """Starts it, with the corral at ``binary`` if given (else built)."""
         env = dict(os.environ, CORRAL_TESTDAEMON_BIN=binary) if binary else None
-        out = subprocess.run([str(TESTDAEMON / "start"), self.state], check=True, capture_output=True, text=True,
+        out = subprocess.run([str(TESTDAEMON / "start"), self.state], capture_output=True, text=True,
                              timeout=600, env=env)
+        if out.returncode != 0:
+            raise RuntimeError(f"sdk/testdaemon/start {self.state} exited {out.returncode}:\n{out.stderr}")
         self.env = dict(line.split("=", 1) for line in out.stdout.splitlines() if "=" in line)
 
     def stop(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from typing import AsyncIterator
 
 import pytest
 
@@ -195,6 +196,14 @@ def test_async_client_has_the_same_surface(daemon: Daemon) -> None:
                 assert e.value.stdout == "p\n"
                 await p.files.write("a.txt", "async")
                 assert await p.files.read("a.txt") == b"async"
+
+                async def parts() -> AsyncIterator[bytes]:
+                    for i in range(8):
+                        yield bytes(range(256)) * 512 * (i + 1)  # up to 1 MiB a part
+                want = b"".join([bytes(range(256)) * 512 * (i + 1) for i in range(8)])
+                assert (await p.files.write("b.bin", parts())).size == len(want)
+                async with p.files.read_stream("b.bin") as r:
+                    assert b"".join([b async for b in r]) == want
                 proc = await p.processes.start(["sh", "-c", "echo bg"])
                 assert b"".join([c.data async for c in proc.output()]) == b"bg\n"
             finally:
