@@ -29,11 +29,16 @@ const daemonChildEnv = "CORRAL_SUITES_DAEMON"
 // runs) in a child process of the test (so a test can kill it with
 // SIGKILL): state dir, worker socket and, for replicas, store URL, API
 // socket and replica name come from the environment; the lease TTL is one
-// second; the account "admin" is an administrator.
+// second (unless _LEASES is "default": the defaults); the account "admin"
+// is an administrator.
 func maybeRunDaemonChild() {
 	state := os.Getenv(daemonChildEnv)
 	if state == "" {
 		return
+	}
+	leases := lease.Options{TTL: time.Second, SweepInterval: 200 * time.Millisecond}
+	if os.Getenv(daemonChildEnv+"_LEASES") == "default" {
+		leases = lease.Options{}
 	}
 	err := daemon.Run(context.Background(), daemon.Config{
 		StateDir:     state,
@@ -43,7 +48,7 @@ func maybeRunDaemonChild() {
 		WorkerSocket: os.Getenv(daemonChildEnv + "_WORKER"),
 		Admins:       []string{"admin"},
 		Logger:       slog.New(slog.DiscardHandler),
-		Lease:        lease.Options{TTL: time.Second, SweepInterval: 200 * time.Millisecond},
+		Lease:        leases,
 	})
 	fmt.Fprintln(os.Stderr, "daemon child:", err)
 	os.Exit(1)
@@ -51,10 +56,11 @@ func maybeRunDaemonChild() {
 
 // daemonProc is a daemon child. Store, socket and replica are optional
 // (empty: the state directory's database and socket, the default holder
-// name).
+// name); defaultLeases gives it the default lease TTL and sweep.
 type daemonProc struct {
 	state, worker          string
 	store, socket, replica string
+	defaultLeases          bool
 	cmd                    *exec.Cmd
 	done                   chan struct{}
 }
@@ -67,11 +73,14 @@ func (d *daemonProc) sock() string {
 	return filepath.Join(d.state, "corral.sock")
 }
 
-func (d *daemonProc) start(t *testing.T) {
+func (d *daemonProc) start(t testing.TB) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), daemonChildEnv+"="+d.state, daemonChildEnv+"_WORKER="+d.worker,
 		daemonChildEnv+"_STORE="+d.store, daemonChildEnv+"_SOCKET="+d.socket, daemonChildEnv+"_REPLICA="+d.replica)
+	if d.defaultLeases {
+		cmd.Env = append(cmd.Env, daemonChildEnv+"_LEASES=default")
+	}
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	// From pdeath's permanent thread: the signal follows the forking

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/daemon"
+	"github.com/corral-sandbox/corral/internal/pgtest"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -36,13 +37,34 @@ type replicas struct {
 // every replica opens, and PostgreSQL where its backend and server exist.
 var backends = []struct {
 	name string
-	url  func(t *testing.T, state string) string
+	url  func(t testing.TB, state string) string
 }{
-	{"sqlite", func(_ *testing.T, state string) string { return store.DefaultURL(state) }},
+	{"sqlite", func(_ testing.TB, state string) string { return store.DefaultURL(state) }},
+	{"postgres", func(t testing.TB, _ string) string { return postgresURL(t, pgtest.NewDatabase(t)) }},
 }
 
-// startReplicas starts n replicas on the store url names.
-func startReplicas(t *testing.T, n int, url string, state string) *replicas {
+// postgresURL returns url, a new PostgreSQL database's, once this build's
+// store opens it; it skips t, saying why, where it cannot.
+func postgresURL(t testing.TB, url string) string {
+	t.Helper()
+	st, err := store.Open(context.Background(), url, store.Options{Migrate: true})
+	if err != nil && strings.Contains(err.Error(), "not supported by this build") {
+		t.Skip(err)
+	}
+	must(t, err)
+	must(t, st.Close())
+	return url
+}
+
+// startReplicas starts n replicas on the store url names, with a lease
+// TTL of 1 s.
+func startReplicas(t testing.TB, n int, url string, state string) *replicas {
+	return startReplicasWith(t, n, url, state, false)
+}
+
+// startReplicasWith is startReplicas; defaultLeases gives the replicas the
+// default lease TTL and sweep instead.
+func startReplicasWith(t testing.TB, n int, url string, state string, defaultLeases bool) *replicas {
 	t.Helper()
 	ctx := context.Background()
 	must(t, os.MkdirAll(daemon.WorkspacesDir(state), 0o711))
@@ -61,7 +83,7 @@ func startReplicas(t *testing.T, n int, url string, state string) *replicas {
 	rs := &replicas{st: st, worker: w, admin: tok}
 	for i := 0; i < n; i++ {
 		d := &daemonProc{state: state, worker: w.Socket, store: url,
-			socket: filepath.Join(socks, fmt.Sprintf("r%d.sock", i)), replica: fmt.Sprintf("r%d", i)}
+			socket: filepath.Join(socks, fmt.Sprintf("r%d.sock", i)), replica: fmt.Sprintf("r%d", i), defaultLeases: defaultLeases}
 		d.start(t)
 		t.Cleanup(d.kill)
 		rs.d = append(rs.d, d)
@@ -70,7 +92,7 @@ func startReplicas(t *testing.T, n int, url string, state string) *replicas {
 }
 
 // client returns a client of replica i with token.
-func (rs *replicas) client(t *testing.T, i int, token string) *client.Client {
+func (rs *replicas) client(t testing.TB, i int, token string) *client.Client {
 	t.Helper()
 	c, err := client.New(rs.d[i].sock(), token)
 	must(t, err)
@@ -78,7 +100,7 @@ func (rs *replicas) client(t *testing.T, i int, token string) *client.Client {
 }
 
 // clients returns a client of every replica with token.
-func (rs *replicas) clients(t *testing.T, token string) []*client.Client {
+func (rs *replicas) clients(t testing.TB, token string) []*client.Client {
 	var cs []*client.Client
 	for i := range rs.d {
 		cs = append(cs, rs.client(t, i, token))

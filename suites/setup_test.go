@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/pdeath"
+	"github.com/corral-sandbox/corral/internal/pgtest"
 
 	"go.uber.org/goleak"
 
@@ -33,7 +35,16 @@ func TestMain(m *testing.M) {
 	worker.MaybeRunInit()
 	testworker.MaybeRunChild()
 	maybeRunDaemonChild()
-	goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
+	// pgtest.Main stops the PostgreSQL server tests shared; leaks are
+	// looked for after it, as goleak.VerifyTestMain would.
+	code := pgtest.Main(m)
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreTopFunction(pdeath.SpawnerFunc)); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // stack is a real daemon over a real Unix socket, on a core with a real
