@@ -73,7 +73,7 @@ func Builtins() []PluginFactory {
 // SandboxPlugin is the built-in provider of the "sandbox" domain: host
 // projects and managed machines.
 var SandboxPlugin = PluginFactory{builtin: func(d internals) plugin.Registration {
-	return sandboxplugin.Registration(func() (*provider.Provider, error) {
+	return sandbox.Registration(func() (*provider.Provider, error) {
 		return provider.New(provider.Options{
 			Store:   d.store,
 			Leases:  d.leases,
@@ -88,17 +88,17 @@ var SandboxPlugin = PluginFactory{builtin: func(d internals) plugin.Registration
 // SitesPlugin is the built-in owner of the "sites" domain: which project
 // port is published under which name.
 var SitesPlugin = PluginFactory{builtin: func(d internals) plugin.Registration {
-	return sitesplugin.Registration(sitesplugin.Options{Store: d.store, Logger: d.Logger})
+	return sites.Registration(sites.Options{Store: d.store, Logger: d.Logger})
 }}
 
 // EditorPlugin is the built-in provider of the "editor" domain (Git views
 // of a project).
 var EditorPlugin = PluginFactory{builtin: func(d internals) plugin.Registration {
-	return editorplugin.ForStore(d.store, d.Logger)
+	return editor.ForStore(d.store, d.Logger)
 }}
 
 // LSPPlugin is the built-in provider of the "lsp" domain (language servers
 // in machines).
 var LSPPlugin = PluginFactory{builtin: func(d internals) plugin.Registration {
-	return lspplugin.Registration(lspplugin.Options{Servers: d.LSPServers, Logger: d.Logger})
+	return lsp.Registration(lsp.Options{Servers: d.LSPServers, Logger: d.Logger})
 }}

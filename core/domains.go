@@ -4,9 +4,9 @@ import (
 	"fmt"
 
 	"github.com/corral-sandbox/corral/plugin"
-	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
-	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
-	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
+	"github.com/corral-sandbox/corral/plugins/editor"
+	"github.com/corral-sandbox/corral/plugins/lsp"
+	"github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -20,9 +20,9 @@ func (c *Core) registerDomains() error {
 	}{
 		{plugin.DomainSandbox, plugin.Implements[sandbox.Provider](), plugin.DomainOptions{Absent: sandbox.ErrUnavailable}},
 		{plugin.DomainSandboxArtifacts, plugin.Implements[ArtifactReader](), plugin.DomainOptions{CoreOnly: true}},
-		{plugin.DomainEditor, plugin.Implements[editorplugin.Domain](), plugin.DomainOptions{}},
-		{plugin.DomainLSP, plugin.Implements[lspplugin.Domain](), plugin.DomainOptions{}},
-		{plugin.DomainSites, plugin.Implements[sitesplugin.Control](), plugin.DomainOptions{Absent: sitesplugin.ErrUnavailable}},
+		{plugin.DomainEditor, plugin.Implements[editor.Domain](), plugin.DomainOptions{}},
+		{plugin.DomainLSP, plugin.Implements[lsp.Domain](), plugin.DomainOptions{}},
+		{plugin.DomainSites, plugin.Implements[sites.Control](), plugin.DomainOptions{Absent: sites.ErrUnavailable}},
 	}
 	for _, x := range decl {
 		if err := c.registry.RegisterDomain(x.d, x.check, x.opts); err != nil {

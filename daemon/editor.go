@@ -4,7 +4,7 @@ import (
 	"net/http"
 
 	"github.com/corral-sandbox/corral/plugin"
-	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
+	"github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -13,21 +13,21 @@ import (
 func editorActor(r *http.Request) (sandbox.Actor, error) {
 	acct, ok := accountFrom(r.Context())
 	if !ok {
-		return sandbox.Actor{}, editorplugin.ErrUnauthenticated
+		return sandbox.Actor{}, editor.ErrUnauthenticated
 	}
 	return sandbox.Actor{AccountUserID: acct.ID}, nil
 }
 
 // editorGit serves GET /v1/projects/{id}/git/{status,log,diff,show}
-// through the editor domain (editorplugin.Domain), resolved at call time:
+// through the editor domain (editor.Domain), resolved at call time:
 // 401/404 are decided by the daemon from the database first; an absent
 // editor plugin answers 503. The editor's errors are classified
-// (editorplugin.Error) and go through the one error table.
+// (editor.Error) and go through the one error table.
 func (a *App) editorGit(w http.ResponseWriter, r *http.Request) error {
 	if _, _, _, err := a.projectMember(r); err != nil {
 		return err
 	}
-	ed, err := plugin.ResolveCoreAs[editorplugin.Domain](a.core.Registry(), plugin.DomainEditor)
+	ed, err := plugin.ResolveCoreAs[editor.Domain](a.core.Registry(), plugin.DomainEditor)
 	if err != nil {
 		return err
 	}
@@ -35,7 +35,7 @@ func (a *App) editorGit(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	v, err := editorplugin.Serve(ed, r, actor)
+	v, err := editor.Serve(ed, r, actor)
 	if err != nil {
 		return err
 	}

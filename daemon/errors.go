@@ -13,7 +13,7 @@ import (
 	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/internal/errdefs"
-	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
+	"github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -162,10 +162,10 @@ var errorRules = []rule{
 	{as[*export.GitError](), http.StatusInternalServerError, KindInternal, nil},
 	// Editor Git reads: an unknown ref or path has its own kind; an
 	// internal failure says so in the editor's (redacted) words.
-	{is(editorplugin.ErrUnknownRevision), http.StatusNotFound, KindUnknownRevision, nil},
+	{is(editor.ErrUnknownRevision), http.StatusNotFound, KindUnknownRevision, nil},
 	{func(err error) bool {
-		var e *editorplugin.Error
-		return errors.As(err, &e) && e.Kind == editorplugin.KindInternal
+		var e *editor.Error
+		return errors.As(err, &e) && e.Kind == editor.KindInternal
 	}, http.StatusInternalServerError, KindInternal, nil},
 	// A site's port could not be reached through the worker.
 	{siteDialFailure, http.StatusBadGateway, KindBadGateway, siteDialMessage},

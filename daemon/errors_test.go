@@ -11,9 +11,9 @@ import (
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
-	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
-	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
-	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
+	"github.com/corral-sandbox/corral/plugins/editor"
+	"github.com/corral-sandbox/corral/plugins/lsp"
+	"github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -31,10 +31,10 @@ func TestErrorTable(t *testing.T) {
 		{machine.ErrNoPrivilegedTransport, 503, KindUnavailable},
 		{plugin.ErrAbsent, 503, KindUnavailable},
 		{sandbox.ErrUnavailable, 503, KindUnavailable},
-		{sitesplugin.ErrTaken, 409, KindConflict},
-		{sitesplugin.ErrInvalid, 400, KindInvalid},
-		{lspplugin.ErrUnknownServer, 404, KindNotFound},
-		{lspplugin.ErrUnsupportedProject, 400, KindInvalid},
+		{sites.ErrTaken, 409, KindConflict},
+		{sites.ErrInvalid, 400, KindInvalid},
+		{lsp.ErrUnknownServer, 404, KindNotFound},
+		{lsp.ErrUnsupportedProject, 400, KindInvalid},
 		{export.ErrTooLarge, 413, KindTooLarge},
 		{export.ErrRejected, 409, KindRejected},
 		{fmt.Errorf("%w: x", export.ErrRemoteNotAllowed), 403, KindForbidden},
@@ -50,10 +50,10 @@ func TestErrorTable(t *testing.T) {
 		{&sandbox.CommandError{Kind: sandbox.KindTransport, Cause: machine.ErrUnavailable}, 503, string(sandbox.KindTransport)},
 		{&sandbox.CommandError{Kind: sandbox.KindTimeout, Cause: context.DeadlineExceeded}, 504, string(sandbox.KindTimeout)},
 		{&sandbox.CommandError{Kind: sandbox.KindOverflow}, 413, string(sandbox.KindOverflow)},
-		{&editorplugin.Error{Kind: editorplugin.KindUnknownRevision}, 404, KindUnknownRevision},
-		{&editorplugin.Error{Kind: editorplugin.KindBadRequest}, 400, KindInvalid},
-		{&editorplugin.Error{Kind: editorplugin.KindTimeout, Cause: &sandbox.CommandError{Kind: sandbox.KindTimeout, Stdout: "https://u:p@h/"}}, 504, string(sandbox.KindTimeout)},
-		{&editorplugin.Error{Kind: editorplugin.KindInternal, Message: "git read failed"}, 500, KindInternal},
+		{&editor.Error{Kind: editor.KindUnknownRevision}, 404, KindUnknownRevision},
+		{&editor.Error{Kind: editor.KindBadRequest}, 400, KindInvalid},
+		{&editor.Error{Kind: editor.KindTimeout, Cause: &sandbox.CommandError{Kind: sandbox.KindTimeout, Stdout: "https://u:p@h/"}}, 504, string(sandbox.KindTimeout)},
+		{&editor.Error{Kind: editor.KindInternal, Message: "git read failed"}, 500, KindInternal},
 		{errors.New("secret detail"), 500, KindInternal},
 	} {
 		ae := toAPIError(tc.err)
@@ -61,7 +61,7 @@ func TestErrorTable(t *testing.T) {
 			t.Errorf("%v: %d %s, want %d %s", tc.err, ae.Status, ae.Kind, tc.status, tc.kind)
 		}
 	}
-	if ae := toAPIError(&editorplugin.Error{Kind: editorplugin.KindTimeout, Message: "git did not finish in time", Cause: &sandbox.CommandError{Kind: sandbox.KindTimeout, Stdout: "https://u:p@h/"}}); ae.Stdout != "" || ae.Message != "git did not finish in time" {
+	if ae := toAPIError(&editor.Error{Kind: editor.KindTimeout, Message: "git did not finish in time", Cause: &sandbox.CommandError{Kind: sandbox.KindTimeout, Stdout: "https://u:p@h/"}}); ae.Stdout != "" || ae.Message != "git did not finish in time" {
 		t.Errorf("an editor error's cause leaked: %+v", ae)
 	}
 	if ae := toAPIError(errors.New("secret detail")); ae.Message != "internal error" {

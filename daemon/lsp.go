@@ -10,7 +10,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/plugin"
-	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
+	"github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -56,7 +56,7 @@ func (a *App) lspSession(w http.ResponseWriter, r *http.Request) error {
 	if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
 		return apiErr(http.StatusBadRequest, KindInvalid, "a WebSocket upgrade is required")
 	}
-	ctl, err := plugin.ResolveCoreAs[lspplugin.Domain](a.core.Registry(), plugin.DomainLSP)
+	ctl, err := plugin.ResolveCoreAs[lsp.Domain](a.core.Registry(), plugin.DomainLSP)
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ var errLSPBinary = errors.New("binary messages are not LSP messages; send JSON-R
 
 // bridgeLSP carries messages between conn and sess until either ends, and
 // leaves the server torn down and conn closed.
-func (a *App) bridgeLSP(parent context.Context, conn *websocket.Conn, sess *lspplugin.Session, maxMessage int) {
+func (a *App) bridgeLSP(parent context.Context, conn *websocket.Conn, sess *lsp.Session, maxMessage int) {
 	// As in wsSession.run: the socket's context ends only when the bridge
 	// returns, so that the close frame goes first.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
@@ -103,7 +103,7 @@ func (a *App) bridgeLSP(parent context.Context, conn *websocket.Conn, sess *lspp
 
 	// Client → server. Returns why it stopped: the socket failed or
 	// closed, the client sent a binary message, or the session ended
-	// (an error matching lspplugin.ErrClosed).
+	// (an error matching lsp.ErrClosed).
 	fromClient := make(chan error, 1)
 	go func() {
 		for {
@@ -149,7 +149,7 @@ func (a *App) bridgeLSP(parent context.Context, conn *websocket.Conn, sess *lspp
 		case errors.Is(err, errLSPBinary):
 			_ = sess.Close()
 			_ = conn.Close(websocket.StatusUnsupportedData, clipReason(err.Error()))
-		case errors.Is(err, lspplugin.ErrClosed):
+		case errors.Is(err, lsp.ErrClosed):
 			<-sess.Done()
 			code, reason := lspCloseStatus(sess.Err())
 			_ = conn.Close(code, reason)
@@ -174,22 +174,22 @@ func (a *App) bridgeLSP(parent context.Context, conn *websocket.Conn, sess *lspp
 
 // lspCloseStatus maps why a session ended onto a WebSocket close frame.
 func lspCloseStatus(err error) (websocket.StatusCode, string) {
-	var ce *lspplugin.CloseError
+	var ce *lsp.CloseError
 	if !errors.As(err, &ce) {
 		return websocket.StatusInternalError, "session ended"
 	}
 	code := websocket.StatusInternalError
 	switch ce.Reason {
-	case lspplugin.ReasonExited:
+	case lsp.ReasonExited:
 		if ce.Exit != nil && ce.Exit.Code != nil && *ce.Exit.Code == 0 {
 			code = websocket.StatusNormalClosure
 		}
-	case lspplugin.ReasonClientProtocol:
+	case lsp.ReasonClientProtocol:
 		code = websocket.StatusInvalidFramePayloadData
-		if errors.Is(ce, lspplugin.ErrTooLarge) {
+		if errors.Is(ce, lsp.ErrTooLarge) {
 			code = websocket.StatusMessageTooBig
 		}
-	case lspplugin.ReasonClosed:
+	case lsp.ReasonClosed:
 		code = websocket.StatusNormalClosure
 	}
 	return code, clipReason(string(ce.Reason) + ": " + ce.Message)

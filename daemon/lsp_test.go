@@ -16,7 +16,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/internal/testworker"
-	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
+	"github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -423,15 +423,15 @@ func TestLSPCloseStatus(t *testing.T) {
 		code   websocket.StatusCode
 		reason string
 	}{
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonExited, Message: "the server exited with code 0", Exit: &sandbox.Exit{Code: &zero}}, 1000, "exited: the server exited with code 0"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonExited, Message: "the server exited with code 3", Exit: &sandbox.Exit{Code: &three}}, 1011, "exited: the server exited with code 3"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonExited, Message: "the server closed its output without exiting"}, 1011, "exited: the server closed its output without exiting"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonServerProtocol, Message: "lsp: bad message framing: missing Content-Length", Err: lspplugin.ErrFraming}, 1011, "serverProtocol: lsp: bad message framing: missing Content-Length"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonClientProtocol, Message: "m", Err: lspplugin.ErrNotJSON}, 1007, "clientProtocol: m"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonClientProtocol, Message: "m", Err: lspplugin.ErrTooLarge}, 1009, "clientProtocol: m"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonHeartbeat, Message: "lease heartbeat failed: x"}, 1011, "heartbeat: lease heartbeat failed: x"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonTransport, Message: "t"}, 1011, "transport: t"},
-		{&lspplugin.CloseError{Reason: lspplugin.ReasonClosed, Message: "closed by the client"}, 1000, "closed: closed by the client"},
+		{&lsp.CloseError{Reason: lsp.ReasonExited, Message: "the server exited with code 0", Exit: &sandbox.Exit{Code: &zero}}, 1000, "exited: the server exited with code 0"},
+		{&lsp.CloseError{Reason: lsp.ReasonExited, Message: "the server exited with code 3", Exit: &sandbox.Exit{Code: &three}}, 1011, "exited: the server exited with code 3"},
+		{&lsp.CloseError{Reason: lsp.ReasonExited, Message: "the server closed its output without exiting"}, 1011, "exited: the server closed its output without exiting"},
+		{&lsp.CloseError{Reason: lsp.ReasonServerProtocol, Message: "lsp: bad message framing: missing Content-Length", Err: lsp.ErrFraming}, 1011, "serverProtocol: lsp: bad message framing: missing Content-Length"},
+		{&lsp.CloseError{Reason: lsp.ReasonClientProtocol, Message: "m", Err: lsp.ErrNotJSON}, 1007, "clientProtocol: m"},
+		{&lsp.CloseError{Reason: lsp.ReasonClientProtocol, Message: "m", Err: lsp.ErrTooLarge}, 1009, "clientProtocol: m"},
+		{&lsp.CloseError{Reason: lsp.ReasonHeartbeat, Message: "lease heartbeat failed: x"}, 1011, "heartbeat: lease heartbeat failed: x"},
+		{&lsp.CloseError{Reason: lsp.ReasonTransport, Message: "t"}, 1011, "transport: t"},
+		{&lsp.CloseError{Reason: lsp.ReasonClosed, Message: "closed by the client"}, 1000, "closed: closed by the client"},
 		{errors.New("other"), 1011, "session ended"},
 	} {
 		code, reason := lspCloseStatus(tt.err)
@@ -439,7 +439,7 @@ func TestLSPCloseStatus(t *testing.T) {
 			t.Errorf("%v: %d %q, want %d %q", tt.err, code, reason, tt.code, tt.reason)
 		}
 	}
-	_, reason := lspCloseStatus(&lspplugin.CloseError{Reason: lspplugin.ReasonTransport, Message: long})
+	_, reason := lspCloseStatus(&lsp.CloseError{Reason: lsp.ReasonTransport, Message: long})
 	if len(reason) > 123 || !utf8.ValidString(reason) || !strings.HasPrefix(reason, "transport: éé") {
 		t.Errorf("long reason: %d bytes %q", len(reason), reason)
 	}

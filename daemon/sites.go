@@ -19,7 +19,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
-	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
+	"github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -70,7 +70,7 @@ func (o *SitesOptions) normalize() error {
 	o.Domain = strings.TrimSuffix(strings.ToLower(strings.TrimSpace(o.Domain)), ".")
 	if o.Domain != "" {
 		for _, l := range strings.Split(o.Domain, ".") {
-			if !sitesplugin.ValidName(l) {
+			if !sites.ValidName(l) {
 				return fmt.Errorf("daemon: sites domain %q is not a DNS name", o.Domain)
 			}
 		}
@@ -183,7 +183,7 @@ func (g *sitesGateway) hostSite(host string) (name string, under bool) {
 	if !ok {
 		return "", false
 	}
-	if !sitesplugin.ValidName(name) {
+	if !sites.ValidName(name) {
 		return "", true
 	}
 	return name, true
@@ -233,7 +233,7 @@ func siteDialMessage(err error) string {
 }
 
 type siteTarget struct {
-	site   sitesplugin.Site
+	site   sites.Site
 	byHost bool
 	prefix string // by path: "/sites/NAME"
 	rest   string // by path: the path below the prefix
@@ -335,8 +335,8 @@ func hostOnlyCookie(sc string) (string, bool) {
 }
 
 // resolve returns the sites control, through the registry, at call time.
-func (g *sitesGateway) resolve() (sitesplugin.Control, error) {
-	ctl, err := plugin.ResolveCoreAs[sitesplugin.Control](g.a.core.Registry(), plugin.DomainSites)
+func (g *sitesGateway) resolve() (sites.Control, error) {
+	ctl, err := plugin.ResolveCoreAs[sites.Control](g.a.core.Registry(), plugin.DomainSites)
 	if err != nil {
 		msg := "sites are unavailable"
 		var re *plugin.ResolveError
@@ -345,7 +345,7 @@ func (g *sitesGateway) resolve() (sitesplugin.Control, error) {
 		}
 		// A plugin disabled by configuration or failed before it
 		// registered owns nothing: say what became of the built-in one.
-		if st, ok := g.a.core.Registry().Status(sitesplugin.Name); ok && st.State != plugin.StateLoaded {
+		if st, ok := g.a.core.Registry().Status(sites.Name); ok && st.State != plugin.StateLoaded {
 			msg = fmt.Sprintf("sites are unavailable: plugin %s is %s: %s", st.Name, st.State, st.Reason)
 		}
 		return nil, &APIError{Status: http.StatusServiceUnavailable, Kind: KindUnavailable, Message: msg, Cause: err}
@@ -382,7 +382,7 @@ func (g *sitesGateway) serve(w http.ResponseWriter, r *http.Request) error {
 			// A non-member learns no more than of a name nobody
 			// published (the lookup's own answer), not even the
 			// project's id.
-			return fmt.Errorf("%w: %q", sitesplugin.ErrNotFound, name)
+			return fmt.Errorf("%w: %q", sites.ErrNotFound, name)
 		}
 		return err
 	}
@@ -487,27 +487,27 @@ func (g *sitesGateway) visitor(r *http.Request, name string, now time.Time) (sit
 // authorize checks v may visit site name now: the site exists (and is
 // still the project's the credential was signed for), the token is live,
 // the account a member of the project.
-func (g *sitesGateway) authorize(ctx context.Context, name string, v siteVisitor) (sitesplugin.Site, error) {
+func (g *sitesGateway) authorize(ctx context.Context, name string, v siteVisitor) (sites.Site, error) {
 	ctl, err := g.resolve()
 	if err != nil {
-		return sitesplugin.Site{}, err
+		return sites.Site{}, err
 	}
 	site, err := ctl.Lookup(ctx, name)
 	if err != nil {
-		return sitesplugin.Site{}, err
+		return sites.Site{}, err
 	}
 	if v.project != 0 && v.project != site.Project {
-		return sitesplugin.Site{}, apiErr(http.StatusForbidden, KindForbidden, "site %s is now published by another project: open a new signed URL", name)
+		return sites.Site{}, apiErr(http.StatusForbidden, KindForbidden, "site %s is now published by another project: open a new signed URL", name)
 	}
 	if _, err := g.a.store.LiveToken(ctx, v.token); errors.Is(err, store.ErrNotFound) {
-		return sitesplugin.Site{}, apiErr(http.StatusForbidden, KindForbidden, "the token this access was granted with was revoked")
+		return sites.Site{}, apiErr(http.StatusForbidden, KindForbidden, "the token this access was granted with was revoked")
 	} else if err != nil {
-		return sitesplugin.Site{}, err
+		return sites.Site{}, err
 	}
 	if _, err := g.a.store.GetMember(ctx, site.Project, v.account); errors.Is(err, store.ErrNotFound) {
-		return sitesplugin.Site{}, apiErr(http.StatusForbidden, KindForbidden, "account %d is not a member of project %d", v.account, site.Project)
+		return sites.Site{}, apiErr(http.StatusForbidden, KindForbidden, "account %d is not a member of project %d", v.account, site.Project)
 	} else if err != nil {
-		return sitesplugin.Site{}, err
+		return sites.Site{}, err
 	}
 	return site, nil
 }
@@ -569,7 +569,7 @@ func withoutParam(raw, name string) string {
 }
 
 // signURL returns a signed URL of site opening path, valid for ttl.
-func (g *sitesGateway) signURL(site sitesplugin.Site, path string, account, token int64, ttl time.Duration) (string, time.Time, error) {
+func (g *sitesGateway) signURL(site sites.Site, path string, account, token int64, ttl time.Duration) (string, time.Time, error) {
 	ref, err := url.Parse(path)
 	if err != nil || ref.Scheme != "" || ref.Host != "" || ref.User != nil || !strings.HasPrefix(ref.Path, "/") {
 		return "", time.Time{}, apiErr(http.StatusBadRequest, KindInvalid, "path %q: want an absolute path (with an optional query)", path)
@@ -615,7 +615,7 @@ func (a *App) listSites(w http.ResponseWriter, r *http.Request) error {
 }
 
 // siteJSON is s as the API shows it.
-func siteJSON(s sitesplugin.Site) api.Site {
+func siteJSON(s sites.Site) api.Site {
 	return api.Site{Name: s.Name, ProjectID: s.Project, Port: s.Port, PublishedBy: s.By, Published: s.Published}
 }
 

@@ -1,4 +1,4 @@
-// Package editorplugin is the built-in "editor" plugin: the editor's Git
+// Package editor is the built-in "editor" plugin: the editor's Git
 // reads (status, log, diff, show) of a project, run inside the project's
 // sandbox through the sandbox control's RunCommand with lease kind
 // "editor", and parsed into JSON-ready values.
@@ -56,7 +56,7 @@
 //
 // A project directory that is not a Git repository is a result, not an
 // error: every result then has IsRepo false and nothing else.
-package editorplugin
+package editor
 
 import (
 	"context"

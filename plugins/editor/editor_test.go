@@ -1,4 +1,4 @@
-package editorplugin_test
+package editor_test
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 	"github.com/corral-sandbox/corral/confine"
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/plugin"
-	editorplugin "github.com/corral-sandbox/corral/plugins/editor"
+	"github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 	"go.uber.org/goleak"
@@ -96,9 +96,9 @@ func newEnv(t *testing.T, disabled ...string) *env {
 	}
 }
 
-func (e *env) editor(t *testing.T) *editorplugin.Editor {
+func (e *env) editor(t *testing.T) *editor.Editor {
 	t.Helper()
-	ed, err := plugin.ResolveCoreAs[*editorplugin.Editor](e.core.Registry(), plugin.DomainEditor)
+	ed, err := plugin.ResolveCoreAs[*editor.Editor](e.core.Registry(), plugin.DomainEditor)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,11 +211,11 @@ func TestStatus(t *testing.T) {
 	if b.Ahead == nil || b.Behind == nil || *b.Ahead != 1 || *b.Behind != 1 {
 		t.Fatalf("ahead/behind = %v/%v, want 1/1", b.Ahead, b.Behind)
 	}
-	byPath := map[string]editorplugin.Entry{}
+	byPath := map[string]editor.Entry{}
 	for _, en := range st.Entries {
 		byPath[en.Path] = en
 	}
-	check := func(path string, kind editorplugin.EntryKind, index, worktree string) editorplugin.Entry {
+	check := func(path string, kind editor.EntryKind, index, worktree string) editor.Entry {
 		t.Helper()
 		en, ok := byPath[path]
 		if !ok {
@@ -226,16 +226,16 @@ func TestStatus(t *testing.T) {
 		}
 		return en
 	}
-	staged := check("a.txt", editorplugin.EntryOrdinary, "M", ".")
+	staged := check("a.txt", editor.EntryOrdinary, "M", ".")
 	if staged.ModeHead != "100644" || staged.OIDHead == "" || staged.OIDHead == staged.OIDIndex {
 		t.Errorf("a.txt modes/oids: %+v", staged)
 	}
-	check("b.txt", editorplugin.EntryOrdinary, ".", "M")
-	ren := check("new.txt", editorplugin.EntryRenamed, "R", ".")
+	check("b.txt", editor.EntryOrdinary, ".", "M")
+	ren := check("new.txt", editor.EntryRenamed, "R", ".")
 	if ren.OrigPath != "old.txt" || ren.Score != 100 {
 		t.Errorf("rename: orig %q score %d", ren.OrigPath, ren.Score)
 	}
-	con := check("conflict.txt", editorplugin.EntryUnmerged, "U", "U")
+	con := check("conflict.txt", editor.EntryUnmerged, "U", "U")
 	if !con.Conflicted || con.Conflict != "both modified" || len(con.Stages) != 3 {
 		t.Errorf("conflict: %+v", con)
 	} else {
@@ -250,8 +250,8 @@ func TestStatus(t *testing.T) {
 			}
 		}
 	}
-	check("u.txt", editorplugin.EntryUntracked, "?", "?")
-	check("dir/nested.txt", editorplugin.EntryUntracked, "?", "?")
+	check("u.txt", editor.EntryUntracked, "?", "?")
+	check("dir/nested.txt", editor.EntryUntracked, "?", "?")
 	if len(st.Entries) != 6 {
 		t.Errorf("%d entries, want 6: %+v", len(st.Entries), st.Entries)
 	}
@@ -269,10 +269,10 @@ func TestStatusEmptyRepository(t *testing.T) {
 	if st.Branch == nil || !st.Branch.Initial || st.Branch.Head != "trunk" || st.Branch.Ahead != nil {
 		t.Fatalf("branch %+v", st.Branch)
 	}
-	if len(st.Entries) != 1 || st.Entries[0].Kind != editorplugin.EntryUntracked {
+	if len(st.Entries) != 1 || st.Entries[0].Kind != editor.EntryUntracked {
 		t.Fatalf("entries %+v", st.Entries)
 	}
-	lg, err := e.editor(t).Log(context.Background(), e.member, e.project, editorplugin.LogOptions{})
+	lg, err := e.editor(t).Log(context.Background(), e.member, e.project, editor.LogOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +298,7 @@ func TestLogPaging(t *testing.T) {
 	ctx := context.Background()
 
 	for skip, wantMore := range map[int]bool{0: true, 3: true, 6: false} {
-		lg, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Skip: skip, Limit: 3})
+		lg, err := ed.Log(ctx, e.member, e.project, editor.LogOptions{Skip: skip, Limit: 3})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -314,7 +314,7 @@ func TestLogPaging(t *testing.T) {
 			t.Errorf("skip %d: %d commits, want %d", skip, len(lg.Commits), want)
 		}
 	}
-	lg, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Limit: 2})
+	lg, err := ed.Log(ctx, e.member, e.project, editor.LogOptions{Limit: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,7 +330,7 @@ func TestLogPaging(t *testing.T) {
 	}
 
 	// A path limits history; a ref other than HEAD works.
-	lg, err = ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Ref: all[2], Path: "g.txt"})
+	lg, err = ed.Log(ctx, e.member, e.project, editor.LogOptions{Ref: all[2], Path: "g.txt"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -349,11 +349,11 @@ func TestLogPaging(t *testing.T) {
 
 	// An unknown ref is ErrUnknownRevision; a ref that looks like an
 	// option is refused before anything runs.
-	if _, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{Ref: "nope"}); !errors.Is(err, editorplugin.ErrUnknownRevision) {
+	if _, err := ed.Log(ctx, e.member, e.project, editor.LogOptions{Ref: "nope"}); !errors.Is(err, editor.ErrUnknownRevision) {
 		t.Errorf("unknown ref: %v", err)
 	}
-	for _, bad := range []editorplugin.LogOptions{{Ref: "--output=/tmp/x"}, {Ref: "a b"}, {Path: "../x"}, {Path: "/etc"}, {Limit: -1}, {Skip: -1}, {Limit: 100000}} {
-		if _, err := ed.Log(ctx, e.member, e.project, bad); !errors.Is(err, editorplugin.ErrBadInput) {
+	for _, bad := range []editor.LogOptions{{Ref: "--output=/tmp/x"}, {Ref: "a b"}, {Path: "../x"}, {Path: "/etc"}, {Limit: -1}, {Skip: -1}, {Limit: 100000}} {
+		if _, err := ed.Log(ctx, e.member, e.project, bad); !errors.Is(err, editor.ErrBadInput) {
 			t.Errorf("%+v: %v, want ErrBadInput", bad, err)
 		}
 	}
@@ -364,7 +364,7 @@ func TestDiff(t *testing.T) {
 	r := e.buildRich(t)
 	ed := e.editor(t)
 	ctx := context.Background()
-	diff := func(o editorplugin.DiffOptions) *editorplugin.Diff {
+	diff := func(o editor.DiffOptions) *editor.Diff {
 		t.Helper()
 		d, err := ed.Diff(ctx, e.member, e.project, o)
 		if err != nil {
@@ -377,44 +377,44 @@ func TestDiff(t *testing.T) {
 		return d
 	}
 
-	wt := diff(editorplugin.DiffOptions{Path: "b.txt"})
+	wt := diff(editor.DiffOptions{Path: "b.txt"})
 	if !strings.Contains(wt.Patch, "-b\n+b unstaged\n") || wt.Truncated {
 		t.Errorf("working tree diff:\n%s", wt.Patch)
 	}
-	if all := diff(editorplugin.DiffOptions{}); strings.Contains(all.Patch, "a staged") || !strings.Contains(all.Patch, "b unstaged") {
+	if all := diff(editor.DiffOptions{}); strings.Contains(all.Patch, "a staged") || !strings.Contains(all.Patch, "b unstaged") {
 		t.Errorf("working tree diff shows the staged change or misses the unstaged one:\n%s", all.Patch)
 	}
-	staged := diff(editorplugin.DiffOptions{Staged: true})
+	staged := diff(editor.DiffOptions{Staged: true})
 	if !strings.Contains(staged.Patch, "+a staged\n") || strings.Contains(staged.Patch, "b unstaged") ||
 		!strings.Contains(staged.Patch, "rename from old.txt\nrename to new.txt") {
 		t.Errorf("staged diff:\n%s", staged.Patch)
 	}
-	refs := diff(editorplugin.DiffOptions{From: r.base, To: r.ours})
+	refs := diff(editor.DiffOptions{From: r.base, To: r.ours})
 	if !strings.Contains(refs.Patch, "-base\n+ours\n") || strings.Contains(refs.Patch, "a staged") {
 		t.Errorf("diff between refs:\n%s", refs.Patch)
 	}
-	full := diff(editorplugin.DiffOptions{From: r.base, To: r.theirs})
-	cutd := diff(editorplugin.DiffOptions{From: r.base, To: r.theirs, MaxBytes: 40})
+	full := diff(editor.DiffOptions{From: r.base, To: r.theirs})
+	cutd := diff(editor.DiffOptions{From: r.base, To: r.theirs, MaxBytes: 40})
 	if !cutd.Truncated || len(cutd.Patch) > 40 || !strings.HasPrefix(full.Patch, cutd.Patch) || full.Truncated {
 		t.Errorf("truncated diff (%v, %d bytes):\n%s", cutd.Truncated, len(cutd.Patch), cutd.Patch)
 	}
-	exact := diff(editorplugin.DiffOptions{From: r.base, To: r.theirs, MaxBytes: int64(len(full.Patch))})
+	exact := diff(editor.DiffOptions{From: r.base, To: r.theirs, MaxBytes: int64(len(full.Patch))})
 	if exact.Truncated || exact.Patch != full.Patch {
 		t.Errorf("a diff of exactly max bytes is truncated")
 	}
 	// A large working-tree diff overflows the command's limit: that is
 	// truncation, not an error.
 	e.write(t, "b.txt", strings.Repeat("a long line of changes to overflow the limit\n", 3000))
-	big := diff(editorplugin.DiffOptions{Path: "b.txt", MaxBytes: 1000})
+	big := diff(editor.DiffOptions{Path: "b.txt", MaxBytes: 1000})
 	if !big.Truncated || len(big.Patch) > 1000 || !strings.HasPrefix(big.Patch, "diff --git a/b.txt b/b.txt\n") {
 		t.Errorf("big diff truncated %v, %d bytes", big.Truncated, len(big.Patch))
 	}
 
-	if _, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{From: "nope"}); !errors.Is(err, editorplugin.ErrUnknownRevision) {
+	if _, err := ed.Diff(ctx, e.member, e.project, editor.DiffOptions{From: "nope"}); !errors.Is(err, editor.ErrUnknownRevision) {
 		t.Errorf("unknown ref: %v", err)
 	}
-	for _, bad := range []editorplugin.DiffOptions{{To: "HEAD"}, {From: "-p"}, {From: "HEAD", To: "HEAD", Staged: true}, {MaxBytes: -1}, {Path: "-x"}} {
-		if _, err := ed.Diff(ctx, e.member, e.project, bad); !errors.Is(err, editorplugin.ErrBadInput) {
+	for _, bad := range []editor.DiffOptions{{To: "HEAD"}, {From: "-p"}, {From: "HEAD", To: "HEAD", Staged: true}, {MaxBytes: -1}, {Path: "-x"}} {
+		if _, err := ed.Diff(ctx, e.member, e.project, bad); !errors.Is(err, editor.ErrBadInput) {
 			t.Errorf("%+v: %v, want ErrBadInput", bad, err)
 		}
 	}
@@ -425,7 +425,7 @@ func TestShow(t *testing.T) {
 	r := e.buildRich(t)
 	ed := e.editor(t)
 	ctx := context.Background()
-	show := func(ref, path string, max int64) *editorplugin.File {
+	show := func(ref, path string, max int64) *editor.File {
 		t.Helper()
 		f, err := ed.Show(ctx, e.member, e.project, ref, path, max)
 		if err != nil {
@@ -456,12 +456,12 @@ func TestShow(t *testing.T) {
 		ref, path string
 		want      error
 	}{
-		{r.base, "missing.txt", editorplugin.ErrUnknownRevision},
-		{"nope", "a.txt", editorplugin.ErrUnknownRevision},
-		{r.ours, "new.txt", editorplugin.ErrUnknownRevision}, // only staged
-		{"", "", editorplugin.ErrBadInput},
-		{"-x", "a.txt", editorplugin.ErrBadInput},
-		{"HEAD", "../a.txt", editorplugin.ErrBadInput},
+		{r.base, "missing.txt", editor.ErrUnknownRevision},
+		{"nope", "a.txt", editor.ErrUnknownRevision},
+		{r.ours, "new.txt", editor.ErrUnknownRevision}, // only staged
+		{"", "", editor.ErrBadInput},
+		{"-x", "a.txt", editor.ErrBadInput},
+		{"HEAD", "../a.txt", editor.ErrBadInput},
 	} {
 		if _, err := ed.Show(ctx, e.member, e.project, c.ref, c.path, 0); !errors.Is(err, c.want) {
 			t.Errorf("show %q:%q: %v, want %v", c.ref, c.path, err, c.want)
@@ -471,7 +471,7 @@ func TestShow(t *testing.T) {
 	e.write(t, "d/f", "x")
 	e.git(t, "add", "d/f", "conflict.txt")
 	e.git(t, "commit", "-q", "-m", "dir") // concludes the merge
-	if _, err := ed.Show(ctx, e.member, e.project, "HEAD", "d", 0); !errors.Is(err, editorplugin.ErrNotFile) {
+	if _, err := ed.Show(ctx, e.member, e.project, "HEAD", "d", 0); !errors.Is(err, editor.ErrNotFile) {
 		t.Errorf("directory: %v", err)
 	}
 }
@@ -485,11 +485,11 @@ func TestNotARepository(t *testing.T) {
 	if err != nil || st.IsRepo || st.Branch != nil || st.Entries != nil {
 		t.Errorf("status: %+v, %v", st, err)
 	}
-	lg, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{})
+	lg, err := ed.Log(ctx, e.member, e.project, editor.LogOptions{})
 	if err != nil || lg.IsRepo {
 		t.Errorf("log: %+v, %v", lg, err)
 	}
-	d, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{})
+	d, err := ed.Diff(ctx, e.member, e.project, editor.DiffOptions{})
 	if err != nil || d.IsRepo {
 		t.Errorf("diff: %+v, %v", d, err)
 	}
@@ -541,10 +541,10 @@ func TestMissingSandbox(t *testing.T) {
 	if !errors.Is(err, sandbox.ErrUnavailable) {
 		t.Fatalf("status without a sandbox: %v", err)
 	}
-	srv := httptest.NewServer(editorplugin.Handler(ed, headerAuth))
+	srv := httptest.NewServer(editor.Handler(ed, headerAuth))
 	defer srv.Close()
 	code, body := get(t, srv, e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project))
-	if code != http.StatusServiceUnavailable || errorKind(t, body) != editorplugin.KindUnavailable {
+	if code != http.StatusServiceUnavailable || errorKind(t, body) != editor.KindUnavailable {
 		t.Fatalf("status without a sandbox: %d %s", code, body)
 	}
 }
@@ -590,13 +590,13 @@ func TestHardening(t *testing.T) {
 	if st, err := ed.Status(ctx, e.member, e.project); err != nil || len(st.Entries) != 2 {
 		t.Fatalf("status: %+v, %v", st, err)
 	}
-	if d, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{}); err != nil || !strings.Contains(d.Patch, "-one\n+two\n") {
+	if d, err := ed.Diff(ctx, e.member, e.project, editor.DiffOptions{}); err != nil || !strings.Contains(d.Patch, "-one\n+two\n") {
 		t.Fatalf("diff: %+v, %v", d, err)
 	}
-	if _, err := ed.Diff(ctx, e.member, e.project, editorplugin.DiffOptions{From: "HEAD"}); err != nil {
+	if _, err := ed.Diff(ctx, e.member, e.project, editor.DiffOptions{From: "HEAD"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ed.Log(ctx, e.member, e.project, editorplugin.LogOptions{}); err != nil {
+	if _, err := ed.Log(ctx, e.member, e.project, editor.LogOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if f, err := ed.Show(ctx, e.member, e.project, "HEAD", "f.txt", 0); err != nil || f.Content != "one\n" {
@@ -648,7 +648,7 @@ func TestCredentialsNeverLeak(t *testing.T) {
 	r := e.buildRich(t)
 	// The unstaged change adds the URL too.
 	e.write(t, "b.txt", "b unstaged, pushing to "+secretURL+"\n")
-	srv := httptest.NewServer(editorplugin.Handler(e.editor(t), headerAuth))
+	srv := httptest.NewServer(editor.Handler(e.editor(t), headerAuth))
 	defer srv.Close()
 	base := fmt.Sprintf("/v1/projects/%d/git/", e.project)
 	redacted := 0
@@ -688,27 +688,27 @@ func TestHTTP(t *testing.T) {
 		e.git(t, "add", ".")
 		e.git(t, "commit", "-q", "-m", "c"+strconv.Itoa(i))
 	}
-	srv := httptest.NewServer(editorplugin.Handler(e.editor(t), headerAuth))
+	srv := httptest.NewServer(editor.Handler(e.editor(t), headerAuth))
 	defer srv.Close()
 	p := fmt.Sprintf("/v1/projects/%d/git/", e.project)
 
 	code, body := get(t, srv, e.member, p+"log?limit=2&skip=0")
-	var lg editorplugin.Log
+	var lg editor.Log
 	if code != 200 || json.Unmarshal([]byte(body), &lg) != nil || len(lg.Commits) != 2 || !lg.HasMore || lg.Commits[0].Subject != "c2" {
 		t.Fatalf("log: %d %s", code, body)
 	}
 	code, body = get(t, srv, e.member, p+"show?ref=HEAD~2&path=f.txt")
-	var f editorplugin.File
+	var f editor.File
 	if code != 200 || json.Unmarshal([]byte(body), &f) != nil || f.Content != "0" {
 		t.Fatalf("show: %d %s", code, body)
 	}
 	code, body = get(t, srv, e.member, p+"diff?from=HEAD~1&to=HEAD&max=10")
-	var d editorplugin.Diff
+	var d editor.Diff
 	if code != 200 || json.Unmarshal([]byte(body), &d) != nil || !d.Truncated || len(d.Patch) > 10 {
 		t.Fatalf("diff: %d %s", code, body)
 	}
 	code, body = get(t, srv, e.member, p+"status")
-	var st editorplugin.Status
+	var st editor.Status
 	if code != 200 || json.Unmarshal([]byte(body), &st) != nil || !st.IsRepo || st.Branch.Head != "main" ||
 		!strings.Contains(body, `"entries":[]`) {
 		t.Fatalf("status of a clean repository: %d %s", code, body)
@@ -720,16 +720,16 @@ func TestHTTP(t *testing.T) {
 		code  int
 		kind  string
 	}{
-		{nil, p + "status", 401, editorplugin.KindUnauthenticated},
-		{&e.outsider, p + "status", 403, editorplugin.KindDenied},
-		{&e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project+9), 404, editorplugin.KindNotFound},
-		{&e.member, "/v1/projects/x/git/status", 400, editorplugin.KindBadRequest},
-		{&e.member, p + "log?ref=-x", 400, editorplugin.KindBadRequest},
-		{&e.member, p + "log?limit=z", 400, editorplugin.KindBadRequest},
-		{&e.member, p + "diff?staged=maybe", 400, editorplugin.KindBadRequest},
-		{&e.member, p + "show?path=", 400, editorplugin.KindBadRequest},
-		{&e.member, p + "log?ref=nope", 404, editorplugin.KindUnknownRevision},
-		{&e.member, p + "show?path=missing", 404, editorplugin.KindUnknownRevision},
+		{nil, p + "status", 401, editor.KindUnauthenticated},
+		{&e.outsider, p + "status", 403, editor.KindDenied},
+		{&e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project+9), 404, editor.KindNotFound},
+		{&e.member, "/v1/projects/x/git/status", 400, editor.KindBadRequest},
+		{&e.member, p + "log?ref=-x", 400, editor.KindBadRequest},
+		{&e.member, p + "log?limit=z", 400, editor.KindBadRequest},
+		{&e.member, p + "diff?staged=maybe", 400, editor.KindBadRequest},
+		{&e.member, p + "show?path=", 400, editor.KindBadRequest},
+		{&e.member, p + "log?ref=nope", 404, editor.KindUnknownRevision},
+		{&e.member, p + "show?path=missing", 404, editor.KindUnknownRevision},
 	} {
 		var actor sandbox.Actor
 		if c.actor != nil {
@@ -746,7 +746,7 @@ func TestHTTP(t *testing.T) {
 func headerAuth(r *http.Request) (sandbox.Actor, error) {
 	id, err := strconv.ParseInt(r.Header.Get("X-Account"), 10, 64)
 	if err != nil || id <= 0 {
-		return sandbox.Actor{}, editorplugin.ErrUnauthenticated
+		return sandbox.Actor{}, editor.ErrUnauthenticated
 	}
 	return sandbox.Actor{AccountUserID: id}, nil
 }
@@ -807,7 +807,7 @@ func TestBuiltin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	ed, err := plugin.ResolveCoreAs[*editorplugin.Editor](c.Registry(), plugin.DomainEditor)
+	ed, err := plugin.ResolveCoreAs[*editor.Editor](c.Registry(), plugin.DomainEditor)
 	if err != nil {
 		t.Fatalf("the editor is not a built-in: %v", err)
 	}

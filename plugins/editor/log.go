@@ -1,4 +1,4 @@
-package editorplugin
+package editor
 
 import (
 	"context"

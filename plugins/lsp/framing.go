@@ -1,4 +1,4 @@
-package lspplugin
+package lsp
 
 // The base protocol of the Language Server Protocol: every message is a
 // header part and a content part, the header part being ASCII fields

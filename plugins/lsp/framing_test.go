@@ -1,4 +1,4 @@
-package lspplugin_test
+package lsp_test
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"testing"
 	"testing/iotest"
 
-	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
+	"github.com/corral-sandbox/corral/plugins/lsp"
 )
 
 func frame(body string) string {
@@ -33,31 +33,31 @@ func TestReadMessage(t *testing.T) {
 		{"eof in header", "Content-Length: 2\r\n", nil, io.ErrUnexpectedEOF},
 		{"eof in first line", "Content-Len", nil, io.ErrUnexpectedEOF},
 		{"eof in body", "Content-Length: 10\r\n\r\n{}", nil, io.ErrUnexpectedEOF},
-		{"missing length", "Content-Type: x\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"blank line only", "\r\n", nil, lspplugin.ErrFraming},
-		{"negative length", "Content-Length: -2\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"plus sign", "Content-Length: +2\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"hex length", "Content-Length: 0x2\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"empty length", "Content-Length:\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"two lengths", "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"bare LF", "Content-Length: 2\n\n{}", nil, lspplugin.ErrFraming},
-		{"no colon", "Content-Length 2\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"space in name", "Content Length: 2\r\n\r\n{}", nil, lspplugin.ErrFraming},
-		{"too large", "Content-Length: 1025\r\n\r\n", nil, lspplugin.ErrTooLarge},
-		{"huge", "Content-Length: 99999999999999999999999\r\n\r\n", nil, lspplugin.ErrTooLarge},
-		{"long header", "X: " + strings.Repeat("a", 5000) + "\r\n", nil, lspplugin.ErrFraming},
-		{"many fields", strings.Repeat("X: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n", 200), nil, lspplugin.ErrFraming},
-		{"not json", frame("hello there"), nil, lspplugin.ErrNotJSON},
-		{"json array", frame(`[{"id":1}]`), nil, lspplugin.ErrNotJSON},
-		{"json string", frame(`"x"`), nil, lspplugin.ErrNotJSON},
-		{"truncated json", frame(`{"id":1`), nil, lspplugin.ErrNotJSON},
-		{"empty body", frame(""), nil, lspplugin.ErrNotJSON},
-		{"garbage after message", frame(a) + "garbage\r\n\r\n", []string{a}, lspplugin.ErrFraming},
+		{"missing length", "Content-Type: x\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"blank line only", "\r\n", nil, lsp.ErrFraming},
+		{"negative length", "Content-Length: -2\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"plus sign", "Content-Length: +2\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"hex length", "Content-Length: 0x2\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"empty length", "Content-Length:\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"two lengths", "Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"bare LF", "Content-Length: 2\n\n{}", nil, lsp.ErrFraming},
+		{"no colon", "Content-Length 2\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"space in name", "Content Length: 2\r\n\r\n{}", nil, lsp.ErrFraming},
+		{"too large", "Content-Length: 1025\r\n\r\n", nil, lsp.ErrTooLarge},
+		{"huge", "Content-Length: 99999999999999999999999\r\n\r\n", nil, lsp.ErrTooLarge},
+		{"long header", "X: " + strings.Repeat("a", 5000) + "\r\n", nil, lsp.ErrFraming},
+		{"many fields", strings.Repeat("X: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n", 200), nil, lsp.ErrFraming},
+		{"not json", frame("hello there"), nil, lsp.ErrNotJSON},
+		{"json array", frame(`[{"id":1}]`), nil, lsp.ErrNotJSON},
+		{"json string", frame(`"x"`), nil, lsp.ErrNotJSON},
+		{"truncated json", frame(`{"id":1`), nil, lsp.ErrNotJSON},
+		{"empty body", frame(""), nil, lsp.ErrNotJSON},
+		{"garbage after message", frame(a) + "garbage\r\n\r\n", []string{a}, lsp.ErrFraming},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			// One byte at a time, to exercise every boundary.
-			r := lspplugin.NewReader(iotest.OneByteReader(strings.NewReader(tt.in)), 1024)
+			r := lsp.NewReader(iotest.OneByteReader(strings.NewReader(tt.in)), 1024)
 			for _, w := range tt.want {
 				m, err := r.ReadMessage()
 				if err != nil || string(m) != w {
@@ -72,8 +72,8 @@ func TestReadMessage(t *testing.T) {
 			if !errors.Is(err, want) {
 				t.Fatalf("error %v, want %v", err, want)
 			}
-			if errors.Is(want, lspplugin.ErrTooLarge) || errors.Is(want, lspplugin.ErrNotJSON) {
-				if !errors.Is(err, lspplugin.ErrFraming) {
+			if errors.Is(want, lsp.ErrTooLarge) || errors.Is(want, lsp.ErrNotJSON) {
+				if !errors.Is(err, lsp.ErrFraming) {
 					t.Errorf("error %v does not wrap ErrFraming", err)
 				}
 			}
@@ -83,7 +83,7 @@ func TestReadMessage(t *testing.T) {
 
 func TestReadMessageReaderError(t *testing.T) {
 	boom := errors.New("boom")
-	r := lspplugin.NewReader(io.MultiReader(strings.NewReader("Content-Length: 2\r\n"), iotest.ErrReader(boom)), 0)
+	r := lsp.NewReader(io.MultiReader(strings.NewReader("Content-Length: 2\r\n"), iotest.ErrReader(boom)), 0)
 	if _, err := r.ReadMessage(); !errors.Is(err, boom) {
 		t.Fatalf("error %v, want boom", err)
 	}
@@ -93,14 +93,14 @@ func TestWriteMessageRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
 	msgs := []string{`{}`, `{"jsonrpc":"2.0","id":"x","result":null}`, `{"s":"` + strings.Repeat("ü", 3000) + `"}`}
 	for _, m := range msgs {
-		if err := lspplugin.WriteMessage(&buf, []byte(m)); err != nil {
+		if err := lsp.WriteMessage(&buf, []byte(m)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if !strings.HasPrefix(buf.String(), "Content-Length: 2\r\n\r\n{}Content-Length: ") {
 		t.Fatalf("framing %q", buf.String()[:40])
 	}
-	r := lspplugin.NewReader(&buf, 0)
+	r := lsp.NewReader(&buf, 0)
 	for _, m := range msgs {
 		got, err := r.ReadMessage()
 		if err != nil || string(got) != m {
@@ -119,13 +119,13 @@ func TestCheckMessage(t *testing.T) {
 	}{
 		{`{"jsonrpc":"2"}`, nil},
 		{` {}`, nil},
-		{`{`, lspplugin.ErrNotJSON},
-		{`[]`, lspplugin.ErrNotJSON},
-		{`null`, lspplugin.ErrNotJSON},
-		{``, lspplugin.ErrNotJSON},
-		{`{"a":"` + strings.Repeat("x", 20) + `"}`, lspplugin.ErrTooLarge},
+		{`{`, lsp.ErrNotJSON},
+		{`[]`, lsp.ErrNotJSON},
+		{`null`, lsp.ErrNotJSON},
+		{``, lsp.ErrNotJSON},
+		{`{"a":"` + strings.Repeat("x", 20) + `"}`, lsp.ErrTooLarge},
 	} {
-		if err := lspplugin.CheckMessage([]byte(tt.msg), 16); !errors.Is(err, tt.want) && !(tt.want == nil && err == nil) {
+		if err := lsp.CheckMessage([]byte(tt.msg), 16); !errors.Is(err, tt.want) && !(tt.want == nil && err == nil) {
 			t.Errorf("CheckMessage(%q) = %v, want %v", tt.msg, err, tt.want)
 		}
 	}
@@ -150,11 +150,11 @@ func FuzzReadMessage(f *testing.F) {
 	f.Add([]byte(frame(`{}`) + frame(`{"a":[1,2,{"b":null}]}`)))
 	const limit = 256
 	f.Fuzz(func(t *testing.T, in []byte) {
-		r := lspplugin.NewReader(bytes.NewReader(in), limit)
+		r := lsp.NewReader(bytes.NewReader(in), limit)
 		for i := 0; i < 64; i++ {
 			m, err := r.ReadMessage()
 			if err != nil {
-				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, lspplugin.ErrFraming) {
+				if !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !errors.Is(err, lsp.ErrFraming) {
 					t.Fatalf("unexpected error kind: %v", err)
 				}
 				return
@@ -162,14 +162,14 @@ func FuzzReadMessage(f *testing.F) {
 			if len(m) > limit {
 				t.Fatalf("message of %d bytes over the %d limit", len(m), limit)
 			}
-			if err := lspplugin.CheckMessage(m, limit); err != nil {
+			if err := lsp.CheckMessage(m, limit); err != nil {
 				t.Fatalf("accepted an invalid message %q: %v", m, err)
 			}
 			var buf bytes.Buffer
-			if err := lspplugin.WriteMessage(&buf, m); err != nil {
+			if err := lsp.WriteMessage(&buf, m); err != nil {
 				t.Fatal(err)
 			}
-			again, err := lspplugin.NewReader(&buf, limit).ReadMessage()
+			again, err := lsp.NewReader(&buf, limit).ReadMessage()
 			if err != nil || !bytes.Equal(again, m) {
 				t.Fatalf("round trip: %q, %v", again, err)
 			}

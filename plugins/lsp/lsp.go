@@ -1,4 +1,4 @@
-// Package lspplugin is the built-in plugin that owns the "lsp" domain:
+// Package lsp is the built-in plugin that owns the "lsp" domain:
 // language servers run inside a managed project's machine, one raw
 // session each, exchanging LSP JSON-RPC messages with their caller.
 //
@@ -24,7 +24,7 @@
 // Host projects are refused ([ErrUnsupportedProject]): a language server
 // is a long-lived process, and only a machine bounds what it may touch
 // for as long as it runs.
-package lspplugin
+package lsp
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package lspplugin
+package lsp
 
 import (
 	"bytes"

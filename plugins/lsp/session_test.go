@@ -1,4 +1,4 @@
-package lspplugin_test
+package lsp_test
 
 import (
 	"bufio"
@@ -20,7 +20,7 @@ import (
 
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/plugin"
-	lspplugin "github.com/corral-sandbox/corral/plugins/lsp"
+	"github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 )
@@ -69,7 +69,7 @@ func fakeServer(mode string) int {
 		out.Close()
 		return wait()
 	}
-	r := lspplugin.NewReader(bufio.NewReader(os.Stdin), 0)
+	r := lsp.NewReader(bufio.NewReader(os.Stdin), 0)
 	for {
 		m, err := r.ReadMessage()
 		if err != nil {
@@ -93,7 +93,7 @@ func fakeServer(mode string) int {
 		}
 		if req.ID != nil {
 			resp, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": req.ID, "result": map[string]any{"echo": req.Method, "params": req.Params}})
-			if err := lspplugin.WriteMessage(out, resp); err != nil {
+			if err := lsp.WriteMessage(out, resp); err != nil {
 				return 2
 			}
 		}
@@ -108,13 +108,13 @@ func fakeServer(mode string) int {
 type fixture struct {
 	core    *core.Core
 	sandbox *sandboxtest.Provider
-	ctl     *lspplugin.Control
+	ctl     *lsp.Control
 	token   string
 	project sandbox.ProjectRef
 	actor   sandbox.Actor
 }
 
-func newFixture(t *testing.T, opts lspplugin.Options, disabled ...string) *fixture {
+func newFixture(t *testing.T, opts lsp.Options, disabled ...string) *fixture {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -153,7 +153,7 @@ func newFixture(t *testing.T, opts lspplugin.Options, disabled ...string) *fixtu
 					Register: func(c *plugin.Context) error { return c.Provide(plugin.DomainSandbox, f.sandbox) },
 				}
 			}),
-			core.Plugin(func(core.Deps) plugin.Registration { return lspplugin.Registration(opts) }),
+			core.Plugin(func(core.Deps) plugin.Registration { return lsp.Registration(opts) }),
 		},
 		PluginConfig: plugin.Config{Disabled: disabled},
 	})
@@ -162,7 +162,7 @@ func newFixture(t *testing.T, opts lspplugin.Options, disabled ...string) *fixtu
 	}
 	t.Cleanup(func() { c.Close() })
 	f.core = c
-	f.ctl, err = plugin.ResolveCoreAs[*lspplugin.Control](c.Registry(), plugin.DomainLSP)
+	f.ctl, err = plugin.ResolveCoreAs[*lsp.Control](c.Registry(), plugin.DomainLSP)
 	if err != nil && len(disabled) == 0 {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-func (f *fixture) open(t *testing.T, server string) *lspplugin.Session {
+func (f *fixture) open(t *testing.T, server string) *lsp.Session {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -193,21 +193,21 @@ func (f *fixture) open(t *testing.T, server string) *lspplugin.Session {
 }
 
 // waitDone waits for the session to end and returns its *CloseError.
-func waitDone(t *testing.T, s *lspplugin.Session) *lspplugin.CloseError {
+func waitDone(t *testing.T, s *lsp.Session) *lsp.CloseError {
 	t.Helper()
 	select {
 	case <-s.Done():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the session did not end")
 	}
-	var ce *lspplugin.CloseError
-	if err := s.Err(); !errors.As(err, &ce) || !errors.Is(err, lspplugin.ErrClosed) {
+	var ce *lsp.CloseError
+	if err := s.Err(); !errors.As(err, &ce) || !errors.Is(err, lsp.ErrClosed) {
 		t.Fatalf("Err() = %v, want a *CloseError", err)
 	}
 	return ce
 }
 
-func read(t *testing.T, s *lspplugin.Session) map[string]any {
+func read(t *testing.T, s *lsp.Session) map[string]any {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -223,7 +223,7 @@ func read(t *testing.T, s *lspplugin.Session) map[string]any {
 }
 
 func TestSessionRoundTrip(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{})
+	f := newFixture(t, lsp.Options{})
 	s := f.open(t, "echo")
 	if calls := f.sandbox.Calls(); calls != 1 {
 		t.Fatalf("preparations: %d", calls)
@@ -255,7 +255,7 @@ func TestSessionRoundTrip(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if ce := waitDone(t, s); ce.Reason != lspplugin.ReasonClosed {
+	if ce := waitDone(t, s); ce.Reason != lsp.ReasonClosed {
 		t.Errorf("reason %s: %s", ce.Reason, ce.Message)
 	}
 	if err := s.Close(); err != nil {
@@ -264,10 +264,10 @@ func TestSessionRoundTrip(t *testing.T) {
 	if !l.Released() || f.sandbox.Cancels() != 1 {
 		t.Errorf("released %v cancels %d", l.Released(), f.sandbox.Cancels())
 	}
-	if _, err := s.ReadMessage(context.Background()); !errors.Is(err, lspplugin.ErrClosed) {
+	if _, err := s.ReadMessage(context.Background()); !errors.Is(err, lsp.ErrClosed) {
 		t.Errorf("ReadMessage after Close: %v", err)
 	}
-	if err := s.Send([]byte(`{}`)); !errors.Is(err, lspplugin.ErrClosed) {
+	if err := s.Send([]byte(`{}`)); !errors.Is(err, lsp.ErrClosed) {
 		t.Errorf("Send after Close: %v", err)
 	}
 	sandboxtest.AssertNoProcesses(t, f.token)
@@ -276,7 +276,7 @@ func TestSessionRoundTrip(t *testing.T) {
 // TestSessionExit: a reply written just before the server exits is
 // delivered, then the exit ends the session without a cancel.
 func TestSessionExit(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{})
+	f := newFixture(t, lsp.Options{})
 	s := f.open(t, "echo")
 	if err := s.Send([]byte(`{"jsonrpc":"2.0","id":"last","method":"bye"}`)); err != nil {
 		t.Fatal(err)
@@ -285,7 +285,7 @@ func TestSessionExit(t *testing.T) {
 		t.Fatalf("reply %v", v)
 	}
 	ce := waitDone(t, s)
-	if ce.Reason != lspplugin.ReasonExited || ce.Exit == nil || ce.Exit.Code == nil || *ce.Exit.Code != 0 {
+	if ce.Reason != lsp.ReasonExited || ce.Exit == nil || ce.Exit.Code == nil || *ce.Exit.Code != 0 {
 		t.Fatalf("reason %s %q exit %+v", ce.Reason, ce.Message, ce.Exit)
 	}
 	if f.sandbox.Cancels() != 0 || !f.sandbox.LastLease().Released() {
@@ -297,7 +297,7 @@ func TestSessionExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	ce = waitDone(t, s)
-	if ce.Reason != lspplugin.ReasonExited || ce.Exit == nil || ce.Exit.Code == nil || *ce.Exit.Code != 3 || !strings.Contains(ce.Message, "code 3") {
+	if ce.Reason != lsp.ReasonExited || ce.Exit == nil || ce.Exit.Code == nil || *ce.Exit.Code != 3 || !strings.Contains(ce.Message, "code 3") {
 		t.Fatalf("reason %s %q exit %+v", ce.Reason, ce.Message, ce.Exit)
 	}
 	sandboxtest.AssertNoProcesses(t, f.token)
@@ -306,21 +306,21 @@ func TestSessionExit(t *testing.T) {
 // TestSessionServerProtocol: malformed output from the server ends the
 // session with a clear reason and tears the (still running) server down.
 func TestSessionServerProtocol(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{MaxMessage: 1 << 20, Drain: 200 * time.Millisecond})
+	f := newFixture(t, lsp.Options{MaxMessage: 1 << 20, Drain: 200 * time.Millisecond})
 	for _, tt := range []struct {
 		server, reason string
 		want           error
 	}{
-		{"badlength", "invalid Content-Length", lspplugin.ErrFraming},
-		{"nolength", "missing Content-Length", lspplugin.ErrFraming},
-		{"huge", "exceeds the 1048576-byte limit", lspplugin.ErrTooLarge},
-		{"notjson", "not a JSON object", lspplugin.ErrNotJSON},
+		{"badlength", "invalid Content-Length", lsp.ErrFraming},
+		{"nolength", "missing Content-Length", lsp.ErrFraming},
+		{"huge", "exceeds the 1048576-byte limit", lsp.ErrTooLarge},
+		{"notjson", "not a JSON object", lsp.ErrNotJSON},
 	} {
 		t.Run(tt.server, func(t *testing.T) {
 			cancels := f.sandbox.Cancels()
 			s := f.open(t, tt.server)
 			ce := waitDone(t, s)
-			if ce.Reason != lspplugin.ReasonServerProtocol || !errors.Is(ce, tt.want) || !strings.Contains(ce.Message, tt.reason) {
+			if ce.Reason != lsp.ReasonServerProtocol || !errors.Is(ce, tt.want) || !strings.Contains(ce.Message, tt.reason) {
 				t.Fatalf("reason %s %q (%v)", ce.Reason, ce.Message, ce.Err)
 			}
 			if f.sandbox.Cancels() != cancels+1 || !f.sandbox.LastLease().Released() {
@@ -332,7 +332,7 @@ func TestSessionServerProtocol(t *testing.T) {
 	t.Run("closeout", func(t *testing.T) {
 		s := f.open(t, "closeout")
 		ce := waitDone(t, s)
-		if ce.Reason != lspplugin.ReasonExited || !strings.Contains(ce.Message, "closed its output") {
+		if ce.Reason != lsp.ReasonExited || !strings.Contains(ce.Message, "closed its output") {
 			t.Fatalf("reason %s %q", ce.Reason, ce.Message)
 		}
 		sandboxtest.AssertNoProcesses(t, f.token)
@@ -342,20 +342,20 @@ func TestSessionServerProtocol(t *testing.T) {
 // TestSessionClientProtocol: a message from the client that is not a JSON
 // object ends the session.
 func TestSessionClientProtocol(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{MaxMessage: 64})
+	f := newFixture(t, lsp.Options{MaxMessage: 64})
 	for _, tt := range []struct {
 		name, msg string
 		want      error
 	}{
-		{"not json", `Content-Length: 2`, lspplugin.ErrNotJSON},
-		{"array", `[{"id":1}]`, lspplugin.ErrNotJSON},
-		{"too large", `{"a":"` + strings.Repeat("x", 100) + `"}`, lspplugin.ErrTooLarge},
+		{"not json", `Content-Length: 2`, lsp.ErrNotJSON},
+		{"array", `[{"id":1}]`, lsp.ErrNotJSON},
+		{"too large", `{"a":"` + strings.Repeat("x", 100) + `"}`, lsp.ErrTooLarge},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := f.open(t, "echo")
 			err := s.Send([]byte(tt.msg))
-			var ce *lspplugin.CloseError
-			if !errors.As(err, &ce) || ce.Reason != lspplugin.ReasonClientProtocol || !errors.Is(err, tt.want) {
+			var ce *lsp.CloseError
+			if !errors.As(err, &ce) || ce.Reason != lsp.ReasonClientProtocol || !errors.Is(err, tt.want) {
 				t.Fatalf("Send: %v", err)
 			}
 			if got := waitDone(t, s); got != ce {
@@ -369,7 +369,7 @@ func TestSessionClientProtocol(t *testing.T) {
 // TestSessionHeartbeatFailure: a failed heartbeat tears the server down:
 // cancelled, lease released, no process left.
 func TestSessionHeartbeatFailure(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{})
+	f := newFixture(t, lsp.Options{})
 	s := f.open(t, "echo")
 	if err := s.Send([]byte(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)); err != nil {
 		t.Fatal(err)
@@ -382,26 +382,26 @@ func TestSessionHeartbeatFailure(t *testing.T) {
 	gone := errors.New("lease store gone")
 	l.HeartbeatErr.Store(&gone)
 	ce := waitDone(t, s)
-	if ce.Reason != lspplugin.ReasonHeartbeat || !errors.Is(ce, gone) || !strings.Contains(ce.Message, "lease heartbeat failed") {
+	if ce.Reason != lsp.ReasonHeartbeat || !errors.Is(ce, gone) || !strings.Contains(ce.Message, "lease heartbeat failed") {
 		t.Fatalf("reason %s %q", ce.Reason, ce.Message)
 	}
 	if f.sandbox.Cancels() != 1 || l.Releases.Load() != 1 {
 		t.Errorf("cancels %d releases %d", f.sandbox.Cancels(), l.Releases.Load())
 	}
 	sandboxtest.AssertNoProcesses(t, f.token)
-	if err := s.Send([]byte(`{}`)); !errors.Is(err, lspplugin.ErrClosed) {
+	if err := s.Send([]byte(`{}`)); !errors.Is(err, lsp.ErrClosed) {
 		t.Errorf("Send after the end: %v", err)
 	}
 }
 
 func TestOpenRefusals(t *testing.T) {
 	ctx := context.Background()
-	f := newFixture(t, lspplugin.Options{})
-	if _, err := f.ctl.Open(ctx, f.actor, f.project, "nope"); !errors.Is(err, lspplugin.ErrUnknownServer) {
+	f := newFixture(t, lsp.Options{})
+	if _, err := f.ctl.Open(ctx, f.actor, f.project, "nope"); !errors.Is(err, lsp.ErrUnknownServer) {
 		t.Errorf("unknown server: %v", err)
 	}
 	host := sandbox.ProjectRef{Kind: sandbox.ProjectHost, ProjectID: 7}
-	if _, err := f.ctl.Open(ctx, f.actor, host, "echo"); !errors.Is(err, lspplugin.ErrUnsupportedProject) {
+	if _, err := f.ctl.Open(ctx, f.actor, host, "echo"); !errors.Is(err, lsp.ErrUnsupportedProject) {
 		t.Errorf("host project: %v", err)
 	}
 	if _, err := f.ctl.Open(ctx, sandbox.Actor{}, f.project, "echo"); !errors.Is(err, sandbox.ErrNoActor) {
@@ -430,7 +430,7 @@ func TestOpenRefusals(t *testing.T) {
 
 	// A program that cannot start: cancelled and released.
 	self, _ := os.Executable()
-	g := newFixture(t, lspplugin.Options{Servers: map[string][]string{"missing": {filepath.Join(filepath.Dir(self), "no-such-server")}}})
+	g := newFixture(t, lsp.Options{Servers: map[string][]string{"missing": {filepath.Join(filepath.Dir(self), "no-such-server")}}})
 	if _, err := g.ctl.Open(ctx, g.actor, g.project, "missing"); !errors.Is(err, sandbox.ErrNotStarted) {
 		t.Errorf("missing program: %v", err)
 	}
@@ -440,8 +440,8 @@ func TestOpenRefusals(t *testing.T) {
 }
 
 func TestAbsentSandbox(t *testing.T) {
-	f := newFixture(t, lspplugin.Options{}, "sandbox")
-	_, err := plugin.ResolveCoreAs[*lspplugin.Control](f.core.Registry(), plugin.DomainLSP)
+	f := newFixture(t, lsp.Options{}, "sandbox")
+	_, err := plugin.ResolveCoreAs[*lsp.Control](f.core.Registry(), plugin.DomainLSP)
 	if !errors.Is(err, plugin.ErrAbsent) {
 		t.Fatalf("lsp without a sandbox: %v", err)
 	}
@@ -463,7 +463,7 @@ func TestRegistrationRefusesBadServers(t *testing.T) {
 			if err := r.RegisterDomain(plugin.DomainSandbox, func(any) error { return nil }, plugin.DomainOptions{}); err != nil {
 				t.Fatal(err)
 			}
-			st := r.Load(context.Background(), []plugin.Registration{lspplugin.Registration(lspplugin.Options{Servers: servers})}, plugin.Config{})
+			st := r.Load(context.Background(), []plugin.Registration{lsp.Registration(lsp.Options{Servers: servers})}, plugin.Config{})
 			if st[0].State != plugin.StateFailed {
 				t.Errorf("state %s", st[0].State)
 			}
@@ -472,12 +472,12 @@ func TestRegistrationRefusesBadServers(t *testing.T) {
 }
 
 func TestDefaultServers(t *testing.T) {
-	d := lspplugin.DefaultServers()
+	d := lsp.DefaultServers()
 	if len(d) != 1 || !strings.HasSuffix(strings.Join(d["gopls"], " "), "gopls serve") {
 		t.Errorf("defaults %v", d)
 	}
 	d["gopls"][0] = "changed"
-	if lspplugin.DefaultServers()["gopls"][0] == "changed" {
+	if lsp.DefaultServers()["gopls"][0] == "changed" {
 		t.Error("DefaultServers shares its slices")
 	}
 }

@@ -1,9 +1,9 @@
-// Package sandboxplugin is the built-in plugin that owns the "sandbox"
+// Package sandbox is the built-in plugin that owns the "sandbox"
 // domain: it provides corral's sandbox.Provider (package provider). Core
 // turns what it provides into a *sandbox.Control — the provider's
 // preparation plus core's own RunCommand — so a provider can never
 // substitute a runner of its own.
-package sandboxplugin
+package sandbox
 
 import (
 	"github.com/corral-sandbox/corral/plugin"

@@ -1,4 +1,4 @@
-// Package sitesplugin is the built-in plugin that owns the "sites" domain:
+// Package sites is the built-in plugin that owns the "sites" domain:
 // which port of which project is published under which name, and by whom.
 // The daemon's Sites gateway (NAME.D with --sites-domain D, and
 // /sites/{name}/… on the Unix socket) resolves this control through the
@@ -9,7 +9,7 @@
 // of the store: names are unique across projects and survive a daemon
 // restart, so nobody can take a name its project held before the restart.
 // Without one, they are kept in memory (tests, embedders).
-package sitesplugin
+package sites
 
 import (
 	"context"

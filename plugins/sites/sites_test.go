@@ -1,4 +1,4 @@
-package sitesplugin
+package sites
 
 import (
 	"context"
