@@ -147,12 +147,15 @@ class AsyncProjects:
         self._conn = conn
 
     async def create(self, name: str, *, kind: str = "managed", root: Optional[str] = None,
-                     from_: Optional[str] = None, git: Optional[str] = None) -> "AsyncProject":
+                     from_: Optional[str] = None, git: Optional[str] = None,
+                     export_remotes: Optional[Sequence[str]] = None) -> "AsyncProject":
         """Creates a project the caller owns: managed (a machine) by default,
         its workspace empty, copied ``from_`` a host directory or cloned from
         ``git``; ``kind="host"`` with a host ``root`` needs the daemon's and
-        an admin's permission."""
-        body = {"name": name, "kind": kind, "root": root, "from": from_, "git": git}
+        an admin's permission. ``export_remotes`` narrows the remotes the
+        daemon lets it export to."""
+        body: Dict[str, Any] = {"name": name, "kind": kind, "root": root, "from": from_, "git": git,
+                                "exportRemotes": list(export_remotes) if export_remotes is not None else None}
         info = ProjectInfo.from_json(await self._conn.json(
             "POST", "/v1/projects", json_body={k: v for k, v in body.items() if v is not None}))
         return AsyncProject(self._conn, info.id, info)
@@ -770,14 +773,16 @@ class AsyncFiles:
         """The file as a stream of byte chunks: ``async with files.read_stream(p) as r: async for b in r``."""
         return AsyncFileReader(self._conn, self._path, query(("path", path), ("user", user)))
 
-    async def write(self, path: str, data: Data, *, mode: Optional[int] = None,
+    async def write(self, path: str, data: Data, *, mode: Optional[int] = None, parents: bool = False,
                     user: Optional[str] = None) -> FileInfo:
         """Replaces the file with ``data`` (bytes, str, an iterable or async
         iterable of bytes, or a binary file object) atomically: readers see
         the old or the whole new file. ``mode`` defaults to 0644 for a new
-        file. Each read or write of the transfer has the deadline; the
-        transfer as a whole none."""
-        params = query(("path", path), ("mode", None if mode is None else format(mode, "04o")), ("user", user))
+        file. With ``parents`` missing directories are made (as ``user``),
+        else a missing one is NotFound. Each read or write of the transfer
+        has the deadline; the transfer as a whole none."""
+        params = query(("path", path), ("mode", None if mode is None else format(mode, "04o")),
+                       ("mkdirs", parents or None), ("user", user))
         resp = await self._conn.upload("PUT", self._path, params, data)
         return FileInfo.from_json(resp.json())
 

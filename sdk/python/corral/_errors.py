@@ -26,7 +26,9 @@ class CorralError(Exception):
     ``stderr_bytes`` hold the partial output of a command that started but
     did not complete (empty otherwise); ``stdout`` and ``stderr`` are their
     text (invalid UTF-8 replaced by U+FFFD). ``retry_after`` is the seconds
-    a 429 answer asked to wait, else ``None``.
+    a 429 answer asked to wait, else ``None``. ``reason`` says more when the
+    daemon knows it (a Start error's ``"notFound"``: no such program, or
+    ``"notExecutable"``), else ``None``.
     """
 
     kind: str = ""
@@ -40,8 +42,10 @@ class CorralError(Exception):
         stdout: bytes = b"",
         stderr: bytes = b"",
         retry_after: Optional[float] = None,
+        reason: Optional[str] = None,
     ) -> None:
         super().__init__(message)
+        self.reason = reason
         if kind is not None:
             self.kind = kind
         self.message = message
@@ -268,7 +272,9 @@ def from_body(
                 return v.encode()
         return v.encode()
 
-    return _make(err["kind"], str(err.get("message", "")), status, output("stdout"), output("stderr"), retry_after)
+    reason = err.get("reason")
+    return _make(err["kind"], str(err.get("message", "")), status, output("stdout"), output("stderr"), retry_after,
+                 reason if isinstance(reason, str) else None)
 
 
 def from_answer(
@@ -291,9 +297,10 @@ def from_answer(
 
 
 def _make(
-    kind: str, message: str, status: Optional[int], stdout: bytes, stderr: bytes, retry_after: Optional[float]
+    kind: str, message: str, status: Optional[int], stdout: bytes, stderr: bytes, retry_after: Optional[float],
+    reason: Optional[str] = None,
 ) -> CorralError:
     cls = KINDS.get(kind, CorralError)
     if status == 429:
         cls = RateLimited
-    return cls(message, kind=kind, status=status, stdout=stdout, stderr=stderr, retry_after=retry_after)
+    return cls(message, kind=kind, status=status, stdout=stdout, stderr=stderr, retry_after=retry_after, reason=reason)

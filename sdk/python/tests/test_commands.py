@@ -49,7 +49,7 @@ def test_overflow_with_partial_output(project: corral.Project) -> None:
 def test_start_error(project: corral.Project) -> None:
     with pytest.raises(corral.Start) as e:
         project.run(["/no/such/program"])
-    assert e.value.kind == "start" and e.value.stdout == ""
+    assert (e.value.kind, e.value.reason, e.value.stdout) == ("start", "notFound", "")
 
 
 def test_prepare_error(project: corral.Project) -> None:

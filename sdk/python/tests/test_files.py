@@ -41,6 +41,10 @@ def test_tree_operations(project: corral.Project) -> None:
     d = f.mkdir("a/b/c", parents=True, mode=0o750)
     assert (d.type, d.mode, d.path) == ("dir", 0o750, "/workspace/a/b/c")
     f.write("a/b/c/x.txt", "x")
+    with pytest.raises(corral.NotFound):
+        f.write("new/dir/y.txt", "y")
+    assert f.write("new/dir/y.txt", "y", parents=True).path == "/workspace/new/dir/y.txt"
+    f.remove("new", recursive=True)
     f.rename("a/b/c/x.txt", "a/y.txt")
     assert f.stat("a/y.txt").size == 1
     with pytest.raises(corral.NotFound):
