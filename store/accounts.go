@@ -41,7 +41,7 @@ const TokenPrefix = "corral_"
 const lastUsedGranularity = time.Minute
 
 func (s *sqliteStore) CreateAccount(ctx context.Context, name string) (Account, error) {
-	a := Account{Name: name, Created: s.stamp()}
+	a := Account{Name: name, Created: stamp(s.now)}
 	err := s.w.QueryRowContext(ctx,
 		"INSERT INTO accounts (name, created_at) VALUES (?, ?) RETURNING id",
 		name, ms(a.Created)).Scan(&a.ID)
@@ -103,7 +103,7 @@ func (s *sqliteStore) CreateToken(ctx context.Context, account int64, name strin
 	if err != nil {
 		return "", Token{}, err
 	}
-	t := Token{Account: account, Name: name, Created: s.stamp()}
+	t := Token{Account: account, Name: name, Created: stamp(s.now)}
 	err = s.w.QueryRowContext(ctx,
 		"INSERT INTO tokens (account, hash, name, created_at) VALUES (?, ?, ?, ?) RETURNING id",
 		account, HashToken(plaintext), name, ms(t.Created)).Scan(&t.ID)

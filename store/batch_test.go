@@ -73,7 +73,7 @@ func countBatches(t *testing.T, also func(n int)) func() []int {
 	}
 }
 
-func testProject(t *testing.T, s *sqliteStore) int64 {
+func testProject(t *testing.T, s Store) int64 {
 	t.Helper()
 	p, err := s.CreateProject(context.Background(), NewProject{Kind: ProjectHost, Name: "p", Root: "/p"})
 	if err != nil {
@@ -85,99 +85,103 @@ func testProject(t *testing.T, s *sqliteStore) int64 {
 // Many goroutines running every hot write of a command each get their own
 // results: their journal IDs, their leases released, their entries ended.
 func TestBatchedWritesConcurrent(t *testing.T) {
-	s, c := newTestStore(t)
-	ctx := context.Background()
-	project := testProject(t, s)
-	batches := countBatches(t, nil)
+	eachBackend(t, func(t *testing.T, d *testDB) {
+		s, c := d.newStore(t)
+		ctx := context.Background()
+		project := testProject(t, s)
+		batches := countBatches(t, nil)
 
-	const workers, each = 32, 40
-	type cmd struct {
-		lease   string
-		journal int64
-	}
-	got := make([][]cmd, workers)
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Go(func() {
-			for i := range each {
-				l, err := s.CreateLease(ctx, NewLease{Account: int64(w + 1), Project: project, Kind: "terminal", TTL: time.Hour}, c.Now())
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				j, err := s.JournalStart(ctx, JournalCommand{Account: int64(w + 1), Project: project, Lease: l.ID, LeaseKind: "terminal", Argv: []string{"cmd", l.ID}})
-				if err != nil {
-					t.Error(err)
-					return
-				}
-				code := i
-				if err := s.JournalFinish(ctx, j, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
-					t.Error(err)
-					return
-				}
-				// Finishing twice: the second finds no running entry.
-				if err := s.JournalFinish(ctx, j, JournalEnd{Outcome: OutcomeExit, Code: &code}); !errors.Is(err, ErrNotFound) {
-					t.Errorf("second JournalFinish(%d) = %v, want ErrNotFound", j, err)
-				}
-				if err := s.ReleaseHeldLease(ctx, l.ID, c.Now()); err != nil {
-					t.Error(err)
-					return
-				}
-				got[w] = append(got[w], cmd{l.ID, j})
-			}
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		return
-	}
-
-	entries, err := s.ListJournal(ctx, JournalFilter{Limit: workers*each + 10})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(entries) != workers*each {
-		t.Fatalf("%d journal entries, want %d", len(entries), workers*each)
-	}
-	byID := map[int64]JournalEntry{}
-	for _, e := range entries {
-		byID[e.ID] = e
-	}
-	for w, cmds := range got {
-		for i, c := range cmds {
-			e, ok := byID[c.journal]
-			switch {
-			case !ok:
-				t.Fatalf("worker %d: journal ID %d not in the journal", w, c.journal)
-			case e.Lease != c.lease || e.Account != int64(w+1) || len(e.Argv) != 2 || e.Argv[1] != c.lease:
-				t.Fatalf("worker %d: journal ID %d is %+v, want lease %s", w, c.journal, e, c.lease)
-			case e.End.Outcome != OutcomeExit || e.End.Code == nil || *e.End.Code != i:
-				t.Fatalf("worker %d: entry %d ended %+v, want exit %d", w, c.journal, e.End, i)
-			}
-			delete(byID, c.journal)
+		const workers, each = 32, 40
+		type cmd struct {
+			lease   string
+			journal int64
 		}
-	}
-	live, err := s.LiveLeaseCount(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	released, err := s.ListLeases(ctx, LeaseFilter{State: LeaseReleased})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if live != 0 || len(released) != workers*each {
-		t.Errorf("%d live and %d released leases, want 0 and %d", live, len(released), workers*each)
-	}
-	checkClockInvariant(t, s, project)
-	if len(batches()) == 0 {
-		t.Error("no batch ran: the test did not exercise group commit")
-	}
+		got := make([][]cmd, workers)
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() {
+				for i := range each {
+					l, err := s.CreateLease(ctx, NewLease{Account: int64(w + 1), Project: project, Kind: "terminal", TTL: time.Hour}, c.Now())
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					j, err := s.JournalStart(ctx, JournalCommand{Account: int64(w + 1), Project: project, Lease: l.ID, LeaseKind: "terminal", Argv: []string{"cmd", l.ID}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					code := i
+					if err := s.JournalFinish(ctx, j, JournalEnd{Outcome: OutcomeExit, Code: &code}); err != nil {
+						t.Error(err)
+						return
+					}
+					// Finishing twice: the second finds no running entry.
+					if err := s.JournalFinish(ctx, j, JournalEnd{Outcome: OutcomeExit, Code: &code}); !errors.Is(err, ErrNotFound) {
+						t.Errorf("second JournalFinish(%d) = %v, want ErrNotFound", j, err)
+					}
+					if err := s.ReleaseHeldLease(ctx, l.ID, c.Now()); err != nil {
+						t.Error(err)
+						return
+					}
+					got[w] = append(got[w], cmd{l.ID, j})
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+
+		entries, err := s.ListJournal(ctx, JournalFilter{Limit: workers*each + 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != workers*each {
+			t.Fatalf("%d journal entries, want %d", len(entries), workers*each)
+		}
+		byID := map[int64]JournalEntry{}
+		for _, e := range entries {
+			byID[e.ID] = e
+		}
+		for w, cmds := range got {
+			for i, c := range cmds {
+				e, ok := byID[c.journal]
+				switch {
+				case !ok:
+					t.Fatalf("worker %d: journal ID %d not in the journal", w, c.journal)
+				case e.Lease != c.lease || e.Account != int64(w+1) || len(e.Argv) != 2 || e.Argv[1] != c.lease:
+					t.Fatalf("worker %d: journal ID %d is %+v, want lease %s", w, c.journal, e, c.lease)
+				case e.End.Outcome != OutcomeExit || e.End.Code == nil || *e.End.Code != i:
+					t.Fatalf("worker %d: entry %d ended %+v, want exit %d", w, c.journal, e.End, i)
+				}
+				delete(byID, c.journal)
+			}
+		}
+		live, err := s.LiveLeaseCount(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		released, err := s.ListLeases(ctx, LeaseFilter{State: LeaseReleased})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if live != 0 || len(released) != workers*each {
+			t.Errorf("%d live and %d released leases, want 0 and %d", live, len(released), workers*each)
+		}
+		checkClockInvariant(t, d, s, project)
+		if d.backend == SchemeSQLite && len(batches()) == 0 {
+			t.Error("no batch ran: the test did not exercise SQLite's group commit")
+		}
+	})
 }
 
 // In a batch, a statement that fails (a duplicate lease ID, a lease on an
 // unknown project) fails its caller only.
 func TestBatchFailureIsItsCallerOnly(t *testing.T) {
-	s, c := newTestStore(t)
+	c := newClock()
+	d := &testDB{backend: SchemeSQLite, url: DefaultURL(t.TempDir())}
+	s := d.open(t, Options{Migrate: true, Now: c.Now}).(*sqliteStore)
 	ctx := context.Background()
 	project := testProject(t, s)
 	dup, err := s.CreateLease(ctx, NewLease{Project: project, Kind: "terminal", TTL: time.Hour}, c.Now())
@@ -234,7 +238,7 @@ func TestBatchFailureIsItsCallerOnly(t *testing.T) {
 	if n, err := s.LiveLeaseCount(ctx); err != nil || n != 4 {
 		t.Errorf("LiveLeaseCount = %d, %v; want 4", n, err)
 	}
-	checkClockInvariant(t, s, project)
+	checkClockInvariant(t, d, s, project)
 }
 
 // A caller that gives up while its statement is queued returns at once and
@@ -386,31 +390,33 @@ func TestBatchBusy(t *testing.T) {
 // cancellable one it runs (without the driver's watcher goroutine: see
 // hot) and commits.
 func TestHotStatementContext(t *testing.T) {
-	s, _ := newTestStore(t)
-	p := testProject(t, s)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p, Kind: "terminal", TTL: time.Hour}, time.Now()); !errors.Is(err, context.Canceled) {
-		t.Fatalf("CreateLease under a cancelled context = %v, want context.Canceled", err)
-	}
-	if _, _, err := s.GetProjectMember(ctx, p, 1); !errors.Is(err, context.Canceled) {
-		t.Errorf("GetProjectMember under a cancelled context = %v, want context.Canceled", err)
-	}
-	if n, err := s.LiveLeaseCount(context.Background()); err != nil || n != 0 {
-		t.Fatalf("live leases after a cancelled create: %d, %v", n, err)
-	}
-	live, stop := context.WithTimeout(context.Background(), time.Minute)
-	defer stop()
-	l, err := s.CreateLease(live, NewLease{Account: 1, Project: p, Kind: "terminal", TTL: time.Hour}, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.ReleaseHeldLease(live, l.ID, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if got, err := s.GetLease(context.Background(), l.ID); err != nil || got.State != LeaseReleased {
-		t.Fatalf("lease after release under a deadline: %+v, %v", got, err)
-	}
+	eachBackend(t, func(t *testing.T, d *testDB) {
+		s, _ := d.newStore(t)
+		p := testProject(t, s)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if _, err := s.CreateLease(ctx, NewLease{Account: 1, Project: p, Kind: "terminal", TTL: time.Hour}, time.Now()); !errors.Is(err, context.Canceled) {
+			t.Fatalf("CreateLease under a cancelled context = %v, want context.Canceled", err)
+		}
+		if _, _, err := s.GetProjectMember(ctx, p, 1); !errors.Is(err, context.Canceled) {
+			t.Errorf("GetProjectMember under a cancelled context = %v, want context.Canceled", err)
+		}
+		if n, err := s.LiveLeaseCount(context.Background()); err != nil || n != 0 {
+			t.Fatalf("live leases after a cancelled create: %d, %v", n, err)
+		}
+		live, stop := context.WithTimeout(context.Background(), time.Minute)
+		defer stop()
+		l, err := s.CreateLease(live, NewLease{Account: 1, Project: p, Kind: "terminal", TTL: time.Hour}, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ReleaseHeldLease(live, l.ID, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := s.GetLease(context.Background(), l.ID); err != nil || got.State != LeaseReleased {
+			t.Fatalf("lease after release under a deadline: %+v, %v", got, err)
+		}
+	})
 }
 
 // TestBatchStatementsClosed: a batch runs on statements prepared on the

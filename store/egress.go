@@ -147,25 +147,28 @@ func (s *sqliteStore) EgressLog(ctx context.Context, project int64, limit int) (
 	if limit <= 0 {
 		limit = 100
 	}
-	rows, err := s.r.QueryContext(ctx, `SELECT id, account, project, protocol, name, addr, port, verdict, rule, error,
-		bytes_in, bytes_out, started_at, duration_ms FROM egress_log WHERE project = ? ORDER BY id DESC LIMIT ?`, project, limit)
+	rows, err := s.r.QueryContext(ctx, "SELECT "+egressCols+" FROM egress_log WHERE project = ? ORDER BY id DESC LIMIT ?", project, limit)
 	if err != nil {
 		return nil, classify(err, fmt.Sprintf("egress journal of project %d", project))
 	}
 	defer rows.Close()
-	var out []EgressEntry
-	for rows.Next() {
-		var e EgressEntry
-		var started, dur int64
-		if err := rows.Scan(&e.ID, &e.Account, &e.Project, &e.Protocol, &e.Name, &e.Addr, &e.Port, &e.Verdict, &e.Rule,
-			&e.Error, &e.BytesIn, &e.BytesOut, &started, &dur); err != nil {
-			return nil, classify(err, "scan egress journal")
-		}
-		e.StartedAt, e.Duration = fromMS(started), time.Duration(dur)*time.Millisecond
-		out = append(out, e)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := collect(rows, scanEgress)
+	if err != nil {
 		return nil, classify(err, "egress journal")
 	}
 	return out, nil
+}
+
+// egressCols are the columns scanEgress scans.
+const egressCols = "id, account, project, protocol, name, addr, port, verdict, rule, error, bytes_in, bytes_out, started_at, duration_ms"
+
+func scanEgress(r scanner) (EgressEntry, error) {
+	var e EgressEntry
+	var started, dur int64
+	if err := r.Scan(&e.ID, &e.Account, &e.Project, &e.Protocol, &e.Name, &e.Addr, &e.Port, &e.Verdict, &e.Rule,
+		&e.Error, &e.BytesIn, &e.BytesOut, &started, &dur); err != nil {
+		return EgressEntry{}, err
+	}
+	e.StartedAt, e.Duration = fromMS(started), time.Duration(dur)*time.Millisecond
+	return e, nil
 }

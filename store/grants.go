@@ -39,12 +39,11 @@ func (s *sqliteStore) HostPaths(ctx context.Context, account int64) (bool, error
 }
 
 func (s *sqliteStore) SetExportRemotes(ctx context.Context, project int64, patterns []string) error {
-	for _, p := range patterns {
-		if p == "" || strings.ContainsAny(p, "\r\n") {
-			return fmt.Errorf("store: export remote pattern %q: empty or multi-line", p)
-		}
+	v, err := exportRemotes(patterns)
+	if err != nil {
+		return err
 	}
-	res, err := s.w.ExecContext(ctx, "UPDATE projects SET export_remotes = ? WHERE id = ?", strings.Join(patterns, "\n"), project)
+	res, err := s.w.ExecContext(ctx, "UPDATE projects SET export_remotes = ? WHERE id = ?", v, project)
 	if err != nil {
 		return classify(err, fmt.Sprintf("set export remotes of project %d", project))
 	}
@@ -67,4 +66,15 @@ func (s *sqliteStore) ExportRemotes(ctx context.Context, project int64) ([]strin
 		return nil, nil
 	}
 	return strings.Split(v, "\n"), nil
+}
+
+// exportRemotes returns the export_remotes column of patterns, or an error
+// for an empty or multi-line pattern.
+func exportRemotes(patterns []string) (string, error) {
+	for _, p := range patterns {
+		if p == "" || strings.ContainsAny(p, "\r\n") {
+			return "", fmt.Errorf("store: export remote pattern %q: empty or multi-line", p)
+		}
+	}
+	return strings.Join(patterns, "\n"), nil
 }

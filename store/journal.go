@@ -144,12 +144,9 @@ func journalJSON(in JournalCommand) (argv, limits string, err error) {
 }
 
 func (s *sqliteStore) JournalFinish(ctx context.Context, id int64, end JournalEnd) error {
-	if err := end.validate(); err != nil {
-		return fmt.Errorf("store: journal finish %d: %w", id, err)
-	}
-	var code sql.NullInt64
-	if end.Code != nil {
-		code = sql.NullInt64{Int64: int64(*end.Code), Valid: true}
+	code, err := end.check(id)
+	if err != nil {
+		return err
 	}
 	r := s.exec(ctx, sqlJournalFinish,
 		ms(s.now()), string(end.Outcome), code, end.Signal, end.OOMKilled, end.ErrorKind,
@@ -169,12 +166,9 @@ const sqlCommandEnd = `INSERT INTO command_end (lease, released_at, journal, out
 		stdout_bytes, stderr_bytes, message) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
 
 func (s *sqliteStore) ReleaseAndFinish(ctx context.Context, lease string, at time.Time, id int64, end JournalEnd) (journaled bool, err error) {
-	if err := end.validate(); err != nil {
-		return false, fmt.Errorf("store: journal finish %d: %w", id, err)
-	}
-	var code sql.NullInt64
-	if end.Code != nil {
-		code = sql.NullInt64{Int64: int64(*end.Code), Valid: true}
+	code, err := end.check(id)
+	if err != nil {
+		return false, err
 	}
 	r := s.exec(ctx, sqlCommandEnd, lease, ms(at), id, string(end.Outcome), code, end.Signal, end.OOMKilled, end.ErrorKind,
 		end.StdoutBytes, end.StderrBytes, end.Message)
@@ -187,6 +181,17 @@ func (s *sqliteStore) ReleaseAndFinish(ctx context.Context, lease string, at tim
 	// Not releasable as it stood: find out why, as ReleaseHeldLease does.
 	_, err = s.releaseSlow(ctx, lease, at)
 	return false, err
+}
+
+// check validates the end of entry id and returns its code column.
+func (e JournalEnd) check(id int64) (sql.NullInt64, error) {
+	if err := e.validate(); err != nil {
+		return sql.NullInt64{}, fmt.Errorf("store: journal finish %d: %w", id, err)
+	}
+	if e.Code == nil {
+		return sql.NullInt64{}, nil
+	}
+	return sql.NullInt64{Int64: int64(*e.Code), Valid: true}, nil
 }
 
 func (e JournalEnd) validate() error {
@@ -253,6 +258,21 @@ type JournalFilter struct {
 }
 
 func (s *sqliteStore) ListJournal(ctx context.Context, f JournalFilter) ([]JournalEntry, error) {
+	q, args := journalQuery(f)
+	rows, err := s.r.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("store: list journal: %w", err)
+	}
+	defer rows.Close()
+	out, err := collect(rows, scanJournal)
+	if err != nil {
+		return nil, fmt.Errorf("store: list journal: %w", err)
+	}
+	return out, nil
+}
+
+// journalQuery returns ListJournal's query of f, with ? placeholders.
+func journalQuery(f JournalFilter) (string, []any) {
 	var (
 		where []string
 		args  []any
@@ -275,45 +295,36 @@ func (s *sqliteStore) ListJournal(ctx context.Context, f JournalFilter) ([]Journ
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	q += " ORDER BY id DESC LIMIT ?"
-	args = append(args, limit)
-	rows, err := s.r.QueryContext(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("store: list journal: %w", err)
+	return q + " ORDER BY id DESC LIMIT ?", append(args, limit)
+}
+
+// scanJournal scans a row of journalQuery's.
+func scanJournal(r scanner) (JournalEntry, error) {
+	var (
+		e            JournalEntry
+		argv, limits string
+		started      int64
+		ended, code  sql.NullInt64
+		outcome      sql.NullString
+	)
+	if err := r.Scan(&e.ID, &e.Account, &e.Project, &e.Domain, &e.Lease, &e.LeaseKind, &argv, &limits,
+		&started, &ended, &outcome, &code, &e.End.Signal, &e.End.OOMKilled, &e.End.ErrorKind,
+		&e.End.StdoutBytes, &e.End.StderrBytes, &e.End.Message); err != nil {
+		return JournalEntry{}, err
 	}
-	defer rows.Close()
-	var out []JournalEntry
-	for rows.Next() {
-		var (
-			e            JournalEntry
-			argv, limits string
-			started      int64
-			ended, code  sql.NullInt64
-			outcome      sql.NullString
-		)
-		if err := rows.Scan(&e.ID, &e.Account, &e.Project, &e.Domain, &e.Lease, &e.LeaseKind, &argv, &limits,
-			&started, &ended, &outcome, &code, &e.End.Signal, &e.End.OOMKilled, &e.End.ErrorKind,
-			&e.End.StdoutBytes, &e.End.StderrBytes, &e.End.Message); err != nil {
-			return nil, fmt.Errorf("store: list journal: %w", err)
-		}
-		if err := json.Unmarshal([]byte(argv), &e.Argv); err != nil {
-			return nil, fmt.Errorf("store: journal %d argv: %w", e.ID, err)
-		}
-		if err := json.Unmarshal([]byte(limits), &e.Limits); err != nil {
-			return nil, fmt.Errorf("store: journal %d limits: %w", e.ID, err)
-		}
-		e.Started, e.Ended = fromMS(started), fromNullMS(ended)
-		e.End.Outcome = Outcome(outcome.String)
-		if code.Valid {
-			c := int(code.Int64)
-			e.End.Code = &c
-		}
-		out = append(out, e)
+	if err := json.Unmarshal([]byte(argv), &e.Argv); err != nil {
+		return JournalEntry{}, fmt.Errorf("journal %d argv: %w", e.ID, err)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("store: list journal: %w", err)
+	if err := json.Unmarshal([]byte(limits), &e.Limits); err != nil {
+		return JournalEntry{}, fmt.Errorf("journal %d limits: %w", e.ID, err)
 	}
-	return out, nil
+	e.Started, e.Ended = fromMS(started), fromNullMS(ended)
+	e.End.Outcome = Outcome(outcome.String)
+	if code.Valid {
+		c := int(code.Int64)
+		e.End.Code = &c
+	}
+	return e, nil
 }
 
 // Artifact is a file core created inside a managed machine and owns: it
@@ -331,7 +342,7 @@ func (s *sqliteStore) RecordArtifact(ctx context.Context, project int64, path, l
 	if path == "" {
 		return Artifact{}, fmt.Errorf("store: record artifact: empty path")
 	}
-	a := Artifact{Project: project, Path: path, Lease: lease, Created: s.stamp()}
+	a := Artifact{Project: project, Path: path, Lease: lease, Created: stamp(s.now)}
 	err := s.w.QueryRowContext(ctx,
 		"INSERT INTO artifacts (project, path, lease, created_at) VALUES (?, ?, ?, ?) RETURNING id",
 		project, path, lease, ms(a.Created)).Scan(&a.ID)
@@ -342,32 +353,39 @@ func (s *sqliteStore) RecordArtifact(ctx context.Context, project int64, path, l
 }
 
 func (s *sqliteStore) ListArtifacts(ctx context.Context, project int64, includeDeleted bool) ([]Artifact, error) {
-	q := "SELECT id, project, path, lease, created_at, deleted_at FROM artifacts WHERE project = ?"
-	if !includeDeleted {
-		q += " AND deleted_at IS NULL"
-	}
-	rows, err := s.r.QueryContext(ctx, q+" ORDER BY id", project)
+	rows, err := s.r.QueryContext(ctx, artifactQuery(includeDeleted), project)
 	if err != nil {
 		return nil, fmt.Errorf("store: list artifacts: %w", err)
 	}
 	defer rows.Close()
-	var out []Artifact
-	for rows.Next() {
-		var (
-			a       Artifact
-			created int64
-			deleted sql.NullInt64
-		)
-		if err := rows.Scan(&a.ID, &a.Project, &a.Path, &a.Lease, &created, &deleted); err != nil {
-			return nil, fmt.Errorf("store: list artifacts: %w", err)
-		}
-		a.Created, a.Deleted = fromMS(created), fromNullMS(deleted)
-		out = append(out, a)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := collect(rows, scanArtifact)
+	if err != nil {
 		return nil, fmt.Errorf("store: list artifacts: %w", err)
 	}
 	return out, nil
+}
+
+// artifactQuery returns ListArtifacts' query, whose one parameter is the
+// project.
+func artifactQuery(includeDeleted bool) string {
+	q := "SELECT id, project, path, lease, created_at, deleted_at FROM artifacts WHERE project = ?"
+	if !includeDeleted {
+		q += " AND deleted_at IS NULL"
+	}
+	return q + " ORDER BY id"
+}
+
+func scanArtifact(r scanner) (Artifact, error) {
+	var (
+		a       Artifact
+		created int64
+		deleted sql.NullInt64
+	)
+	if err := r.Scan(&a.ID, &a.Project, &a.Path, &a.Lease, &created, &deleted); err != nil {
+		return Artifact{}, err
+	}
+	a.Created, a.Deleted = fromMS(created), fromNullMS(deleted)
+	return a, nil
 }
 
 func (s *sqliteStore) MarkArtifactDeleted(ctx context.Context, id int64) error {

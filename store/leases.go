@@ -138,27 +138,37 @@ func scanLease(r scanner, what string, extra ...any) (Lease, error) {
 	return l, nil
 }
 
-func (s *sqliteStore) CreateLease(ctx context.Context, n NewLease, at time.Time) (Lease, error) {
+// newLease validates n and returns the lease it creates at at, and n with
+// its ID set.
+func newLease(n NewLease, at time.Time) (Lease, NewLease, error) {
 	if n.Kind == "" {
-		return Lease{}, errors.New("store: create lease: kind is required")
+		return Lease{}, n, errors.New("store: create lease: kind is required")
 	}
 	ttl := n.TTL.Milliseconds()
 	if ttl <= 0 {
-		return Lease{}, fmt.Errorf("store: create lease: invalid TTL %v", n.TTL)
+		return Lease{}, n, fmt.Errorf("store: create lease: invalid TTL %v", n.TTL)
 	}
 	if n.ID == "" {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return Lease{}, fmt.Errorf("store: create lease: %w", err)
+			return Lease{}, n, fmt.Errorf("store: create lease: %w", err)
 		}
 		n.ID = id.String()
 	}
 	now := ms(at)
-	l := Lease{
+	return Lease{
 		ID: n.ID, Account: n.Account, Project: n.Project, Kind: n.Kind, Domain: n.Domain, Holder: n.Holder,
 		State: LeaseLive, TTL: time.Duration(ttl) * time.Millisecond,
 		Created: fromMS(now), HeartbeatAt: fromMS(now), ExpiresAt: fromMS(now + ttl),
+	}, n, nil
+}
+
+func (s *sqliteStore) CreateLease(ctx context.Context, n NewLease, at time.Time) (Lease, error) {
+	l, n, err := newLease(n, at)
+	if err != nil {
+		return Lease{}, err
 	}
+	now, ttl := ms(l.Created), l.TTL.Milliseconds()
 	// One statement: SQLite runs it in a transaction of its own, which
 	// takes the write lock before it reads (no upgrade, as BEGIN IMMEDIATE).
 	if n.Journal != nil {
@@ -230,6 +240,14 @@ type LeaseFilter struct {
 }
 
 func (s *sqliteStore) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, error) {
+	// CROSS JOIN fixes SQLite's order of the live leases' join.
+	q, args := leaseQuery(f, "CROSS JOIN")
+	return s.queryLeases(ctx, s.r, q, args...)
+}
+
+// leaseQuery returns ListLeases' query of f, with ? placeholders; join
+// joins the live leases' clocks to their rows.
+func leaseQuery(f LeaseFilter, join string) (string, []any) {
 	var (
 		where []string
 		args  []any
@@ -248,14 +266,14 @@ func (s *sqliteStore) ListLeases(ctx context.Context, f LeaseFilter) ([]Lease, e
 	}
 	q := "SELECT " + leaseCols + leaseFrom
 	if f.State == LeaseLive {
-		// The live leases are those with a clock: start from there (CROSS
-		// JOIN fixes the order) rather than from the history.
-		q = "SELECT " + leaseCols + " FROM lease_clock c CROSS JOIN leases l ON l.seq = c.seq"
+		// The live leases are those with a clock: start from there
+		// rather than from the history.
+		q = "SELECT " + leaseCols + " FROM lease_clock c " + join + " leases l ON l.seq = c.seq"
 	}
 	if len(where) > 0 {
 		q += " WHERE " + strings.Join(where, " AND ")
 	}
-	return s.queryLeases(ctx, s.r, q+" ORDER BY l.seq", args...)
+	return q + " ORDER BY l.seq", args
 }
 
 type querier interface {
@@ -373,18 +391,7 @@ func (s *sqliteStore) HeartbeatLeases(ctx context.Context, ids []string, at time
 			if err := rows.Scan(&id, &state, &expires); err != nil {
 				return fmt.Errorf("store: heartbeat: %w", err)
 			}
-			switch {
-			case state == string(LeaseReleased):
-				why[id] = ErrLeaseReleased
-			case state == string(LeaseExpired):
-				why[id] = ErrLeaseExpired
-			case expires.Valid && expires.Int64 < now:
-				// Live but not extended: it was overdue. (An extended
-				// lease expires at now + TTL, never before now.)
-				why[id] = fmt.Errorf("%w (overdue)", ErrLeaseExpired)
-			default:
-				why[id] = nil
-			}
+			why[id] = heartbeatRefusal(LeaseState(state), expires, now)
 		}
 		if err := rows.Err(); err != nil {
 			return fmt.Errorf("store: heartbeat: %w", err)
@@ -443,14 +450,8 @@ func (s *sqliteStore) releaseSlow(ctx context.Context, id string, at time.Time) 
 			return err
 		}
 		out = l
-		switch {
-		case l.State == LeaseReleased:
-			return nil
-		case l.State == LeaseExpired:
-			return fmt.Errorf("store: release lease %s: %w", id, ErrLeaseExpired)
-		case l.ExpiresAt.Before(at):
-			return fmt.Errorf("store: release lease %s: %w (overdue since %s)", id, ErrLeaseExpired,
-				l.ExpiresAt.UTC().Format(time.RFC3339Nano))
+		if err := releaseRefusal(l, at); err != nil || l.State == LeaseReleased {
+			return err
 		}
 		if _, err := tx.ExecContext(ctx, sqlReleaseSeq, ms(at), ms(l.HeartbeatAt), ms(l.ExpiresAt), seq); err != nil {
 			return fmt.Errorf("store: release lease %s: %w", id, err)
@@ -459,6 +460,35 @@ func (s *sqliteStore) releaseSlow(ctx context.Context, id string, at time.Time) 
 		return nil
 	})
 	return out, err
+}
+
+// heartbeatRefusal says why a lease in state, with a clock expiring at
+// expires (NULL: none), was not extended at now; nil if it was (an
+// extended lease expires at now + TTL, never before now).
+func heartbeatRefusal(state LeaseState, expires sql.NullInt64, now int64) error {
+	switch {
+	case state == LeaseReleased:
+		return ErrLeaseReleased
+	case state == LeaseExpired:
+		return ErrLeaseExpired
+	case expires.Valid && expires.Int64 < now:
+		return fmt.Errorf("%w (overdue)", ErrLeaseExpired)
+	}
+	return nil
+}
+
+// releaseRefusal says why l cannot be released at at: it expired or is
+// overdue. A released lease (release is idempotent) and a live one on time
+// are nil.
+func releaseRefusal(l Lease, at time.Time) error {
+	switch {
+	case l.State == LeaseExpired:
+		return fmt.Errorf("store: release lease %s: %w", l.ID, ErrLeaseExpired)
+	case l.State == LeaseLive && l.ExpiresAt.Before(at):
+		return fmt.Errorf("store: release lease %s: %w (overdue since %s)", l.ID, ErrLeaseExpired,
+			l.ExpiresAt.UTC().Format(time.RFC3339Nano))
+	}
+	return nil
 }
 
 // testHookReleaseFallback, if set (by tests), runs when ReleaseLease's

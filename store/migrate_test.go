@@ -15,6 +15,7 @@ import (
 func TestMigrateFromVersion1(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
+	d := &testDB{backend: SchemeSQLite, url: path}
 	db := rawDB(t, path)
 	if _, err := db.Exec(loadMigrations(SchemeSQLite)[0].sql); err != nil {
 		t.Fatal(err)
@@ -58,7 +59,7 @@ func TestMigrateFromVersion1(t *testing.T) {
 			t.Fatalf("%s lease after migration = %+v, %v", id, l, err)
 		}
 	}
-	checkClockInvariant(t, s, 1, 2)
+	checkClockInvariant(t, d, s, 1, 2)
 	if err := s.DeleteProject(ctx, 1); !errors.Is(err, ErrProjectBusy) {
 		t.Fatalf("DeleteProject with a migrated live lease = %v; want ErrProjectBusy", err)
 	}
@@ -101,12 +102,12 @@ func TestMigrateFromVersion1(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkClockInvariant(t, s, 1, 2)
+	checkClockInvariant(t, d, s, 1, 2)
 	exp, err := s.ExpireLeases(ctx, at.Add(2*time.Second))
 	if err != nil || len(exp) != 1 || exp[0].ID != n2.ID || exp[0].State != LeaseExpired {
 		t.Fatalf("ExpireLeases = %+v, %v", exp, err)
 	}
-	checkClockInvariant(t, s, 1, 2)
+	checkClockInvariant(t, d, s, 1, 2)
 	if err := s.DeleteProject(ctx, 1); err != nil {
 		t.Fatalf("DeleteProject after release: %v", err)
 	}

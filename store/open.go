@@ -92,9 +92,9 @@ func isKeywordValue(s string) bool {
 	return false
 }
 
-// Redact returns a store URL fit for logs and errors: a PostgreSQL URL's
-// password (in its user information, or its password parameter) is
-// replaced by "xxxxx"; anything else is returned as it is.
+// Redact returns a store URL fit for logs and errors: a URL's password
+// (in its user information, or a password parameter) is replaced by
+// "xxxxx"; anything else is returned as it is.
 func Redact(rawURL string) string {
 	if isKeywordValue(rawURL) {
 		var out []string
@@ -106,7 +106,7 @@ func Redact(rawURL string) string {
 		}
 		return strings.Join(out, " ")
 	}
-	if !strings.HasPrefix(rawURL, "postgres://") && !strings.HasPrefix(rawURL, "postgresql://") {
+	if !strings.Contains(rawURL, "://") {
 		return rawURL
 	}
 	u, err := url.Parse(rawURL)

@@ -83,7 +83,9 @@ type Member struct {
 	Created time.Time
 }
 
-func (s *sqliteStore) CreateProject(ctx context.Context, p NewProject) (Project, error) {
+// newProject validates p and returns the project it creates, but for its
+// ID.
+func newProject(p NewProject, now func() time.Time) (Project, error) {
 	if p.Kind != ProjectManaged && p.Kind != ProjectHost {
 		return Project{}, fmt.Errorf("store: create project %q: invalid kind %q", p.Name, p.Kind)
 	}
@@ -93,12 +95,19 @@ func (s *sqliteStore) CreateProject(ctx context.Context, p NewProject) (Project,
 	if p.Image == "" {
 		p.Image = DefaultImage
 	}
-	out := Project{Kind: p.Kind, Name: p.Name, Root: p.Root, Created: s.stamp(), Image: p.Image, Limits: p.Limits, Network: p.Network}
+	return Project{Kind: p.Kind, Name: p.Name, Root: p.Root, Created: stamp(now), Image: p.Image, Limits: p.Limits, Network: p.Network}, nil
+}
+
+func (s *sqliteStore) CreateProject(ctx context.Context, p NewProject) (Project, error) {
+	out, err := newProject(p, s.now)
+	if err != nil {
+		return Project{}, err
+	}
 	l := p.Limits
-	err := s.w.QueryRowContext(ctx,
+	err = s.w.QueryRowContext(ctx,
 		`INSERT INTO projects (kind, name, root, created_at, image, limit_memory, limit_pids, limit_cpu_millis, limit_disk, limit_tmp, network)
 		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-		string(p.Kind), p.Name, p.Root, ms(out.Created), p.Image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp, p.Network).Scan(&out.ID)
+		string(p.Kind), p.Name, p.Root, ms(out.Created), out.Image, l.Memory, l.Pids, l.CPUMillis, l.Disk, l.Tmp, p.Network).Scan(&out.ID)
 	if err != nil {
 		return Project{}, classifyExists(err, fmt.Sprintf("project %q", p.Name), fmt.Sprintf("create project %q", p.Name))
 	}
@@ -197,7 +206,7 @@ func (s *sqliteStore) AddMember(ctx context.Context, m Member) (Member, error) {
 	err := s.w.QueryRowContext(ctx,
 		`INSERT INTO members (project, account, role, trusted, created_at) VALUES (?1, ?2, ?3, ?4,
 			max(?5, coalesce((SELECT max(created_at) + 1 FROM members WHERE project = ?1), 0))) RETURNING created_at`,
-		m.Project, m.Account, string(m.Role), m.Trusted, ms(s.stamp())).Scan(&created)
+		m.Project, m.Account, string(m.Role), m.Trusted, ms(stamp(s.now))).Scan(&created)
 	m.Created = fromMS(created)
 	if err != nil {
 		return Member{}, classifyExists(err, fmt.Sprintf("the membership of account %d in project %d", m.Account, m.Project), fmt.Sprintf("add account %d to project %d", m.Account, m.Project))
@@ -250,20 +259,26 @@ func (s *sqliteStore) readTenancy(ctx context.Context, project, account int64) (
 	if err != nil {
 		return Tenancy{}, err
 	}
-	var (
-		p               Project
-		kind            string
-		created         int64
-		role            sql.NullString
-		trusted, joined sql.NullInt64
-		version         int64
-		policy          sql.NullString
-	)
 	hctx, err := hot(ctx)
 	if err != nil {
 		return Tenancy{}, fmt.Errorf("store: project %d: %w", project, err)
 	}
-	err = st.QueryRowContext(hctx, project, account).Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
+	return scanTenancy(st.QueryRowContext(hctx, project, account), project, account)
+}
+
+// scanTenancy scans the row of a tenancy read (sqlGetTenancy's columns).
+func scanTenancy(r scanner, project, account int64) (Tenancy, error) {
+	var (
+		p       Project
+		kind    string
+		created int64
+		role    sql.NullString
+		trusted sql.NullBool
+		joined  sql.NullInt64
+		version int64
+		policy  sql.NullString
+	)
+	err := r.Scan(&p.ID, &kind, &p.Name, &p.Root, &created,
 		&p.Image, &p.Limits.Memory, &p.Limits.Pids, &p.Limits.CPUMillis, &p.Limits.Disk, &p.Limits.Tmp, &p.Network, &role, &trusted, &joined, &version, &policy)
 	if err != nil {
 		return Tenancy{}, classify(err, fmt.Sprintf("project %d", project))
@@ -272,7 +287,7 @@ func (s *sqliteStore) readTenancy(ctx context.Context, project, account int64) (
 	if !role.Valid {
 		return Tenancy{Project: p}, fmt.Errorf("store: account %d in project %d: %w", account, project, errNotMember)
 	}
-	m := Member{Project: project, Account: account, Role: Role(role.String), Trusted: trusted.Int64 != 0, Created: fromMS(joined.Int64)}
+	m := Member{Project: project, Account: account, Role: Role(role.String), Trusted: trusted.Bool, Created: fromMS(joined.Int64)}
 	return Tenancy{Project: p, Member: m, Version: version, EgressPolicy: policy.String}, nil
 }
 

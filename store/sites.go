@@ -30,7 +30,7 @@ func (s *sqliteStore) PutPublication(ctx context.Context, p Publication) (Public
 		err := tx.QueryRowContext(ctx, "SELECT project, created_at FROM site_publications WHERE name = ?", p.Name).Scan(&project, &created)
 		switch {
 		case errors.Is(err, sql.ErrNoRows):
-			p.Created = s.stamp()
+			p.Created = stamp(s.now)
 			_, err = tx.ExecContext(ctx,
 				"INSERT INTO site_publications (name, project, port, owner, created_at) VALUES (?, ?, ?, ?, ?)",
 				p.Name, p.Project, p.Port, p.Owner, ms(p.Created))

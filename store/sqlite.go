@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"modernc.org/sqlite"
-	sqlite3 "modernc.org/sqlite/lib"
 )
 
 // sqliteStore is the SQLite backend of Store.
@@ -310,60 +309,6 @@ func sqliteCode(err error) int {
 	}
 	return 0
 }
-
-// classify maps constraint violations to the package's sentinels, wrapping
-// the driver error so both remain visible.
-func classify(err error, what string) error {
-	switch sqliteCode(err) {
-	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-		return &constraintError{msg: fmt.Sprintf("store: %s: already exists", what), class: ErrExists, cause: err}
-	case sqlite3.SQLITE_CONSTRAINT_FOREIGNKEY:
-		return &constraintError{msg: fmt.Sprintf("store: %s: a row it refers to does not exist", what), class: ErrNotFound, cause: err}
-	}
-	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("store: %s: %w", what, ErrNotFound)
-	}
-	return fmt.Errorf("store: %s: %w", what, err)
-}
-
-// classifyExists is classify for an insert whose uniqueness violation
-// means subject exists already: its message is `subject already exists`.
-func classifyExists(err error, subject, what string) error {
-	switch sqliteCode(err) {
-	case sqlite3.SQLITE_CONSTRAINT_UNIQUE, sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY:
-		return &constraintError{msg: subject + " already exists", class: ErrExists, cause: err}
-	}
-	return classify(err, what)
-}
-
-// constraintError is a constraint violation said for people: its message
-// names what conflicted, never SQLite's text; it unwraps to its class
-// (ErrExists, ErrNotFound) and to SQLite's error.
-type constraintError struct {
-	msg   string
-	class error
-	cause error
-}
-
-func (e *constraintError) Error() string   { return e.msg }
-func (e *constraintError) Unwrap() []error { return []error{e.class, e.cause} }
-
-func ms(t time.Time) int64 { return t.UnixMilli() }
-
-func fromMS(v int64) time.Time { return time.UnixMilli(v) }
-
-func fromNullMS(v sql.NullInt64) time.Time {
-	if !v.Valid {
-		return time.Time{}
-	}
-	return time.UnixMilli(v.Int64)
-}
-
-// scanner is *sql.Row or *sql.Rows.
-type scanner interface{ Scan(dest ...any) error }
-
-// stamp returns the store clock's current time at the stored precision.
-func (s *sqliteStore) stamp() time.Time { return fromMS(ms(s.now())) }
 
 // isBusy reports whether err is SQLite's "database is locked".
 func isBusy(err error) bool {

@@ -322,11 +322,9 @@ type Store interface {
 
 	// EgressPolicy returns project's stored policy JSON, "" when none was set
 	// (mode none). It does not check that the project exists.
-	//
-	// A managed command's session start reads it (package egress) when its
-	// preparation did not read it with the tenancy (Tenancy.EgressPolicy), so
-	// it runs as a hot read: a prepared statement, with ctx's cancellation
-	// checked before and not watched during (see hot).
+	// A managed command's session start reads it (package egress) when
+	// its preparation did not read it with the tenancy
+	// (Tenancy.EgressPolicy): a hot read.
 	EgressPolicy(ctx context.Context, project int64) (string, error)
 
 	// EgressPolicyAt is EgressPolicy with the project's tenancy version as of

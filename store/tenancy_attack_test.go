@@ -154,36 +154,38 @@ func TestTenancyTriggersAfterMigration(t *testing.T) {
 // running), it must not write that entry's outcome: each tenant's journal
 // shows only what its own commands did. (Fails with schema 13's trigger.)
 func TestReleaseAndFinishOtherEntry(t *testing.T) {
-	ctx := context.Background()
-	s := openTest(t, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
-	p, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
-	must(t, err)
-	q, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "q", Root: "/q"})
-	must(t, err)
-	now := time.Now()
-	start := func(account int64, project int64) Lease {
-		l, err := s.CreateLease(ctx, NewLease{Account: account, Project: project, Kind: "terminal", TTL: time.Minute,
-			Journal: &JournalCommand{Account: account, Project: project, LeaseKind: "terminal", Argv: []string{"sleep", "1"}}}, now)
+	eachBackend(t, func(t *testing.T, d *testDB) {
+		ctx := context.Background()
+		s := d.open(t, Options{Migrate: true})
+		p, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
 		must(t, err)
-		return l
-	}
-	mine, theirs := start(1, p.ID), start(2, q.ID)
-	code := 0
-	journaled, err := s.ReleaseAndFinish(ctx, mine.ID, now, theirs.Journal, JournalEnd{Outcome: OutcomeExit, Code: &code, Message: "forged"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	es, err := s.ListJournal(ctx, JournalFilter{Project: q.ID})
-	must(t, err)
-	if len(es) != 1 || es[0].ID != theirs.Journal {
-		t.Fatalf("their journal: %+v", es)
-	}
-	if es[0].End.Outcome != "" || es[0].End.Message == "forged" {
-		t.Fatalf("another lease's end finished their running entry: %+v (journaled %v)", es[0].End, journaled)
-	}
-	if l, err := s.GetLease(ctx, mine.ID); err != nil || l.State != LeaseReleased {
-		t.Fatalf("my lease: %+v, %v; want released", l, err)
-	}
+		q, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "q", Root: "/q"})
+		must(t, err)
+		now := time.Now()
+		start := func(account int64, project int64) Lease {
+			l, err := s.CreateLease(ctx, NewLease{Account: account, Project: project, Kind: "terminal", TTL: time.Minute,
+				Journal: &JournalCommand{Account: account, Project: project, LeaseKind: "terminal", Argv: []string{"sleep", "1"}}}, now)
+			must(t, err)
+			return l
+		}
+		mine, theirs := start(1, p.ID), start(2, q.ID)
+		code := 0
+		journaled, err := s.ReleaseAndFinish(ctx, mine.ID, now, theirs.Journal, JournalEnd{Outcome: OutcomeExit, Code: &code, Message: "forged"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es, err := s.ListJournal(ctx, JournalFilter{Project: q.ID})
+		must(t, err)
+		if len(es) != 1 || es[0].ID != theirs.Journal {
+			t.Fatalf("their journal: %+v", es)
+		}
+		if es[0].End.Outcome != "" || es[0].End.Message == "forged" {
+			t.Fatalf("another lease's end finished their running entry: %+v (journaled %v)", es[0].End, journaled)
+		}
+		if l, err := s.GetLease(ctx, mine.ID); err != nil || l.State != LeaseReleased {
+			t.Fatalf("my lease: %+v, %v; want released", l, err)
+		}
+	})
 }
 
 // TestJournalIDsNotReused: the journal keeps no AUTOINCREMENT (schema 12),
@@ -194,43 +196,45 @@ func TestReleaseAndFinishOtherEntry(t *testing.T) {
 // project get IDs of their own (their tables keep AUTOINCREMENT), so
 // their journal is empty.
 func TestJournalIDsNotReused(t *testing.T) {
-	ctx := context.Background()
-	s := openTest(t, filepath.Join(t.TempDir(), "corral.db"), Options{Migrate: true})
-	a, err := s.CreateAccount(ctx, "a")
-	must(t, err)
-	p, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
-	must(t, err)
-	_, err = s.AddMember(ctx, Member{Project: p.ID, Account: a.ID, Role: RoleOwner})
-	must(t, err)
-	var last int64
-	for range 3 {
-		l, err := s.CreateLease(ctx, NewLease{Account: a.ID, Project: p.ID, Kind: "terminal", TTL: time.Minute,
-			Journal: &JournalCommand{Account: a.ID, Project: p.ID, LeaseKind: "terminal", Argv: []string{"secret-of-a"}}}, time.Now())
+	eachBackend(t, func(t *testing.T, d *testDB) {
+		ctx := context.Background()
+		s := d.open(t, Options{Migrate: true})
+		a, err := s.CreateAccount(ctx, "a")
 		must(t, err)
-		must(t, s.ReleaseHeldLease(ctx, l.ID, time.Now()))
-		last = l.Journal
-	}
-	must(t, s.DeleteProject(ctx, p.ID))
-	must(t, s.DeleteAccount(ctx, a.ID))
-	if es, err := s.ListJournal(ctx, JournalFilter{Account: a.ID}); err != nil || len(es) != 3 {
-		t.Fatalf("the deleted account's entries: %d, %v; want all 3 kept", len(es), err)
-	}
-	b, err := s.CreateAccount(ctx, "b")
-	must(t, err)
-	q, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "q", Root: "/q"})
-	must(t, err)
-	if b.ID == a.ID || q.ID == p.ID {
-		t.Fatalf("IDs reused: account %d (was %d), project %d (was %d)", b.ID, a.ID, q.ID, p.ID)
-	}
-	for _, f := range []JournalFilter{{Account: b.ID}, {Project: q.ID}} {
-		if es, err := s.ListJournal(ctx, f); err != nil || len(es) != 0 {
-			t.Fatalf("a new account's or project's journal %+v: %+v, %v; want empty", f, es, err)
+		p, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "p", Root: "/p"})
+		must(t, err)
+		_, err = s.AddMember(ctx, Member{Project: p.ID, Account: a.ID, Role: RoleOwner})
+		must(t, err)
+		var last int64
+		for range 3 {
+			l, err := s.CreateLease(ctx, NewLease{Account: a.ID, Project: p.ID, Kind: "terminal", TTL: time.Minute,
+				Journal: &JournalCommand{Account: a.ID, Project: p.ID, LeaseKind: "terminal", Argv: []string{"secret-of-a"}}}, time.Now())
+			must(t, err)
+			must(t, s.ReleaseHeldLease(ctx, l.ID, time.Now()))
+			last = l.Journal
 		}
-	}
-	l, err := s.CreateLease(ctx, NewLease{Account: b.ID, Project: q.ID, Kind: "terminal", TTL: time.Minute,
-		Journal: &JournalCommand{Account: b.ID, Project: q.ID, LeaseKind: "terminal", Argv: []string{"true"}}}, time.Now())
-	must(t, err)
-	if l.Journal <= last {
-		t.Fatalf("new entry ID %d, not after the newest %d", l.Journal, last)
-	}
+		must(t, s.DeleteProject(ctx, p.ID))
+		must(t, s.DeleteAccount(ctx, a.ID))
+		if es, err := s.ListJournal(ctx, JournalFilter{Account: a.ID}); err != nil || len(es) != 3 {
+			t.Fatalf("the deleted account's entries: %d, %v; want all 3 kept", len(es), err)
+		}
+		b, err := s.CreateAccount(ctx, "b")
+		must(t, err)
+		q, err := s.CreateProject(ctx, NewProject{Kind: ProjectManaged, Name: "q", Root: "/q"})
+		must(t, err)
+		if b.ID == a.ID || q.ID == p.ID {
+			t.Fatalf("IDs reused: account %d (was %d), project %d (was %d)", b.ID, a.ID, q.ID, p.ID)
+		}
+		for _, f := range []JournalFilter{{Account: b.ID}, {Project: q.ID}} {
+			if es, err := s.ListJournal(ctx, f); err != nil || len(es) != 0 {
+				t.Fatalf("a new account's or project's journal %+v: %+v, %v; want empty", f, es, err)
+			}
+		}
+		l, err := s.CreateLease(ctx, NewLease{Account: b.ID, Project: q.ID, Kind: "terminal", TTL: time.Minute,
+			Journal: &JournalCommand{Account: b.ID, Project: q.ID, LeaseKind: "terminal", Argv: []string{"true"}}}, time.Now())
+		must(t, err)
+		if l.Journal <= last {
+			t.Fatalf("new entry ID %d, not after the newest %d", l.Journal, last)
+		}
+	})
 }
