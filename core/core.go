@@ -26,7 +26,9 @@ type Options struct {
 	// Store is the database. If nil, Build opens StorePath (and closes it
 	// on Close).
 	Store store.Store
-	// StorePath is the database file used when Store is nil.
+	// StorePath is the store opened when Store is nil: a store URL
+	// (store.Open's forms: an SQLite file's path, sqlite:PATH,
+	// postgres://...).
 	StorePath string
 	// Migrate lets Build create and migrate the database. A process that
 	// must not migrate (the delegated runner) sets false: Build then refuses
@@ -104,8 +106,12 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 		if opts.StorePath == "" {
 			return c, errors.New("core: no store and no store path")
 		}
-		if opts.Migrate {
-			if err := os.MkdirAll(filepath.Dir(opts.StorePath), 0o700); err != nil {
+		scheme, target, err := store.SplitURL(opts.StorePath)
+		if err != nil {
+			return c, fmt.Errorf("core: %w", err)
+		}
+		if opts.Migrate && scheme == store.SchemeSQLite {
+			if err := os.MkdirAll(filepath.Dir(target), 0o700); err != nil {
 				return c, fmt.Errorf("core: %w", err)
 			}
 		}

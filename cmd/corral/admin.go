@@ -19,12 +19,20 @@ import (
 	"github.com/corral-sandbox/corral/store"
 )
 
-// The account, token and project subcommands work directly on
-// STATE/corral.db (migrating it if needed); the daemon may be running.
+// The account, token and project subcommands work directly on the store
+// (--store, default STATE/corral.db; migrating it if needed); the daemon may
+// be running.
 
-// openState opens the state directory's database.
-func openState(ctx context.Context, flag string) (string, store.Store, error) {
-	dir, err := stateDir(flag)
+// stateFlags are the --state and --store flags of the administrative
+// commands.
+type stateFlags struct {
+	dir   string // --state
+	store string // --store
+}
+
+// openState opens the store of the flags.
+func openState(ctx context.Context, flag stateFlags) (string, store.Store, error) {
+	dir, err := stateDir(flag.dir)
 	if err != nil {
 		return "", nil, err
 	}
@@ -34,7 +42,11 @@ func openState(ctx context.Context, flag string) (string, store.Store, error) {
 	if err := daemon.PrepareStateDir(dir); err != nil {
 		return "", nil, err
 	}
-	st, err := store.Open(ctx, filepath.Join(dir, "corral.db"), store.Options{Migrate: true})
+	u, err := storeURL(flag.store, dir)
+	if err != nil {
+		return "", nil, err
+	}
+	st, err := store.Open(ctx, u, store.Options{Migrate: true})
 	if err != nil {
 		return "", nil, err
 	}
@@ -42,7 +54,7 @@ func openState(ctx context.Context, flag string) (string, store.Store, error) {
 }
 
 // withState runs fn on the state's database, closing it afterwards.
-func withState(cmd *cobra.Command, flag string, fn func(ctx context.Context, dir string, st store.Store) error) error {
+func withState(cmd *cobra.Command, flag stateFlags, fn func(ctx context.Context, dir string, st store.Store) error) error {
 	ctx := cmd.Context()
 	if ctx == nil {
 		ctx = context.Background()
@@ -55,12 +67,13 @@ func withState(cmd *cobra.Command, flag string, fn func(ctx context.Context, dir
 	return fn(ctx, dir, st)
 }
 
-func stateFlag(cmd *cobra.Command, p *string) {
-	cmd.PersistentFlags().StringVar(p, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
+func stateFlag(cmd *cobra.Command, p *stateFlags) {
+	cmd.PersistentFlags().StringVar(&p.dir, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
+	storeFlag(cmd.PersistentFlags(), &p.store)
 }
 
 func newAccountCmd() *cobra.Command {
-	var state string
+	var state stateFlags
 	var asJSON bool
 	cmd := &cobra.Command{Use: "account", Short: "Manage accounts"}
 	stateFlag(cmd, &state)
@@ -164,7 +177,7 @@ func optTime(t time.Time) *time.Time {
 
 // grantCmd is `account grant` (on) or `account revoke` (off): the
 // permissions an account has beyond its memberships.
-func grantCmd(state *string, on bool) *cobra.Command {
+func grantCmd(state *stateFlags, on bool) *cobra.Command {
 	verb, short := "grant", "Grant an account a permission"
 	if !on {
 		verb, short = "revoke", "Revoke a permission of an account"
@@ -193,7 +206,10 @@ state directory and directories containing it stay refused.`,
 }
 
 func newTokenCmd() *cobra.Command {
-	var state, name string
+	var (
+		state stateFlags
+		name  string
+	)
 	var asJSON, createJSON bool
 	cmd := &cobra.Command{Use: "token", Short: "Manage bearer tokens"}
 	stateFlag(cmd, &state)
@@ -342,7 +358,7 @@ func projectAtPath(ctx context.Context, st store.Store, s string) (store.Project
 }
 
 func newProjectCmd() *cobra.Command {
-	var state string
+	var state stateFlags
 	cmd := &cobra.Command{Use: "project", Short: "Manage projects and their members"}
 	stateFlag(cmd, &state)
 

@@ -20,28 +20,29 @@ import (
 // daemonCommands are the daemon's subcommands: daemon, account, token and
 // project. addCommands adds them to the root.
 func daemonCommands() []*cobra.Command {
-	return []*cobra.Command{newDaemonCmd(), newAccountCmd(), newTokenCmd(), newProjectCmd()}
+	return []*cobra.Command{newDaemonCmd(), newAccountCmd(), newTokenCmd(), newProjectCmd(), newStoreCmd()}
 }
 
 func newDaemonCmd() *cobra.Command {
 	var (
-		cfg        daemon.Config
-		state      string
-		debug      bool
-		lspServers []string
-		allowCIDRs []string
-		memory     sizeFlag
-		tmp        sizeFlag
-		disk       sizeFlag
-		pids       int64
-		cpus       float64
+		cfg            daemon.Config
+		state          string
+		storeFlagValue string
+		debug          bool
+		lspServers     []string
+		allowCIDRs     []string
+		memory         sizeFlag
+		tmp            sizeFlag
+		disk           sizeFlag
+		pids           int64
+		cpus           float64
 	)
 	cmd := &cobra.Command{
 		Use:   "daemon --state DIR [--listen ADDR] [--worker-socket PATH]",
 		Short: "Serve the HTTP API on STATE/corral.sock (and optionally TCP)",
 		Long: `Serve corral's authenticated HTTP API, the Sites gateway, /metrics and
 /healthz on the Unix socket STATE/corral.sock (mode 0660) and, with --listen, on
-a TCP address. The database is STATE/corral.db; managed workspaces live in
+a TCP address. The database is --store (default STATE/corral.db); managed workspaces live in
 STATE/projects.
 
 As root and without --worker-socket, the daemon starts the privileged worker
@@ -64,6 +65,9 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 				return err
 			}
 			cfg.StateDir = dir
+			if cfg.Store, err = storeURL(storeFlagValue, dir); err != nil {
+				return err
+			}
 			if cfg.LSPServers, err = parseLSPServers(lspServers); err != nil {
 				return err
 			}
@@ -111,9 +115,9 @@ Logs are JSON on stderr. SIGTERM or SIGINT shuts down gracefully.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&state, "state", "", "state `DIR` (default $XDG_STATE_HOME/corral)")
+	storeFlag(fl, &storeFlagValue)
 	fl.StringVar(&cfg.Listen, "listen", "", "also serve on this TCP `ADDR` (host:port)")
 	fl.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve GET /metrics alone, unauthenticated, on this TCP `ADDR` (on --listen it needs an administrator's token)")
-	fl.StringVar(&cfg.Store, "store", "", "store `URL`: sqlite:PATH or postgres://… (default sqlite:STATE/corral.db; password from PGPASSWORD or a passfile)")
 	fl.StringVar(&cfg.Socket, "socket", "", "serve the API on the Unix socket `PATH` (default STATE/corral.sock; replicas sharing STATE need one each)")
 	fl.StringVar(&cfg.Replica, "replica", "", "this daemon's `NAME` among the replicas of one store: its leases' holder, named when another replica is asked for its background processes (default \"pid N on HOST\")")
 	fl.StringVar(&cfg.WorkerSocket, "worker-socket", "", "use the running worker at `PATH` instead of starting one")

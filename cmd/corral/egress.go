@@ -16,7 +16,7 @@ import (
 // newProjectEgressCmd is `corral project egress`: a project's network
 // policy, set in the state's database (a running daemon applies it within
 // a second).
-func newProjectEgressCmd(state *string) *cobra.Command {
+func newProjectEgressCmd(state *stateFlags) *cobra.Command {
 	cmd := &cobra.Command{Use: "egress", Short: "Show or set a project's network policy"}
 	var mode string
 	var allow, deny []string

@@ -20,15 +20,16 @@ import (
 
 // The image subcommands work on the image store STATE/images directly
 // (the daemon may be running: the store locks itself); rm consults
-// STATE/corral.db for the projects that use the image.
+// the store (--store, default STATE/corral.db) for the projects that use
+// the image.
 
 type imageFlags struct {
-	state    string
+	state    stateFlags
 	registry string // the idrange registry: hidden, for tests
 }
 
 func (f *imageFlags) open(ctx context.Context) (string, *image.Store, error) {
-	dir, err := stateDir(f.state)
+	dir, err := stateDir(f.state.dir)
 	if err != nil {
 		return "", nil, err
 	}
@@ -181,7 +182,11 @@ it is made again on next use.`,
 			if err != nil {
 				return imageFailed(cmd, err)
 			}
-			db, err := store.Open(ctx, filepath.Join(dir, "corral.db"), store.Options{Migrate: true})
+			u, err := storeURL(f.state.store, dir)
+			if err != nil {
+				return imageFailed(cmd, err)
+			}
+			db, err := store.Open(ctx, u, store.Options{Migrate: true})
 			if err != nil {
 				return imageFailed(cmd, err)
 			}

@@ -17,7 +17,7 @@ import (
 )
 
 // newSetMachineCmd is `corral project set-machine`.
-func newSetMachineCmd(state *string) *cobra.Command {
+func newSetMachineCmd(state *stateFlags) *cobra.Command {
 	var (
 		img              string
 		memory, disk, tm sizeFlag
@@ -82,7 +82,7 @@ upper layer (what guest root installed) is discarded then.`,
 }
 
 // newResetCmd is `corral project reset`.
-func newResetCmd(state *string) *cobra.Command {
+func newResetCmd(state *stateFlags) *cobra.Command {
 	var socket string
 	cmd := &cobra.Command{
 		Use:   "reset PROJECT [--worker-socket PATH]",

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"github.com/corral-sandbox/corral/internal/pgtest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,7 +20,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv("CORRAL_TEST_AS_MAIN") == "1" {
 		main()
 	}
-	os.Exit(m.Run())
+	os.Exit(pgtest.Main(m))
 }
 
 // corral runs the CLI in-process with a private state directory.

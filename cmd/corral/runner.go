@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,9 +13,9 @@ import (
 // starts with runner.Start.
 func newRunnerCmd() *cobra.Command {
 	var (
-		state string
-		ttl   time.Duration
-		fd    int
+		state, storeFlagValue string
+		ttl                   time.Duration
+		fd                    int
 	)
 	cmd := &cobra.Command{
 		Use:   "runner --state DIR [--worker-fd 3] [--lease-ttl D]",
@@ -25,7 +24,7 @@ func newRunnerCmd() *cobra.Command {
 package) with exactly one inherited descriptor, 3, named by --worker-fd 3: its
 own connection to the privileged worker. Without --worker-fd only host-project
 commands succeed. The runner has no other way to the worker, never migrates
-STATE/corral.db (another schema version is refused), runs no plugin services
+the store (--store, default STATE/corral.db; another schema version is refused), runs no plugin services
 and has no Sites control.
 
 The job is one JSON document on stdin:
@@ -51,8 +50,12 @@ nothing more is reported. Leases left behind by a killed runner expire after
 			if err != nil {
 				return err
 			}
+			u, err := storeURL(storeFlagValue, dir)
+			if err != nil {
+				return err
+			}
 			status := runner.Main(cmd.Context(), runner.Options{
-				StorePath: filepath.Join(dir, "corral.db"),
+				StorePath: u,
 				LeaseTTL:  ttl,
 				WorkerFD:  fd,
 				Logger:    cliLogger(),
@@ -65,6 +68,7 @@ nothing more is reported. Leases left behind by a killed runner expire after
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&state, "state", "", "state `DIR` holding corral.db (default $XDG_STATE_HOME/corral)")
+	storeFlag(fl, &storeFlagValue)
 	fl.IntVar(&fd, "worker-fd", 0, "inherited descriptor `N` holding the runner's worker connection (runner.Start passes 3)")
 	fl.DurationVar(&ttl, "lease-ttl", 0, "TTL of the runner's leases: how long its commands may outlive it if it is killed (default 15s)")
 	return cmd
