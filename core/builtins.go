@@ -2,6 +2,7 @@ package core
 
 import (
 	"log/slog"
+	"path/filepath"
 
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
@@ -31,11 +32,12 @@ type Deps struct {
 // (see PluginFactory), never a factory made with Plugin.
 type internals struct {
 	Deps
-	store   store.Store
-	leases  *lease.Manager
-	gateway *machine.Gateway
-	selfExe string
-	egress  provider.Egress // nil: no egress service
+	store    store.Store
+	leases   *lease.Manager
+	gateway  *machine.Gateway
+	selfExe  string
+	stateDir string          // Options.StateDir
+	egress   provider.Egress // nil: no egress service
 }
 
 // PluginFactory makes one plugin's registration when core is built. Make
@@ -74,7 +76,12 @@ func Builtins() []PluginFactory {
 // projects and managed machines.
 var SandboxPlugin = PluginFactory{builtin: func(d internals) plugin.Registration {
 	return sandbox.Registration(func() (*provider.Provider, error) {
+		var ids provider.HostIDs
+		if d.stateDir != "" {
+			ids.Owner = filepath.Join(d.stateDir, "host-ids")
+		}
 		return provider.New(provider.Options{
+			HostIDs: ids,
 			Store:   d.store,
 			Leases:  d.leases,
 			Gateway: d.gateway,

@@ -42,6 +42,11 @@ type Options struct {
 	// SelfExe is corral's executable, for the confinement helper. Empty
 	// means os.Executable().
 	SelfExe string
+	// StateDir is the process's state directory, where host projects'
+	// block of host ids is owned (StateDir/host-ids). Empty means the
+	// directory of the SQLite store's file; a store that is no file
+	// (PostgreSQL) then refuses host projects' confined commands.
+	StateDir string
 	// Control tunes the sandbox control (heartbeat interval, drain).
 	Control sandbox.ControlOptions
 	// Lease tunes the lease manager (TTL, sweep interval).
@@ -190,7 +195,7 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 	}
 	in := internals{
 		Deps:  Deps{Logger: log, LSPServers: opts.LSPServers},
-		store: c.store, leases: c.leases, gateway: c.gateway, selfExe: opts.SelfExe,
+		store: c.store, leases: c.leases, gateway: c.gateway, selfExe: opts.SelfExe, stateDir: opts.StateDir,
 	}
 	if opts.Migrate {
 		if c.egress, err = c.buildEgress(opts.Egress); err != nil {

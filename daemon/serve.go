@@ -340,6 +340,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	c, err := core.Build(ctx, core.Options{
 		StorePath:           storeURL,
+		StateDir:            state,
 		Migrate:             true,
 		PrivilegedTransport: transport,
 		Logger:              log,

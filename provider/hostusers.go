@@ -25,7 +25,9 @@ type HostIDs struct {
 	Registry string
 	// Owner is the directory that owns the block in the registry (the
 	// block is freed when it is removed). Empty means "host-ids" beside
-	// the store's database, created (0700) if missing.
+	// the store's SQLite file, created (0700) if missing; with a store
+	// that is no file (PostgreSQL), host projects' confined commands are
+	// then refused.
 	Owner string
 }
 
@@ -63,6 +65,9 @@ func (h *hostUsers) user(id int64) (*confine.User, error) {
 	defer h.mu.Unlock()
 	if h.block.Size == 0 {
 		owner := h.cfg.Owner
+		if owner == "" && h.dbPath == "" {
+			return nil, fmt.Errorf("provider: host ids: no state directory to own them in (the store is no file: set core.Options.StateDir)")
+		}
 		if owner == "" {
 			owner = filepath.Join(filepath.Dir(h.dbPath), "host-ids")
 		}

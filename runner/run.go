@@ -55,9 +55,12 @@ var (
 
 // Options configure NewCore, Run and Main.
 type Options struct {
-	// StorePath is the database file. It must exist with exactly the
-	// schema version this binary knows: a runner never migrates.
+	// StorePath is the store (a store URL or an SQLite file's path). It
+	// must exist with exactly the schema version this binary knows: a
+	// runner never migrates.
 	StorePath string
+	// StateDir is the state directory (core.Options.StateDir).
+	StateDir string
 	// Transport reaches the worker; a runner's is the inherited connection
 	// (see InheritedTransport). If nil, managed commands fail with
 	// machine.ErrNoPrivilegedTransport; host commands still run.
@@ -100,6 +103,7 @@ func NewCore(ctx context.Context, opts Options) (*core.Core, error) {
 	host, _ := os.Hostname()
 	return core.Build(ctx, core.Options{
 		StorePath:           opts.StorePath,
+		StateDir:            opts.StateDir,
 		Migrate:             false,
 		PrivilegedTransport: opts.Transport,
 		SelfExe:             opts.SelfExe,

@@ -36,6 +36,11 @@ type StartOptions struct {
 	// StateDir is passed as --state: the runner opens StateDir/corral.db,
 	// which must already be migrated to this binary's schema version.
 	StateDir string
+	// Store, if set, is passed as --store: the store URL the runner opens
+	// instead (store.Open's forms). It is on the runner's command line,
+	// which every user of the host may read: it must hold no password
+	// (the runner inherits PGPASSWORD or finds the passfile).
+	Store string
 	// WorkerSocket, if set, is dialled for the runner: the runner inherits
 	// that connection and nothing else. Set at most one of WorkerSocket and
 	// Conn; with neither, the runner has no worker and only host commands
@@ -118,6 +123,9 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	}
 
 	args := []string{"runner", "--state", opts.StateDir}
+	if opts.Store != "" {
+		args = append(args, "--store", opts.Store)
+	}
 	if opts.LeaseTTL != 0 {
 		args = append(args, "--lease-ttl", opts.LeaseTTL.String())
 	}

@@ -107,6 +107,9 @@ func openPostgres(ctx context.Context, conn string, opts Options) (*pgStore, err
 	if rp["application_name"] == "" {
 		rp["application_name"] = pgApplicationName
 	}
+	if testHookPoolConfig != nil {
+		testHookPoolConfig(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("store: %s: %w", where, pgErr(err))
@@ -126,6 +129,10 @@ func openPostgres(ctx context.Context, conn string, opts Options) (*pgStore, err
 	}
 	return s, nil
 }
+
+// testHookPoolConfig, if set (by tests), sees each pool's configuration
+// before the pool is made.
+var testHookPoolConfig func(*pgxpool.Config)
 
 // migrate applies the pending migrations in one transaction that holds
 // the migration lock.

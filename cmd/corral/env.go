@@ -71,7 +71,8 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 		transport = t
 	}
 	c, err := core.Build(ctx, core.Options{
-		StorePath:           filepath.Join(state, "corral.db"),
+		StorePath:           store.DefaultURL(state),
+		StateDir:            state,
 		Migrate:             true,
 		PrivilegedTransport: transport,
 		Logger:              cliLogger(),

@@ -56,6 +56,7 @@ nothing more is reported. Leases left behind by a killed runner expire after
 			}
 			status := runner.Main(cmd.Context(), runner.Options{
 				StorePath: u,
+				StateDir:  dir,
 				LeaseTTL:  ttl,
 				WorkerFD:  fd,
 				Logger:    cliLogger(),
