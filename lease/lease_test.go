@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"github.com/corral-sandbox/corral/internal/pgtest"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -17,7 +18,28 @@ import (
 	"github.com/corral-sandbox/corral/store"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m, goleak.IgnoreTopFunction(pdeath.SpawnerFunc)) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(pgtest.WithServer(m), goleak.IgnoreTopFunction(pdeath.SpawnerFunc))
+}
+
+// backends are the store backends the tests that touch the store run on.
+var backends = []string{store.SchemeSQLite, store.SchemePostgres}
+
+// storeURL returns the URL of an empty database on backend for t (on
+// PostgreSQL, skipping t where no server can run).
+func storeURL(t *testing.T, backend string) string {
+	if backend == store.SchemePostgres {
+		return pgtest.NewDatabase(t)
+	}
+	return store.DefaultURL(t.TempDir())
+}
+
+// eachBackend runs f as a subtest per backend.
+func eachBackend(t *testing.T, f func(t *testing.T, backend string)) {
+	for _, b := range backends {
+		t.Run(b, func(t *testing.T) { f(t, b) })
+	}
+}
 
 type clock struct {
 	mu   sync.Mutex
@@ -66,10 +88,13 @@ type fixture struct {
 	project int64
 }
 
-func newFixture(t *testing.T) *fixture {
+func newFixture(t *testing.T) *fixture { return newFixtureOn(t, store.SchemeSQLite) }
+
+// newFixtureOn is newFixture on backend.
+func newFixtureOn(t *testing.T, backend string) *fixture {
 	t.Helper()
 	c := newClock()
-	st, err := store.Open(context.Background(), filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true, Now: c.Now})
+	st, err := store.Open(context.Background(), storeURL(t, backend), store.Options{Migrate: true, Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,54 +202,56 @@ func TestAcquireRefuses(t *testing.T) {
 // The reconciler expires a stale lease, cancels its work exactly once,
 // reports it to OnExpired, and leaves heartbeated leases alone.
 func TestSweepExpiresStaleLease(t *testing.T) {
-	ctx := context.Background()
-	f := newFixture(t)
-	var hooked []string
-	m := f.manager(Options{OnExpired: func(l store.Lease) { hooked = append(hooked, l.ID) }})
-	stale := acquire(t, m, f.project)
-	fresh := acquire(t, m, f.project)
-	var cancels, freshCancels calls
-	stale.Watch(cancels.fn)
-	fresh.Watch(freshCancels.fn)
+	eachBackend(t, func(t *testing.T, backend string) {
+		ctx := context.Background()
+		f := newFixtureOn(t, backend)
+		var hooked []string
+		m := f.manager(Options{OnExpired: func(l store.Lease) { hooked = append(hooked, l.ID) }})
+		stale := acquire(t, m, f.project)
+		fresh := acquire(t, m, f.project)
+		var cancels, freshCancels calls
+		stale.Watch(cancels.fn)
+		fresh.Watch(freshCancels.fn)
 
-	f.clock.Advance(10 * time.Second)
-	if err := fresh.Heartbeat(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.clock.Advance(5*time.Second + time.Millisecond) // stale is 1 ms overdue
-	exp, err := m.Sweep(ctx)
-	if err != nil || len(exp) != 1 || exp[0].ID != stale.ID() || exp[0].State != store.LeaseExpired {
-		t.Fatalf("Sweep = %+v, %v; want the stale lease", exp, err)
-	}
-	cancels.expect(t, 1)
-	freshCancels.expect(t, 0)
-	if len(hooked) != 1 || hooked[0] != stale.ID() {
-		t.Fatalf("OnExpired saw %v", hooked)
-	}
-	// Sweeping again neither cancels nor reports it again.
-	f.clock.Advance(time.Second)
-	if exp, _ := m.Sweep(ctx); len(exp) != 0 || len(hooked) != 1 {
-		t.Fatalf("second sweep: %v, hooked %v", exp, hooked)
-	}
-	cancels.expect(t, 1)
-	// A watcher registered after expiry runs at once.
-	var late calls
-	stale.Watch(late.fn)
-	late.expect(t, 1)
-	// Expiry is reported, not hidden.
-	if err := stale.Heartbeat(ctx); !errors.Is(err, ErrExpired) {
-		t.Fatalf("Heartbeat after expiry = %v; want ErrExpired", err)
-	}
-	for range 2 {
-		if err := stale.Release(ctx); !errors.Is(err, ErrExpired) {
-			t.Fatalf("Release after expiry = %v; want ErrExpired", err)
+		f.clock.Advance(10 * time.Second)
+		if err := fresh.Heartbeat(ctx); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if err := fresh.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	cancels.expect(t, 1)
-	freshCancels.expect(t, 0)
+		f.clock.Advance(5*time.Second + time.Millisecond) // stale is 1 ms overdue
+		exp, err := m.Sweep(ctx)
+		if err != nil || len(exp) != 1 || exp[0].ID != stale.ID() || exp[0].State != store.LeaseExpired {
+			t.Fatalf("Sweep = %+v, %v; want the stale lease", exp, err)
+		}
+		cancels.expect(t, 1)
+		freshCancels.expect(t, 0)
+		if len(hooked) != 1 || hooked[0] != stale.ID() {
+			t.Fatalf("OnExpired saw %v", hooked)
+		}
+		// Sweeping again neither cancels nor reports it again.
+		f.clock.Advance(time.Second)
+		if exp, _ := m.Sweep(ctx); len(exp) != 0 || len(hooked) != 1 {
+			t.Fatalf("second sweep: %v, hooked %v", exp, hooked)
+		}
+		cancels.expect(t, 1)
+		// A watcher registered after expiry runs at once.
+		var late calls
+		stale.Watch(late.fn)
+		late.expect(t, 1)
+		// Expiry is reported, not hidden.
+		if err := stale.Heartbeat(ctx); !errors.Is(err, ErrExpired) {
+			t.Fatalf("Heartbeat after expiry = %v; want ErrExpired", err)
+		}
+		for range 2 {
+			if err := stale.Release(ctx); !errors.Is(err, ErrExpired) {
+				t.Fatalf("Release after expiry = %v; want ErrExpired", err)
+			}
+		}
+		if err := fresh.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		cancels.expect(t, 1)
+		freshCancels.expect(t, 0)
+	})
 }
 
 // A holder that finds its lease overdue before any sweep ran marks it
@@ -266,10 +293,10 @@ func TestOverdueFoundByHolder(t *testing.T) {
 
 // sharedStores opens one database twice, as the daemon's and a runner's
 // stores on clock c, with one managed project; they close with the test.
-func sharedStores(t *testing.T, c *clock) (daemonStore, runnerStore store.Store, p store.Project) {
+func sharedStores(t *testing.T, c *clock, backend string) (daemonStore, runnerStore store.Store, p store.Project) {
 	t.Helper()
 	ctx := context.Background()
-	path := filepath.Join(t.TempDir(), "corral.db")
+	path := storeURL(t, backend)
 	daemonStore, err := store.Open(ctx, path, store.Options{Migrate: true, Now: c.Now})
 	if err != nil {
 		t.Fatal(err)
@@ -288,86 +315,90 @@ func sharedStores(t *testing.T, c *clock) (daemonStore, runnerStore store.Store,
 }
 
 // The daemon's reconciler expires a runner's lease; the runner's own sweep
-// then cancels the runner's work. Both processes share one file.
+// then cancels the runner's work. Both processes share one database.
 func TestExpiryAcrossProcesses(t *testing.T) {
-	ctx := context.Background()
-	c := newClock()
-	daemonStore, runnerStore, p := sharedStores(t, c)
+	eachBackend(t, func(t *testing.T, backend string) {
+		ctx := context.Background()
+		c := newClock()
+		daemonStore, runnerStore, p := sharedStores(t, c, backend)
 
-	var daemonHooked, runnerHooked []string
-	journal := InterruptJournal(daemonStore, nil)
-	daemon := NewManager(daemonStore, Options{Holder: "daemon", HeartbeatWindow: -1, OnExpired: func(l store.Lease) {
-		daemonHooked = append(daemonHooked, l.ID)
-		journal(l)
-	}})
-	runner := NewManager(runnerStore, Options{Holder: "runner", HeartbeatWindow: -1, OnExpired: func(l store.Lease) { runnerHooked = append(runnerHooked, l.ID) }})
+		var daemonHooked, runnerHooked []string
+		journal := InterruptJournal(daemonStore, nil)
+		daemon := NewManager(daemonStore, Options{Holder: "daemon", HeartbeatWindow: -1, OnExpired: func(l store.Lease) {
+			daemonHooked = append(daemonHooked, l.ID)
+			journal(l)
+		}})
+		runner := NewManager(runnerStore, Options{Holder: "runner", HeartbeatWindow: -1, OnExpired: func(l store.Lease) { runnerHooked = append(runnerHooked, l.ID) }})
 
-	l, err := runner.Acquire(ctx, AcquireRequest{Account: 1, Project: p.ID, Kind: sandbox.LeaseRunner, Domain: "runner"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cancels calls
-	l.Watch(cancels.fn)
-	entry, err := runnerStore.JournalStart(ctx, store.JournalCommand{Account: 1, Project: p.ID, Domain: "runner", Lease: l.ID(), LeaseKind: "runner", Argv: []string{"sleep", "60"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n, _ := daemonStore.ProjectLiveLeases(ctx, p.ID); n != 1 {
-		t.Fatalf("ProjectLiveLeases = %d; want 1", n)
-	}
-	if n, _ := daemon.LiveCount(ctx); n != 1 {
-		t.Fatalf("daemon sees %d live leases; want 1", n)
-	}
-	if err := daemonStore.DeleteProject(ctx, p.ID); !errors.Is(err, store.ErrProjectBusy) {
-		t.Fatalf("daemon DeleteProject = %v; want ErrProjectBusy", err)
-	}
+		l, err := runner.Acquire(ctx, AcquireRequest{Account: 1, Project: p.ID, Kind: sandbox.LeaseRunner, Domain: "runner"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var cancels calls
+		l.Watch(cancels.fn)
+		entry, err := runnerStore.JournalStart(ctx, store.JournalCommand{Account: 1, Project: p.ID, Domain: "runner", Lease: l.ID(), LeaseKind: "runner", Argv: []string{"sleep", "60"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, _ := daemonStore.ProjectLiveLeases(ctx, p.ID); n != 1 {
+			t.Fatalf("ProjectLiveLeases = %d; want 1", n)
+		}
+		if n, _ := daemon.LiveCount(ctx); n != 1 {
+			t.Fatalf("daemon sees %d live leases; want 1", n)
+		}
+		if err := daemonStore.DeleteProject(ctx, p.ID); !errors.Is(err, store.ErrProjectBusy) {
+			t.Fatalf("daemon DeleteProject = %v; want ErrProjectBusy", err)
+		}
 
-	c.Advance(DefaultTTL + time.Millisecond)
-	if exp, err := daemon.Sweep(ctx); err != nil || len(exp) != 1 || exp[0].Holder != "runner" {
-		t.Fatalf("daemon Sweep = %+v, %v", exp, err)
-	}
-	cancels.expect(t, 0) // the daemon cannot cancel the runner's work directly
-	if exp, err := runner.Sweep(ctx); err != nil || len(exp) != 0 {
-		t.Fatalf("runner Sweep = %+v, %v; want nothing newly expired", exp, err)
-	}
-	cancels.expect(t, 1)
-	if runner.Held() != 0 {
-		t.Fatalf("runner sweep: held %d; want 0", runner.Held())
-	}
-	if len(daemonHooked) != 1 || len(runnerHooked) != 0 {
-		t.Fatalf("hooks: daemon %v, runner %v", daemonHooked, runnerHooked)
-	}
-	if js, _ := runnerStore.ListJournal(ctx, store.JournalFilter{Lease: l.ID()}); len(js) != 1 || js[0].ID != entry || js[0].End.Outcome != store.OutcomeInterrupted {
-		t.Fatalf("journal of the expired lease = %+v; want its command interrupted", js)
-	}
-	if n, _ := daemonStore.ProjectLiveLeases(ctx, p.ID); n != 0 {
-		t.Fatalf("ProjectLiveLeases = %d; want 0", n)
-	}
-	if err := l.Release(ctx); !errors.Is(err, ErrExpired) {
-		t.Fatalf("Release = %v; want ErrExpired", err)
-	}
-	if err := daemonStore.DeleteProject(ctx, p.ID); err != nil {
-		t.Fatalf("DeleteProject after expiry: %v", err)
-	}
+		c.Advance(DefaultTTL + time.Millisecond)
+		if exp, err := daemon.Sweep(ctx); err != nil || len(exp) != 1 || exp[0].Holder != "runner" {
+			t.Fatalf("daemon Sweep = %+v, %v", exp, err)
+		}
+		cancels.expect(t, 0) // the daemon cannot cancel the runner's work directly
+		if exp, err := runner.Sweep(ctx); err != nil || len(exp) != 0 {
+			t.Fatalf("runner Sweep = %+v, %v; want nothing newly expired", exp, err)
+		}
+		cancels.expect(t, 1)
+		if runner.Held() != 0 {
+			t.Fatalf("runner sweep: held %d; want 0", runner.Held())
+		}
+		if len(daemonHooked) != 1 || len(runnerHooked) != 0 {
+			t.Fatalf("hooks: daemon %v, runner %v", daemonHooked, runnerHooked)
+		}
+		if js, _ := runnerStore.ListJournal(ctx, store.JournalFilter{Lease: l.ID()}); len(js) != 1 || js[0].ID != entry || js[0].End.Outcome != store.OutcomeInterrupted {
+			t.Fatalf("journal of the expired lease = %+v; want its command interrupted", js)
+		}
+		if n, _ := daemonStore.ProjectLiveLeases(ctx, p.ID); n != 0 {
+			t.Fatalf("ProjectLiveLeases = %d; want 0", n)
+		}
+		if err := l.Release(ctx); !errors.Is(err, ErrExpired) {
+			t.Fatalf("Release = %v; want ErrExpired", err)
+		}
+		if err := daemonStore.DeleteProject(ctx, p.ID); err != nil {
+			t.Fatalf("DeleteProject after expiry: %v", err)
+		}
+	})
 }
 
 func TestLiveLeaseBlocksProjectDeletion(t *testing.T) {
-	ctx := context.Background()
-	f := newFixture(t)
-	m := f.manager(Options{})
-	l := acquire(t, m, f.project)
-	if err := f.st.DeleteProject(ctx, f.project); !errors.Is(err, store.ErrProjectBusy) {
-		t.Fatalf("DeleteProject with a live lease = %v; want ErrProjectBusy", err)
-	}
-	if err := l.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := f.st.DeleteProject(ctx, f.project); err != nil {
-		t.Fatalf("DeleteProject after release: %v", err)
-	}
-	if _, err := m.Acquire(ctx, AcquireRequest{Project: f.project, Kind: sandbox.LeaseFiles}); !errors.Is(err, store.ErrNotFound) {
-		t.Fatalf("Acquire on a deleted project = %v; want ErrNotFound", err)
-	}
+	eachBackend(t, func(t *testing.T, backend string) {
+		ctx := context.Background()
+		f := newFixtureOn(t, backend)
+		m := f.manager(Options{})
+		l := acquire(t, m, f.project)
+		if err := f.st.DeleteProject(ctx, f.project); !errors.Is(err, store.ErrProjectBusy) {
+			t.Fatalf("DeleteProject with a live lease = %v; want ErrProjectBusy", err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.st.DeleteProject(ctx, f.project); err != nil {
+			t.Fatalf("DeleteProject after release: %v", err)
+		}
+		if _, err := m.Acquire(ctx, AcquireRequest{Project: f.project, Kind: sandbox.LeaseFiles}); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Acquire on a deleted project = %v; want ErrNotFound", err)
+		}
+	})
 }
 
 // Heartbeats within one window share one transaction: with a clock that

@@ -11,7 +11,8 @@ import (
 	"sync/atomic"
 )
 
-// Group commit of the hot single-statement writes.
+// Group commit of the hot single-statement writes, on SQLite. (The
+// PostgreSQL backend has none: see postgres.go for why.)
 //
 // Every command writes two single statements (its lease created with its
 // journal entry, schema 14; its lease released with the entry finished,

@@ -16,6 +16,25 @@ import (
 	"modernc.org/sqlite"
 )
 
+// The SQLite backend: one SQLite file (through modernc.org/sqlite, no cgo) in WAL mode,
+// shared by every corral process on the machine: the daemon and each runner
+// open the same file and see each other's rows. Within a process, writes go
+// through a single connection, so they queue in Go instead of spinning on
+// SQLite's busy handler, and the hot single-statement writes of commands
+// (a command's lease created with its journal entry, and released with the
+// entry finished: one statement each) that queued meanwhile are
+// committed together, in one transaction (a write whose context ends
+// while it waits returns the context's error and makes no change); reads
+// use a small pool of read-only connections and never wait for a writer. Between processes, writers wait for each other for
+// up to Options.BusyTimeout, and every write transaction takes the write lock
+// when it begins (BEGIN IMMEDIATE), so two processes never deadlock upgrading
+// a read transaction.
+//
+// Commits are synchronous=NORMAL in WAL mode: a committed write (a lease
+// created or released) survives a crash of any process at once; a power
+// loss or kernel crash may undo the last commits before a checkpoint, but
+// never corrupts the database.
+
 // sqliteStore is the SQLite backend of Store.
 type sqliteStore struct {
 	path string

@@ -3,7 +3,7 @@
 // unprivileged user, listening on a Unix socket only.
 //
 // A test binary shares one server (started by the first NewDatabase,
-// stopped by Main) and gives each test a database of its own:
+// stopped by Main or WithServer) and gives each test a database of its own:
 //
 //	func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 //
@@ -282,8 +282,18 @@ func Shared() (*Server, error) {
 
 // Main runs m's tests and stops the shared server if one was started; it
 // returns m.Run's code, for os.Exit.
-func Main(m *testing.M) int {
-	code := m.Run()
+func Main(m *testing.M) int { return WithServer(m).Run() }
+
+// WithServer wraps m for a TestMain that hands it to another runner (as
+// goleak.VerifyTestMain(pgtest.WithServer(m)) does): its Run runs m's tests
+// and then stops the shared server, before the runner looks for leaked
+// goroutines.
+func WithServer(m *testing.M) interface{ Run() int } { return serverM{m} }
+
+type serverM struct{ m *testing.M }
+
+func (s serverM) Run() int {
+	code := s.m.Run()
 	sharedMu.Lock()
 	if shared != nil {
 		shared.Stop(true)
