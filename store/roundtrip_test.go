@@ -86,8 +86,10 @@ func TestCommandRoundTrips(t *testing.T) {
 // tenancy check and journal entry: CreateLease with NewLease.Journal) and
 // its end (ReleaseAndFinish), on each backend: one at a time ("serial")
 // and from 64 goroutines at once ("parallel64", commands in 64 projects).
-// On PostgreSQL (pgtest's server on this host, over its Unix socket)
-// round-trips/op counts the client's writes to the server.
+// cpu-µs/op is this process's CPU time per command; on PostgreSQL
+// (pgtest's server on this host, over its Unix socket) server-cpu-µs/op is
+// the server's processes', and round-trips/op counts the client's writes
+// to the server.
 func BenchmarkCommandWrites(b *testing.B) {
 	for _, backend := range []string{SchemeSQLite, SchemePostgres} {
 		b.Run(backend, func(b *testing.B) {
@@ -118,22 +120,44 @@ func BenchmarkCommandWrites(b *testing.B) {
 					b.Fatal(ok, err)
 				}
 			}
-			report := func(b *testing.B, before int64) {
-				if backend == SchemePostgres {
-					b.ReportMetric(float64(trips.Load()-before)/float64(b.N), "round-trips/op")
+			serverCPU := func(b *testing.B) time.Duration {
+				if backend != SchemePostgres {
+					return 0
+				}
+				srv, err := pgtest.Shared()
+				if err != nil {
+					b.Fatal(err)
+				}
+				t, err := srv.CPUTime()
+				if err != nil {
+					b.Fatal(err)
+				}
+				return t
+			}
+			// measure returns report, which reports the metrics of the
+			// commands run since measure.
+			measure := func(b *testing.B) (report func()) {
+				trips0, cpu0, srv0 := trips.Load(), cpuTime(b), serverCPU(b)
+				return func() {
+					n := float64(b.N)
+					b.ReportMetric(float64((cpuTime(b)-cpu0).Microseconds())/n, "cpu-µs/op")
+					if backend == SchemePostgres {
+						b.ReportMetric(float64((serverCPU(b)-srv0).Microseconds())/n, "server-cpu-µs/op")
+						b.ReportMetric(float64(trips.Load()-trips0)/n, "round-trips/op")
+					}
 				}
 			}
 			b.Run("serial", func(b *testing.B) {
 				command(ids[0])
-				before := trips.Load()
+				report := measure(b)
 				for b.Loop() {
 					command(ids[0])
 				}
-				report(b, before)
+				report()
 			})
 			b.Run("parallel64", func(b *testing.B) {
 				var next atomic.Int64
-				before := trips.Load()
+				report := measure(b)
 				b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
 				b.RunParallel(func(pb *testing.PB) {
 					project := ids[next.Add(1)%projects]
@@ -141,7 +165,7 @@ func BenchmarkCommandWrites(b *testing.B) {
 						command(project)
 					}
 				})
-				report(b, before)
+				report()
 			})
 		})
 	}

@@ -336,3 +336,48 @@ func NewDatabase(t testing.TB) string {
 	})
 	return u
 }
+
+// CPUTime returns the CPU time (user and system) the server's processes
+// have used so far: the postmaster's, its live children's (the backends
+// serving connections, the writers) and its exited children's. It has the
+// kernel's clock-tick resolution (10 ms): measure many operations.
+func (s *Server) CPUTime() (time.Duration, error) {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0, errors.New("pgtest: server not running")
+	}
+	pid := s.cmd.Process.Pid
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: %w", err)
+	}
+	var ticks int64
+	for _, e := range entries {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		// The fields after the command's closing parenthesis: state (3),
+		// ppid (4), ..., utime (14), stime (15), cutime (16), cstime (17).
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 15 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		if n != pid && ppid != pid {
+			continue
+		}
+		for _, k := range f[11:15] {
+			v, _ := strconv.ParseInt(k, 10, 64)
+			ticks += v
+		}
+	}
+	return time.Duration(ticks) * (time.Second / 100), nil
+}
