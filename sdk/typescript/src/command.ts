@@ -2,7 +2,7 @@
 // (NDJSON), always with base64 output so that bytes arrive exactly.
 
 import { Caller, projectPath } from "./caller.js";
-import { AbortError, ProtocolError } from "./errors.js";
+import { AbortError, ProtocolError, statusOfKind } from "./errors.js";
 import { bytesOf, ChunkDecoder, concat, utf8 } from "./output.js";
 import { errorFromBody, fromBase64, lines, parseLine, toBase64 } from "./transport.js";
 import type { CallOptions, Exit, OutputChunk, OutputLimits } from "./types.js";
@@ -131,7 +131,12 @@ export async function* streamed(c: Caller, projectId: number, argv: string[], o:
     }
     for await (const line of lines(res.body!)) {
       const v = parseLine(what, line);
-      if (v.error !== undefined) throw errorFromBody(line, res.status, true);
+      if (v.error !== undefined) {
+        // The last line of a streamed answer: its status is the one an
+        // unstreamed answer would have had.
+        const kind = String((v.error as { kind?: unknown }).kind);
+        throw errorFromBody(line, statusOfKind(kind, 500), true);
+      }
       if ("code" in v) return resultOf(v);
       for (const stream of ["stdout", "stderr"] as const) {
         if (typeof v[stream] === "string") {

@@ -151,6 +151,24 @@ export const ERROR_KINDS: Readonly<Record<string, ErrorClass>> = Object.freeze({
   unknownRevision: UnknownRevisionError,
 });
 
+// The status an unstreamed answer gives each kind of a command that did not
+// complete: the status of an error that arrived as the last line of a
+// streamed answer (under its 200) or as a session's "error" message.
+const commandStatus: Readonly<Record<string, number>> = {
+  prepare: 400,
+  start: 422,
+  timeout: 504,
+  abort: 499,
+  overflow: 413,
+  transport: 502,
+  cleanup: 500,
+};
+
+/** The status of `kind` where the answer's own status does not say it (`fallback` for other kinds). */
+export function statusOfKind(kind: string, fallback: number): number {
+  return commandStatus[kind] ?? fallback;
+}
+
 /** Builds the error for an API answer of `status` and `kind`. */
 export function errorFor(kind: string, message: string, init: CorralErrorInit = {}): CorralError {
   // Every 429 is a rate limit, whatever its kind (commands say "prepare").

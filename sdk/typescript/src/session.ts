@@ -4,7 +4,7 @@
 // message per text message).
 
 import { Caller, envQuery, projectPath } from "./caller.js";
-import { CorralError, DeadlineError, errorFor, ProtocolError } from "./errors.js";
+import { CorralError, DeadlineError, errorFor, ProtocolError, statusOfKind } from "./errors.js";
 import { bytesOf, ChunkDecoder } from "./output.js";
 import type { Message, Socket } from "./socket.js";
 import type { CallOptions, Exit, OutputChunk } from "./types.js";
@@ -61,7 +61,7 @@ export class Session implements AsyncIterable<OutputChunk> {
     const f = first && frame(first);
     if (f?.type === "started") return new Session(s, String(f.leaseId ?? ""));
     s.close();
-    if (f?.type === "error") throw errorFor(String(f.kind), String(f.message ?? ""), { status: 101 });
+    if (f?.type === "error") throw errorFor(String(f.kind), String(f.message ?? ""), { status: statusOfKind(String(f.kind), 101) });
     throw new ProtocolError("protocol", `corral: session: the first message is not "started": ${JSON.stringify(f ?? null)}`);
   }
 
@@ -102,7 +102,7 @@ export class Session implements AsyncIterable<OutputChunk> {
         this.exit = { code: (f.code as number | null) ?? null, signal: (f.signal as string | null) ?? null, oomKilled: f.oomKilled === true };
         this.s.close();
       } else if (f.type === "error") {
-        this.failure = errorFor(String(f.kind), String(f.message ?? ""), { status: 101 });
+        this.failure = errorFor(String(f.kind), String(f.message ?? ""), { status: statusOfKind(String(f.kind), 101) });
         this.s.close();
       }
     }

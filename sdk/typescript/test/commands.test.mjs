@@ -127,6 +127,7 @@ test("a timeout while streaming is a TimeoutError with the partial output", asyn
     })(),
     (e) => {
       assert.ok(e instanceof TimeoutError, e);
+      assert.equal(e.status, 504, "the status an unstreamed answer has");
       assert.equal(e.stdoutText, "before\n");
       return true;
     },

@@ -109,7 +109,7 @@ export async function daemon() {
   }
   const d = await shared;
   d.via ??= urlOf(d);
-  return { ...d, url: await d.via };
+  return { ...d, url: await d.via, unixURL: d.url };
 }
 
 /** A client of the file's daemon. */
