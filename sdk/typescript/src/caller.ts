@@ -36,6 +36,7 @@ export class Caller {
     readonly token: string,
     readonly deadlineMs: number,
     private readonly fetchImpl: typeof fetch | undefined,
+    readonly keepaliveMs: number,
   ) {}
 
   /** Opens a request: its answer once a 2xx status arrived; any other is thrown as its CorralError. */
@@ -78,7 +79,7 @@ export class Caller {
   async socket(path: string, query: Query, what: string, call: CallOptions = {}): Promise<Socket> {
     const deadline = new Deadline(what, call.deadlineMs ?? this.deadlineMs, call.signal);
     try {
-      const s = await Socket.open(this.endpoint, path + queryString(query), this.token, what, deadline);
+      const s = await Socket.open(this.endpoint, path + queryString(query), this.token, what, deadline, this.keepaliveMs);
       if (call.signal) {
         const onAbort = () => s.close(1000, "aborted");
         call.signal.addEventListener("abort", onAbort, { once: true });

@@ -42,6 +42,13 @@ export interface CorralOptions {
   deadlineMs?: number;
   /** The fetch to use for http(s) URLs (default the platform's). */
   fetch?: typeof fetch;
+  /**
+   * Milliseconds between the pings of an open WebSocket (sessions,
+   * terminals, watches, language servers; Node only): a daemon that answers
+   * none by the next one is gone, and the socket fails with a DeadlineError
+   * (default 15 s; 0 for none).
+   */
+  keepaliveMs?: number;
 }
 
 function env(name: string): string | undefined {
@@ -63,7 +70,7 @@ export class Corral {
   constructor(o: CorralOptions = {}) {
     const url = o.url ?? env("CORRAL_URL");
     if (!url) throw new CorralError("invalid", "corral: no daemon URL: pass {url} or set CORRAL_URL (http://host:port or unix:///path/to/corral.sock)");
-    this.c = new Caller(parseEndpoint(url), o.token ?? env("CORRAL_TOKEN") ?? "", o.deadlineMs ?? 60_000, o.fetch);
+    this.c = new Caller(parseEndpoint(url), o.token ?? env("CORRAL_TOKEN") ?? "", o.deadlineMs ?? 60_000, o.fetch, o.keepaliveMs ?? 15_000);
     this.projects = new Projects(this.c);
   }
 

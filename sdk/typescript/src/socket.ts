@@ -3,7 +3,7 @@
 // Authorization header on a WebSocket: it needs a same-origin proxy that
 // adds the token; the SDK then sends none).
 
-import { ConnectionError, CorralError } from "./errors.js";
+import { ConnectionError, CorralError, DeadlineError } from "./errors.js";
 import { Deadline, Endpoint, errorFromBody } from "./transport.js";
 
 const isNode = typeof process !== "undefined" && typeof process.versions?.node === "string";
@@ -117,9 +117,9 @@ export class Socket {
    * upgrade is its CorralError; a failure to connect is a ConnectionError;
    * the deadline bounds the opening only.
    */
-  static async open(ep: Endpoint, path: string, token: string, what: string, deadline: Deadline): Promise<Socket> {
+  static async open(ep: Endpoint, path: string, token: string, what: string, deadline: Deadline, keepaliveMs: number): Promise<Socket> {
     if (deadline.signal.aborted) throw deadline.error(what, undefined);
-    if (isNode) return openNode(ep, path, token, what, deadline);
+    if (isNode) return openNode(ep, path, token, what, deadline, keepaliveMs);
     return openStandard(ep, path, token, what, deadline);
   }
 
@@ -137,20 +137,35 @@ export class Socket {
   }
 }
 
-async function openNode(ep: Endpoint, path: string, token: string, what: string, deadline: Deadline): Promise<Socket> {
+async function openNode(ep: Endpoint, path: string, token: string, what: string, deadline: Deadline, keepaliveMs: number): Promise<Socket> {
   const { WebSocket } = await import("ws");
   const url = ep.kind === "unix" ? `ws+unix://${ep.socketPath}:${path}` : ep.base.replace(/^http/, "ws") + path;
   const headers: Record<string, string> = {};
   if (token) headers["Authorization"] = `Bearer ${token}`;
   const ws = new WebSocket(url, { headers, maxPayload: 64 << 20, perMessageDeflate: false });
+  // Keepalive: a ping every keepaliveMs; a daemon that answered none by the
+  // next one (while the client was reading: a paused socket holds the pong
+  // behind the output) is gone, and the socket fails with a DeadlineError.
+  let paused = false;
+  let unanswered = false;
+  let keepalive: ReturnType<typeof setInterval> | undefined;
   const { socket, push, end } = Socket.make(
     what,
     (d) => ws.send(d, { binary: typeof d !== "string" }),
     (code, reason) => ws.close(code, reason),
-    () => ws.pause(),
-    () => ws.resume(),
+    () => {
+      paused = true;
+      ws.pause();
+    },
+    () => {
+      paused = false;
+      unanswered = false;
+      ws.resume();
+    },
     () => ws.terminate(),
   );
+  ws.on("pong", () => (unanswered = false));
+  ws.on("close", () => clearInterval(keepalive));
   return new Promise<Socket>((resolve, reject) => {
     let opened = false;
     const onAbort = () => {
@@ -173,6 +188,18 @@ async function openNode(ep: Endpoint, path: string, token: string, what: string,
     ws.on("open", () => {
       opened = true;
       deadline.signal.removeEventListener("abort", onAbort);
+      if (keepaliveMs > 0 && Number.isFinite(keepaliveMs)) {
+        keepalive = setInterval(() => {
+          if (paused) return;
+          if (unanswered) {
+            clearInterval(keepalive);
+            socket.fail(new DeadlineError("timeout", `corral: ${what}: the daemon answered no ping within ${keepaliveMs} ms`));
+            return;
+          }
+          unanswered = true;
+          ws.ping();
+        }, keepaliveMs);
+      }
       resolve(socket);
     });
     ws.on("message", (data: Buffer, isBinary: boolean) => {

@@ -41,6 +41,31 @@ test("a daemon that does not answer is a DeadlineError within the deadline", asy
   assert.equal((await corral.whoami()).name, "sdk");
 });
 
+test("a daemon that stops answering an open terminal or watch is a DeadlineError within two pings", async () => {
+  const c = new Corral({ url: await urlOf(d), token: d.token, keepaliveMs: 700 });
+  const p = c.project(project.id);
+  const term = await p.terminal();
+  const watch = (await p.files.watch("/workspace"))[Symbol.asyncIterator]();
+  process.kill(d.pid, "SIGSTOP");
+  try {
+    const t0 = Date.now();
+    const read = async () => {
+      while (await term.read());
+    };
+    const [r, w] = await Promise.allSettled([read(), watch.next()]);
+    assert.ok(r.reason instanceof DeadlineError, `the terminal: ${r.status} ${r.reason?.stack}`);
+    assert.ok(w.reason instanceof DeadlineError, `the watch: ${w.status} ${w.reason?.stack}`);
+    const took = Date.now() - t0;
+    assert.ok(took < 4000, `took ${took} ms`);
+  } finally {
+    process.kill(d.pid, "SIGCONT");
+  }
+  // Resumed, the daemon serves terminals again.
+  const t2 = await project.terminal();
+  t2.write("exit 5\n");
+  assert.equal((await t2.wait()).code, 5);
+});
+
 test("the daemon killed mid-call is a ConnectionError within the deadline", async () => {
   const deadlineMs = 15000;
   // A plain run, a streamed run, a followed process output, a terminal and
