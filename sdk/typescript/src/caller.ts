@@ -75,11 +75,16 @@ export class Caller {
     }
   }
 
-  /** Opens a WebSocket; the call's deadline bounds the opening. */
-  async socket(path: string, query: Query, what: string, call: CallOptions = {}): Promise<Socket> {
+  /**
+   * Opens a WebSocket; the call's deadline bounds the opening. Its
+   * keepalive starts at once unless `keepaliveLater` (see
+   * Socket.startKeepalive).
+   */
+  async socket(path: string, query: Query, what: string, call: CallOptions = {}, keepaliveLater = false): Promise<Socket> {
     const deadline = new Deadline(what, call.deadlineMs ?? this.deadlineMs, call.signal);
     try {
       const s = await Socket.open(this.endpoint, path + queryString(query), this.token, what, deadline, this.keepaliveMs);
+      if (!keepaliveLater) s.startKeepalive();
       if (call.signal) {
         const onAbort = () => s.close(1000, "aborted");
         call.signal.addEventListener("abort", onAbort, { once: true });

@@ -48,7 +48,8 @@ export class Session implements AsyncIterable<OutputChunk> {
       cols: o.tty?.cols,
     };
     const what = "session " + argv[0];
-    const s = await c.socket(projectPath(projectId, "sessions"), q, what, o);
+    // The daemon reads the socket (and answers pings) once it started.
+    const s = await c.socket(projectPath(projectId, "sessions"), q, what, o, true);
     // The deadline bounds the wait for "started" too.
     const ms = o.deadlineMs ?? c.deadlineMs;
     const timer = ms > 0 && Number.isFinite(ms) ? setTimeout(() => s.fail(new DeadlineError("timeout", `corral: ${what}: not started within the client's deadline of ${ms} ms`)), ms) : undefined;
@@ -59,7 +60,10 @@ export class Session implements AsyncIterable<OutputChunk> {
       clearTimeout(timer);
     }
     const f = first && frame(first);
-    if (f?.type === "started") return new Session(s, String(f.leaseId ?? ""));
+    if (f?.type === "started") {
+      s.startKeepalive();
+      return new Session(s, String(f.leaseId ?? ""));
+    }
     s.close();
     if (f?.type === "error") throw errorFor(String(f.kind), String(f.message ?? ""), { status: statusOfKind(String(f.kind), 101) });
     throw new ProtocolError("protocol", `corral: session: the first message is not "started": ${JSON.stringify(f ?? null)}`);

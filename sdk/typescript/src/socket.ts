@@ -62,6 +62,14 @@ export class Socket {
     if (!this.ended) this.closeImpl(code, reason);
   }
 
+  /**
+   * Starts pinging the daemon (Node): the socket fails with a DeadlineError
+   * when a ping goes unanswered until the next. The daemon answers pings
+   * only while it reads the socket, which a session does from its
+   * "started" on.
+   */
+  startKeepalive: () => void = () => {};
+
   /** Ends the socket at once (no closing handshake): its reads throw `err`. */
   fail(err: CorralError): void {
     if (this.ended) return;
@@ -166,6 +174,19 @@ async function openNode(ep: Endpoint, path: string, token: string, what: string,
   );
   ws.on("pong", () => (unanswered = false));
   ws.on("close", () => clearInterval(keepalive));
+  socket.startKeepalive = () => {
+    if (keepalive !== undefined || !(keepaliveMs > 0 && Number.isFinite(keepaliveMs))) return;
+    keepalive = setInterval(() => {
+      if (paused) return;
+      if (unanswered) {
+        clearInterval(keepalive);
+        socket.fail(new DeadlineError("timeout", `corral: ${what}: the daemon answered no ping within ${keepaliveMs} ms`));
+        return;
+      }
+      unanswered = true;
+      ws.ping();
+    }, keepaliveMs);
+  };
   return new Promise<Socket>((resolve, reject) => {
     let opened = false;
     const onAbort = () => {
@@ -188,18 +209,6 @@ async function openNode(ep: Endpoint, path: string, token: string, what: string,
     ws.on("open", () => {
       opened = true;
       deadline.signal.removeEventListener("abort", onAbort);
-      if (keepaliveMs > 0 && Number.isFinite(keepaliveMs)) {
-        keepalive = setInterval(() => {
-          if (paused) return;
-          if (unanswered) {
-            clearInterval(keepalive);
-            socket.fail(new DeadlineError("timeout", `corral: ${what}: the daemon answered no ping within ${keepaliveMs} ms`));
-            return;
-          }
-          unanswered = true;
-          ws.ping();
-        }, keepaliveMs);
-      }
       resolve(socket);
     });
     ws.on("message", (data: Buffer, isBinary: boolean) => {

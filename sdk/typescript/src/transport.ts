@@ -105,7 +105,9 @@ export interface HTTPRequest {
 /** Sends one request and answers the daemon's Response (any status). */
 export async function send(ep: Endpoint, req: HTTPRequest, fetchImpl?: typeof fetch): Promise<Response> {
   if (ep.kind === "unix") return sendUnix(ep.socketPath, req);
-  const init: RequestInit & { duplex?: string } = { method: req.method, headers: req.headers, signal: req.signal };
+  // Redirects are answered, not followed, as over a Unix socket (a site's
+  // /sites/{name} redirects to its root; in a browser that answer is opaque).
+  const init: RequestInit & { duplex?: string } = { method: req.method, headers: req.headers, signal: req.signal, redirect: "manual" };
   if (req.body !== undefined) {
     init.body = req.body as BodyInit;
     if (req.body instanceof ReadableStream) init.duplex = "half";
