@@ -91,15 +91,17 @@ export class Files {
   /**
    * Replaces a file with `data` (putFile): bytes, text (UTF-8), a stream or
    * an async iterable of bytes. Readers see the old file or the whole new
-   * one. `mode` is its permission bits (default 0o644).
+   * one. `mode` is its permission bits (default 0o644); `mkdirs` makes the
+   * missing directories above it (as `mkdir -p`, as the user), else a
+   * missing directory is a NotFoundError.
    */
-  async write(path: string, data: FileData, o: FileOptions & { mode?: number } = {}): Promise<FileInfo> {
+  async write(path: string, data: FileData, o: FileOptions & { mode?: number; mkdirs?: boolean } = {}): Promise<FileInfo> {
     const mode = o.mode === undefined ? undefined : o.mode.toString(8).padStart(4, "0");
     let body: Uint8Array | ReadableStream<Uint8Array>;
     if (typeof data === "string" || data instanceof Uint8Array) body = bytesOf(data);
     else if (data instanceof ReadableStream) body = data;
     else body = iterableStream(data);
-    return this.c.json<FileInfo>("PUT", this.p(), { query: { path, mode, user: o.user }, body }, o);
+    return this.c.json<FileInfo>("PUT", this.p(), { query: { path, mode, user: o.user, mkdirs: o.mkdirs ? "1" : undefined }, body }, o);
   }
 
   /** Describes a file; a final symlink is described, not followed (statFile). */

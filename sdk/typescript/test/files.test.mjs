@@ -64,6 +64,9 @@ test("stat, list, mkdir, rename and remove", async () => {
   );
   assert.equal(l.truncated, false);
   assert.equal((await project.files.list("d", { depth: 3, limit: 1 })).truncated, true);
+  await assert.rejects(project.files.write("d/new/deep/c.txt", "c"), NotFoundError);
+  assert.equal((await project.files.write("d/new/deep/c.txt", "c", { mkdirs: true })).size, 1);
+  await project.files.remove("d/new", { recursive: true });
   await project.files.rename("d/e/a.txt", "d/e/b.txt");
   assert.equal(await project.files.readText("d/e/b.txt"), "a");
   await assert.rejects(project.files.stat("d/e/a.txt"), NotFoundError);
