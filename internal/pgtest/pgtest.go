@@ -71,7 +71,6 @@ type Server struct {
 	cmd     *exec.Cmd
 	exited  chan struct{}
 	exitErr error
-	stopped atomic.Bool
 }
 
 // Start creates a database cluster in a new temporary directory and runs
@@ -220,11 +219,10 @@ func (s *Server) Exec(ctx context.Context, sql string) error {
 
 // Stop ends the server at once (an immediate shutdown: connections are
 // cut) and, with remove, deletes its directory. It waits for the server
-// to exit. Stopping a stopped server does nothing.
+// to exit. Stopping a stopped server does nothing but the removal; a
+// stopped server runs again with Restart.
 func (s *Server) Stop(remove bool) error {
-	if !s.stopped.Swap(true) {
-		s.kill()
-	}
+	s.kill()
 	if remove {
 		return os.RemoveAll(s.dir)
 	}
@@ -247,7 +245,8 @@ func (s *Server) Restart(ctx context.Context, down time.Duration) error {
 	return s.run(ctx)
 }
 
-// kill sends SIGQUIT (immediate shutdown) and waits for the server's exit.
+// kill sends SIGQUIT (immediate shutdown) and waits for the server's
+// exit; a server that exited already is left as it is.
 func (s *Server) kill() {
 	if s.cmd == nil {
 		return
