@@ -13,6 +13,8 @@ export interface CorralErrorInit {
   stderr?: Uint8Array;
   /** Seconds the daemon asked to wait before retrying (Retry-After). */
   retryAfter?: number;
+  /** A start error's reason: "notFound" (no such program) or "notExecutable". */
+  reason?: string;
   cause?: unknown;
 }
 
@@ -29,6 +31,8 @@ export class CorralError extends Error {
   readonly stderr: Uint8Array;
   /** Seconds to wait before retrying, from Retry-After (429 answers). */
   readonly retryAfter: number | undefined;
+  /** Why a program could not start, when the daemon knows: "notFound" or "notExecutable". */
+  readonly reason: string | undefined;
 
   constructor(kind: string, message: string, init: CorralErrorInit = {}) {
     super(message, init.cause === undefined ? undefined : { cause: init.cause });
@@ -38,6 +42,7 @@ export class CorralError extends Error {
     this.stdout = init.stdout ?? new Uint8Array(0);
     this.stderr = init.stderr ?? new Uint8Array(0);
     this.retryAfter = init.retryAfter;
+    this.reason = init.reason;
   }
 
   /** The partial standard output as text (invalid UTF-8 becomes U+FFFD). */

@@ -65,7 +65,7 @@ export class Session implements AsyncIterable<OutputChunk> {
       return new Session(s, String(f.leaseId ?? ""));
     }
     s.close();
-    if (f?.type === "error") throw errorFor(String(f.kind), String(f.message ?? ""), { status: statusOfKind(String(f.kind), 101) });
+    if (f?.type === "error") throw errorFor(String(f.kind), String(f.message ?? ""), { status: statusOfKind(String(f.kind), 101), reason: typeof f.reason === "string" ? f.reason : undefined });
     throw new ProtocolError("protocol", `corral: session: the first message is not "started": ${JSON.stringify(f ?? null)}`);
   }
 
@@ -106,7 +106,7 @@ export class Session implements AsyncIterable<OutputChunk> {
         this.exit = { code: (f.code as number | null) ?? null, signal: (f.signal as string | null) ?? null, oomKilled: f.oomKilled === true };
         this.s.close();
       } else if (f.type === "error") {
-        this.failure = errorFor(String(f.kind), String(f.message ?? ""), { status: statusOfKind(String(f.kind), 101) });
+        this.failure = errorFor(String(f.kind), String(f.message ?? ""), { status: statusOfKind(String(f.kind), 101), reason: typeof f.reason === "string" ? f.reason : undefined });
         this.s.close();
       }
     }

@@ -74,7 +74,7 @@ export class Deadline {
     if (this.signal.aborted) {
       const r = this.signal.reason as CorralError;
       if (partial && (partial.stdout?.length || partial.stderr?.length)) {
-        return new (r.constructor as typeof CorralError)(r.kind, r.message, { status: r.status, cause: r.cause, ...partial });
+        return new (r.constructor as typeof CorralError)(r.kind, r.message, { status: r.status, cause: r.cause, reason: r.reason, ...partial });
       }
       return r;
     }
@@ -167,7 +167,7 @@ export async function errorFromResponse(res: Response, base64Output = false): Pr
 
 /** Builds the CorralError of an error body `{"error":{kind,message,stdout,stderr}}`. */
 export function errorFromBody(text: string, status: number, base64Output: boolean, retryAfter?: number): CorralError {
-  let body: { error?: { kind?: unknown; message?: unknown; stdout?: unknown; stderr?: unknown } } | undefined;
+  let body: { error?: { kind?: unknown; message?: unknown; stdout?: unknown; stderr?: unknown; reason?: unknown } } | undefined;
   try {
     body = JSON.parse(text);
   } catch {
@@ -179,7 +179,8 @@ export function errorFromBody(text: string, status: number, base64Output: boolea
     return errorFor(kindOfStatus(status), `corral: ${status}: ${msg}`, { status, retryAfter });
   }
   const out = (s: unknown) => (typeof s !== "string" || s === "" ? new Uint8Array(0) : base64Output ? fromBase64(s) : new TextEncoder().encode(s));
-  return errorFor(e.kind, String(e.message ?? ""), { status, retryAfter, stdout: out(e.stdout), stderr: out(e.stderr) });
+  const reason = typeof e.reason === "string" ? e.reason : undefined;
+  return errorFor(e.kind, String(e.message ?? ""), { status, retryAfter, reason, stdout: out(e.stdout), stderr: out(e.stderr) });
 }
 
 // kindOfStatus names the kind of an error answer without the error body

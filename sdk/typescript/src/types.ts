@@ -78,6 +78,8 @@ export interface ProjectRequest {
   from?: string;
   /** A Git URL to clone the workspace from. */
   git?: string;
+  /** The remotes exports of this project may push to (within the daemon's --export-remote). */
+  exportRemotes?: string[];
 }
 
 export interface Member {

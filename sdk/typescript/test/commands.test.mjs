@@ -144,13 +144,15 @@ test("output over its limit is an OverflowError with the output up to it", async
   });
 });
 
-test("a program that cannot start is a StartError", async () => {
+test("a program that cannot start is a StartError with its reason", async () => {
   await assert.rejects(project.run(["/no/such/program"]), (e) => {
     assert.ok(e instanceof StartError, e);
     assert.equal(e.kind, "start");
     assert.equal(e.status, 422);
+    assert.equal(e.reason, "notFound");
     return true;
   });
+  await assert.rejects(project.run(["/etc/hostname"]), (e) => e instanceof StartError && e.reason === "notExecutable");
 });
 
 test("a bad token is an UnauthorizedError", async () => {
