@@ -65,19 +65,16 @@ func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, s
 		return store.Account{}, store.Project{}, store.Member{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "a bearer token is required")
 	}
 	refused := apiErr(http.StatusForbidden, KindForbidden, "project %d: no such project, or you are not a member of it", id)
-	p, err := a.store.GetProject(r.Context(), id)
-	if errors.Is(err, store.ErrNotFound) {
-		return acct, store.Project{}, store.Member{}, refused
-	}
-	if err != nil {
-		return acct, store.Project{}, store.Member{}, err
-	}
-	m, err := a.store.GetMember(r.Context(), id, acct.ID)
-	if errors.Is(err, store.ErrNotFound) {
+	// One read of the store for both (a round trip fewer than the
+	// project, then the membership).
+	p, m, err := a.store.GetProjectMember(r.Context(), id, acct.ID)
+	switch {
+	case errors.Is(err, store.ErrNotMember):
 		return acct, p, store.Member{}, refused
-	}
-	if err != nil {
-		return acct, p, store.Member{}, err
+	case errors.Is(err, store.ErrNotFound):
+		return acct, store.Project{}, store.Member{}, refused
+	case err != nil:
+		return acct, store.Project{}, store.Member{}, err
 	}
 	return acct, p, m, nil
 }
