@@ -54,6 +54,9 @@ func openRunEnv(ctx context.Context, f *runFlags) (*runEnv, error) {
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		return nil, fmt.Errorf("state directory: %w", err)
 	}
+	if err := checkStateDir(state); err != nil {
+		return nil, err
+	}
 	env := &runEnv{state: state}
 	ok := false
 	defer func() {
