@@ -95,6 +95,15 @@ func (d *testDB) newStore(t testing.TB) (Store, *clock) {
 func (d *testDB) queryInt(t testing.TB, q string, args ...any) int64 {
 	t.Helper()
 	var v int64
+	d.direct(t, q, func(c *pgx.Conn) error { return c.QueryRow(context.Background(), rebind(q), args...).Scan(&v) },
+		func(db *sql.DB) error { return db.QueryRow(q, args...).Scan(&v) })
+	return v
+}
+
+// direct runs q on d's database opened directly, bypassing the package:
+// with onPG or onSQLite, as d's backend is; an error fails t.
+func (d *testDB) direct(t testing.TB, q string, onPG func(*pgx.Conn) error, onSQLite func(*sql.DB) error) {
+	t.Helper()
 	var err error
 	if d.backend == SchemePostgres {
 		c, cerr := pgx.Connect(context.Background(), d.url)
@@ -102,15 +111,16 @@ func (d *testDB) queryInt(t testing.TB, q string, args ...any) int64 {
 			t.Fatal(cerr)
 		}
 		defer c.Close(context.Background())
-		err = c.QueryRow(context.Background(), rebind(q), args...).Scan(&v)
+		err = onPG(c)
 	} else {
 		_, path, _ := SplitURL(d.url)
-		err = rawDB(t, path).QueryRow(q, args...).Scan(&v)
+		db := rawDB(t, path)
+		err = onSQLite(db)
+		db.Close()
 	}
 	if err != nil {
 		t.Fatalf("%s: %v", q, err)
 	}
-	return v
 }
 
 // refused returns how many leases s refused with ErrTenancyChanged.
@@ -212,66 +222,56 @@ func TestConcurrentMigratorsApplyOnce(t *testing.T) {
 }
 
 func TestNoMigrateRefusesUnknownSchema(t *testing.T) {
-	ctx := context.Background()
-	dir := t.TempDir()
-
-	t.Run("missing file", func(t *testing.T) {
-		path := filepath.Join(dir, "missing.db")
-		_, err := Open(ctx, path, Options{})
-		var se *SchemaError
-		if !errors.Is(err, ErrSchemaMismatch) || !errors.As(err, &se) || se.Have != 0 || se.Want != LatestVersion() {
-			t.Fatalf("Open = %v; want *SchemaError{Have: 0}", err)
-		}
-		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("Open without Migrate created the file: %v", err)
-		}
-	})
-
-	t.Run("unmigrated file", func(t *testing.T) {
-		path := filepath.Join(dir, "empty.db")
-		db := rawDB(t, path)
-		if _, err := db.Exec("CREATE TABLE unrelated (x)"); err != nil {
-			t.Fatal(err)
-		}
-		db.Close()
-		_, err := Open(ctx, path, Options{})
-		var se *SchemaError
-		if !errors.As(err, &se) || se.Have != 0 || !strings.Contains(err.Error(), "migrated") {
-			t.Fatalf("Open = %v; want *SchemaError{Have: 0}", err)
-		}
-	})
-
-	t.Run("older version", func(t *testing.T) {
-		path := filepath.Join(dir, "old.db")
-		openTest(t, path, Options{Migrate: true}).Close()
-		db := rawDB(t, path)
-		if _, err := db.Exec("PRAGMA user_version = " + strconv.Itoa(LatestVersion()-1)); err != nil {
-			t.Fatal(err)
-		}
-		db.Close()
-		_, err := Open(ctx, path, Options{})
-		var se *SchemaError
-		if !errors.As(err, &se) || se.Have != LatestVersion()-1 {
-			t.Fatalf("Open = %v; want *SchemaError{Have: %d}", err, LatestVersion()-1)
-		}
-	})
-
-	t.Run("newer version", func(t *testing.T) {
-		path := filepath.Join(dir, "new.db")
-		openTest(t, path, Options{Migrate: true}).Close()
-		db := rawDB(t, path)
-		if _, err := db.Exec("PRAGMA user_version = " + strconv.Itoa(LatestVersion()+1)); err != nil {
-			t.Fatal(err)
-		}
-		db.Close()
-		for _, migrate := range []bool{false, true} {
-			_, err := Open(ctx, path, Options{Migrate: migrate})
+	eachBackend(t, func(t *testing.T, d *testDB) {
+		ctx := context.Background()
+		refused := func(t *testing.T, migrate bool, have int, says string) {
+			t.Helper()
+			_, err := Open(ctx, d.url, Options{Migrate: migrate})
 			var se *SchemaError
-			if !errors.As(err, &se) || se.Have != LatestVersion()+1 || !strings.Contains(err.Error(), "newer") {
-				t.Fatalf("Open(Migrate: %v) = %v; want *SchemaError{Have: %d}", migrate, err, LatestVersion()+1)
+			if !errors.Is(err, ErrSchemaMismatch) || !errors.As(err, &se) || se.Have != have || se.Want != LatestVersion() || !strings.Contains(err.Error(), says) {
+				t.Fatalf("Open(Migrate: %v) = %v; want *SchemaError{Have: %d} saying %q", migrate, err, have, says)
 			}
 		}
+
+		// A database never migrated: nothing there, or nothing of corral's.
+		refused(t, false, 0, "migrated")
+		if d.backend == SchemeSQLite {
+			_, path, _ := SplitURL(d.url)
+			if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("Open without Migrate created the file: %v", err)
+			}
+		} else if n := d.queryInt(t, "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()"); n != 0 {
+			t.Fatalf("Open without Migrate created %d table(s)", n)
+		}
+		d.exec(t, "CREATE TABLE unrelated (x integer)")
+		refused(t, false, 0, "migrated")
+
+		// Older, then newer than this binary.
+		d.open(t, Options{Migrate: true}).Close()
+		d.setVersion(t, LatestVersion()-1)
+		refused(t, false, LatestVersion()-1, "migrated")
+		d.setVersion(t, LatestVersion()+1)
+		for _, migrate := range []bool{false, true} {
+			refused(t, migrate, LatestVersion()+1, "newer")
+		}
 	})
+}
+
+// exec runs q on d's database directly, bypassing the package.
+func (d *testDB) exec(t testing.TB, q string) {
+	t.Helper()
+	d.direct(t, q, func(c *pgx.Conn) error { _, err := c.Exec(context.Background(), q); return err },
+		func(db *sql.DB) error { _, err := db.Exec(q); return err })
+}
+
+// setVersion sets d's schema version as a binary of version v would have.
+func (d *testDB) setVersion(t testing.TB, v int) {
+	t.Helper()
+	if d.backend == SchemePostgres {
+		d.exec(t, "UPDATE corral_schema SET version = "+strconv.Itoa(v))
+		return
+	}
+	d.exec(t, "PRAGMA user_version = "+strconv.Itoa(v))
 }
 
 func TestAccountsAndTokens(t *testing.T) {
