@@ -13,7 +13,7 @@ import (
 func editorActor(r *http.Request) (sandbox.Actor, error) {
 	acct, ok := accountFrom(r.Context())
 	if !ok {
-		return sandbox.Actor{}, editor.ErrUnauthenticated
+		return sandbox.Actor{}, apiErr(http.StatusUnauthorized, KindUnauthorized, "authentication required")
 	}
 	return sandbox.Actor{AccountUserID: acct.ID}, nil
 }
@@ -22,7 +22,8 @@ func editorActor(r *http.Request) (sandbox.Actor, error) {
 // through the editor domain (editor.Domain), resolved at call time:
 // 401/404 are decided by the daemon from the database first; an absent
 // editor plugin answers 503. The editor's errors are classified
-// (editor.Error) and go through the one error table.
+// (editor.Error, with the API's kinds) and go through the one error
+// translator (toAPIError).
 func (a *App) editorGit(w http.ResponseWriter, r *http.Request) error {
 	if _, _, _, err := a.projectMember(r); err != nil {
 		return err

@@ -160,13 +160,6 @@ var errorRules = []rule{
 	{is(export.ErrPush), http.StatusBadGateway, KindBadGateway, nil},
 	// Redacted git output of the export: worth showing.
 	{as[*export.GitError](), http.StatusInternalServerError, KindInternal, nil},
-	// Editor Git reads: an unknown ref or path has its own kind; an
-	// internal failure says so in the editor's (redacted) words.
-	{is(editor.ErrUnknownRevision), http.StatusNotFound, KindUnknownRevision, nil},
-	{func(err error) bool {
-		var e *editor.Error
-		return errors.As(err, &e) && e.Kind == editor.KindInternal
-	}, http.StatusInternalServerError, KindInternal, nil},
 	// A site's port could not be reached through the worker.
 	{siteDialFailure, http.StatusBadGateway, KindBadGateway, siteDialMessage},
 	// Session errors outside a CommandError (language servers).
@@ -181,6 +174,8 @@ var errorRules = []rule{
 //   - a *sandbox.CommandError keeps its kind, message and partial output;
 //     its status is its cause's class's (403 forbidden, 404 not found, 429
 //     busy, 503 unavailable, …) if the cause has one, else its kind's;
+//   - an *editor.Error (a Git read) keeps the API kind the editor gave it
+//     and its redacted message, with the kind's status;
 //   - an error matching a row of errorRules gets that row's status and
 //     kind (export's headMoved, notRepository, rejected; a site's bad
 //     gateway; language-server start and transport failures);
@@ -202,6 +197,10 @@ func toAPIError(err error) *APIError {
 			out.Status = class.Status()
 		}
 		return out
+	}
+	var ee *editor.Error
+	if errors.As(err, &ee) {
+		return &APIError{Status: ee.Kind.Status(), Kind: string(ee.Kind), Message: ee.Message, Cause: err}
 	}
 	for _, r := range errorRules {
 		if r.match(err) {

@@ -51,7 +51,7 @@ func TestErrorTable(t *testing.T) {
 		{&sandbox.CommandError{Kind: sandbox.KindTimeout, Cause: context.DeadlineExceeded}, 504, string(sandbox.KindTimeout)},
 		{&sandbox.CommandError{Kind: sandbox.KindOverflow}, 413, string(sandbox.KindOverflow)},
 		{&editor.Error{Kind: editor.KindUnknownRevision}, 404, KindUnknownRevision},
-		{&editor.Error{Kind: editor.KindBadRequest}, 400, KindInvalid},
+		{&editor.Error{Kind: editor.KindInvalid}, 400, KindInvalid},
 		{&editor.Error{Kind: editor.KindTimeout, Cause: &sandbox.CommandError{Kind: sandbox.KindTimeout, Stdout: "https://u:p@h/"}}, 504, string(sandbox.KindTimeout)},
 		{&editor.Error{Kind: editor.KindInternal, Message: "git read failed"}, 500, KindInternal},
 		{errors.New("secret detail"), 500, KindInternal},

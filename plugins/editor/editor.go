@@ -6,8 +6,9 @@
 // The plugin provides the [*Editor] control in the "editor" domain and
 // consumes "sandbox", which it resolves through its registry consumer at
 // every call: an Editor never holds a sandbox control, so a sandbox plugin
-// that is disabled or reloaded takes effect at once. [Handler] serves the
-// reads over HTTP for the daemon to mount.
+// that is disabled or reloaded takes effect at once. [Serve] runs the read
+// an HTTP request names, for the daemon, which answers its result and
+// translates its classified errors ([Error]) at its edge.
 //
 // # Hardening
 //

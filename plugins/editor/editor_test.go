@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/internal/pdeath"
 
 	"github.com/corral-sandbox/corral/confine"
@@ -541,10 +541,8 @@ func TestMissingSandbox(t *testing.T) {
 	if !errors.Is(err, sandbox.ErrUnavailable) {
 		t.Fatalf("status without a sandbox: %v", err)
 	}
-	srv := httptest.NewServer(editor.Handler(ed, headerAuth))
-	defer srv.Close()
-	code, body := get(t, srv, e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project))
-	if code != http.StatusServiceUnavailable || errorKind(t, body) != editor.KindUnavailable {
+	code, body := read(t, ed, e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project))
+	if code != http.StatusServiceUnavailable || errorKind(t, body) != string(editor.KindUnavailable) {
 		t.Fatalf("status without a sandbox: %d %s", code, body)
 	}
 }
@@ -641,15 +639,14 @@ func listDir(t *testing.T, dir string) []string {
 	return names
 }
 
-// TestCredentialsNeverLeak checks every endpoint's response, through the
-// HTTP handler, for the remote URL's password.
+// TestCredentialsNeverLeak checks every read's answer, through Serve, for
+// the remote URL's password.
 func TestCredentialsNeverLeak(t *testing.T) {
 	e := newEnv(t)
 	r := e.buildRich(t)
 	// The unstaged change adds the URL too.
 	e.write(t, "b.txt", "b unstaged, pushing to "+secretURL+"\n")
-	srv := httptest.NewServer(editor.Handler(e.editor(t), headerAuth))
-	defer srv.Close()
+	ed := e.editor(t)
 	base := fmt.Sprintf("/v1/projects/%d/git/", e.project)
 	redacted := 0
 	for _, q := range []string{
@@ -659,7 +656,7 @@ func TestCredentialsNeverLeak(t *testing.T) {
 		"diff?from=" + r.base + "&to=origin/nope",
 		"show?ref=" + r.base + "&path=remote.txt", "show?path=remote.txt&max=20",
 	} {
-		code, body := get(t, srv, e.member, base+q)
+		code, body := read(t, ed, e.member, base+q)
 		if strings.Contains(body, "s3cret") {
 			t.Errorf("%s (%d) leaks the password: %s", q, code, body)
 		}
@@ -674,13 +671,16 @@ func TestCredentialsNeverLeak(t *testing.T) {
 		t.Errorf("only %d responses carried a redacted URL: the password never reached the redactor", redacted)
 	}
 	// The upstream's name is kept.
-	_, body := get(t, srv, e.member, base+"status")
+	_, body := read(t, ed, e.member, base+"status")
 	if !strings.Contains(body, `"upstream":"origin/main"`) {
 		t.Errorf("status lost the upstream: %s", body)
 	}
 }
 
-func TestHTTP(t *testing.T) {
+// TestServe runs each read through Serve, the daemon's entry, and its
+// failures' kinds (the API's: the daemon answers them with their statuses;
+// authentication is the daemon's).
+func TestServe(t *testing.T) {
 	e := newEnv(t)
 	e.git(t, "init", "-q", "-b", "main")
 	for i := range 3 {
@@ -688,26 +688,25 @@ func TestHTTP(t *testing.T) {
 		e.git(t, "add", ".")
 		e.git(t, "commit", "-q", "-m", "c"+strconv.Itoa(i))
 	}
-	srv := httptest.NewServer(editor.Handler(e.editor(t), headerAuth))
-	defer srv.Close()
+	ed := e.editor(t)
 	p := fmt.Sprintf("/v1/projects/%d/git/", e.project)
 
-	code, body := get(t, srv, e.member, p+"log?limit=2&skip=0")
+	code, body := read(t, ed, e.member, p+"log?limit=2&skip=0")
 	var lg editor.Log
 	if code != 200 || json.Unmarshal([]byte(body), &lg) != nil || len(lg.Commits) != 2 || !lg.HasMore || lg.Commits[0].Subject != "c2" {
 		t.Fatalf("log: %d %s", code, body)
 	}
-	code, body = get(t, srv, e.member, p+"show?ref=HEAD~2&path=f.txt")
+	code, body = read(t, ed, e.member, p+"show?ref=HEAD~2&path=f.txt")
 	var f editor.File
 	if code != 200 || json.Unmarshal([]byte(body), &f) != nil || f.Content != "0" {
 		t.Fatalf("show: %d %s", code, body)
 	}
-	code, body = get(t, srv, e.member, p+"diff?from=HEAD~1&to=HEAD&max=10")
+	code, body = read(t, ed, e.member, p+"diff?from=HEAD~1&to=HEAD&max=10")
 	var d editor.Diff
 	if code != 200 || json.Unmarshal([]byte(body), &d) != nil || !d.Truncated || len(d.Patch) > 10 {
 		t.Fatalf("diff: %d %s", code, body)
 	}
-	code, body = get(t, srv, e.member, p+"status")
+	code, body = read(t, ed, e.member, p+"status")
 	var st editor.Status
 	if code != 200 || json.Unmarshal([]byte(body), &st) != nil || !st.IsRepo || st.Branch.Head != "main" ||
 		!strings.Contains(body, `"entries":[]`) {
@@ -715,61 +714,55 @@ func TestHTTP(t *testing.T) {
 	}
 
 	for _, c := range []struct {
-		actor *sandbox.Actor
+		actor sandbox.Actor
 		path  string
 		code  int
-		kind  string
+		kind  api.ErrorKind
 	}{
-		{nil, p + "status", 401, editor.KindUnauthenticated},
-		{&e.outsider, p + "status", 403, editor.KindDenied},
-		{&e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project+9), 404, editor.KindNotFound},
-		{&e.member, "/v1/projects/x/git/status", 400, editor.KindBadRequest},
-		{&e.member, p + "log?ref=-x", 400, editor.KindBadRequest},
-		{&e.member, p + "log?limit=z", 400, editor.KindBadRequest},
-		{&e.member, p + "diff?staged=maybe", 400, editor.KindBadRequest},
-		{&e.member, p + "show?path=", 400, editor.KindBadRequest},
-		{&e.member, p + "log?ref=nope", 404, editor.KindUnknownRevision},
-		{&e.member, p + "show?path=missing", 404, editor.KindUnknownRevision},
+		{e.outsider, p + "status", 403, editor.KindForbidden},
+		{e.member, fmt.Sprintf("/v1/projects/%d/git/status", e.project+9), 404, editor.KindNotFound},
+		{e.member, "/v1/projects/x/git/status", 400, editor.KindInvalid},
+		{e.member, p + "log?ref=-x", 400, editor.KindInvalid},
+		{e.member, p + "log?limit=z", 400, editor.KindInvalid},
+		{e.member, p + "diff?staged=maybe", 400, editor.KindInvalid},
+		{e.member, p + "show?path=", 400, editor.KindInvalid},
+		{e.member, p + "log?ref=nope", 404, editor.KindUnknownRevision},
+		{e.member, p + "show?path=missing", 404, editor.KindUnknownRevision},
 	} {
-		var actor sandbox.Actor
-		if c.actor != nil {
-			actor = *c.actor
-		}
-		code, body := get(t, srv, actor, c.path)
-		if code != c.code || errorKind(t, body) != c.kind {
+		actor := c.actor
+		code, body := read(t, ed, actor, c.path)
+		if code != c.code || errorKind(t, body) != string(c.kind) {
 			t.Errorf("%s as %d: %d %s, want %d %s", c.path, actor.AccountUserID, code, body, c.code, c.kind)
 		}
 	}
 }
 
-// headerAuth authenticates X-Account: <id> (tests only).
-func headerAuth(r *http.Request) (sandbox.Actor, error) {
-	id, err := strconv.ParseInt(r.Header.Get("X-Account"), 10, 64)
-	if err != nil || id <= 0 {
-		return sandbox.Actor{}, editor.ErrUnauthenticated
-	}
-	return sandbox.Actor{AccountUserID: id}, nil
-}
-
-func get(t *testing.T, srv *httptest.Server, actor sandbox.Actor, path string) (int, string) {
+// read runs the Git read of path through Serve as actor and returns what
+// the daemon answers: 200 and the read's JSON, or the status of the
+// error's kind and {"error":{"kind","message"}}.
+func read(t *testing.T, ed editor.Domain, actor sandbox.Actor, path string) (int, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodGet, srv.URL+path, nil)
+	v, err := editor.Serve(ed, httptest.NewRequest(http.MethodGet, path, nil), actor)
+	if err != nil {
+		var e *editor.Error
+		if !errors.As(err, &e) {
+			t.Fatalf("%s: %T is not an *editor.Error: %v", path, err, err)
+		}
+		var body struct {
+			Error struct {
+				Kind    api.ErrorKind `json:"kind"`
+				Message string        `json:"message"`
+			} `json:"error"`
+		}
+		body.Error.Kind, body.Error.Message = e.Kind, e.Message
+		b, _ := json.Marshal(body)
+		return e.Kind.Status(), string(b)
+	}
+	b, err := json.Marshal(v)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if actor.AccountUserID > 0 {
-		req.Header.Set("X-Account", strconv.FormatInt(actor.AccountUserID, 10))
-	}
-	resp, err := srv.Client().Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var b strings.Builder
-	if _, err := io.Copy(&b, resp.Body); err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, b.String()
+	return http.StatusOK, string(b)
 }
 
 func errorKind(t *testing.T, body string) string {
