@@ -3,6 +3,11 @@ package store
 import (
 	"context"
 	"errors"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +116,55 @@ func TestPostgresRestartUnavailable(t *testing.T) {
 	}
 	if err != nil || len(as) != 1 || as[0].Name != "before" {
 		t.Fatalf("after the restart: %+v, %v", as, err)
+	}
+}
+
+// A role with a password: Open finds it in PGPASSWORD or in a passfile as
+// libpq does, and a wrong one fails without the password in the error.
+func TestPostgresPassword(t *testing.T) {
+	srv, err := pgtest.Shared()
+	if err != nil {
+		t.Skip(err)
+	}
+	ctx := context.Background()
+	db := "pwdb_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := srv.CreateDatabase(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		srv.DropDatabase(context.Background(), db)
+		srv.Exec(context.Background(), "DROP ROLE IF EXISTS "+db)
+	})
+	must(t, srv.Exec(ctx, "CREATE ROLE "+db+" LOGIN PASSWORD 'hunter2-"+db+"'"))
+	must(t, srv.Exec(ctx, "ALTER DATABASE "+db+" OWNER TO "+db))
+	u := "postgres:///" + db + "?host=" + url.QueryEscape(srv.SocketDir()) + "&user=" + db
+	open := func() error {
+		s, err := Open(ctx, u, Options{Migrate: true})
+		if err == nil {
+			s.Close()
+		}
+		return err
+	}
+
+	t.Setenv("PGPASSFILE", filepath.Join(t.TempDir(), "none"))
+	t.Setenv("PGPASSWORD", "")
+	if err := open(); err == nil {
+		t.Fatal("Open without a password succeeded")
+	}
+	t.Setenv("PGPASSWORD", "hunter2-"+db)
+	if err := open(); err != nil {
+		t.Fatalf("with PGPASSWORD: %v", err)
+	}
+	t.Setenv("PGPASSWORD", "")
+	passfile := filepath.Join(t.TempDir(), "pgpass")
+	must(t, os.WriteFile(passfile, []byte("*:*:*:"+db+":hunter2-"+db+"\n"), 0o600))
+	t.Setenv("PGPASSFILE", passfile)
+	if err := open(); err != nil {
+		t.Fatalf("with a passfile: %v", err)
+	}
+	wrong := strings.Replace(u, "postgres:///", "postgres://"+db+":wrong-secret@/", 1)
+	_, err = Open(ctx, wrong, Options{})
+	if err == nil || strings.Contains(err.Error(), "wrong-secret") {
+		t.Fatalf("Open with a wrong password = %v; want an error without the password", err)
 	}
 }

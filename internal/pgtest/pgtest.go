@@ -20,7 +20,8 @@
 // (initdb refuses root), else as the test's user; it is the test
 // binary's child and dies with it (its parent-death signal is SIGQUIT,
 // PostgreSQL's immediate shutdown), so a killed test run leaves no server
-// behind. The server does not fsync (nor write full pages): a commit is
+// behind. Superuser connects without a password; any other role with its
+// password (SCRAM). The server does not fsync (nor write full pages): a commit is
 // durable against the server's crash or restart (the kernel keeps what it
 // wrote), not against the host's.
 package pgtest
@@ -120,6 +121,12 @@ func Start() (*Server, error) {
 	initdb.Dir = dir
 	if out, err := initdb.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	}
+	// Superuser connects without a password; every other role must give
+	// its own (tests of passwords and passfiles make such roles).
+	hba := "local all " + Superuser + " trust\nlocal all all scram-sha-256\n"
+	if err := os.WriteFile(filepath.Join(s.data, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		return nil, fmt.Errorf("pgtest: %w", err)
 	}
 	if err := s.run(ctx); err != nil {
 		return nil, err
