@@ -288,11 +288,6 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		return nil, err
 	}
 	a.sites = newSitesGateway(a, opts.Sites)
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		a.sites.conns.run(a.ctx, a.store, opts.Sites.Recheck)
-	}()
 	if err := a.startExport(); err != nil {
 		return nil, err
 	}

@@ -49,10 +49,17 @@ type tokenKey struct{}
 // project, and returns its context (derived from parent, ended with a
 // *sessionEnded cause by the checker) and the function that unregisters it.
 func (a *App) trackSession(parent context.Context, r *http.Request, project int64) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(parent)
 	acct, _ := accountFrom(r.Context())
 	tok, _ := r.Context().Value(tokenKey{}).(int64)
-	s := &liveSession{account: acct.ID, token: tok, project: project, started: time.Now(), end: cancel}
+	return a.track(parent, acct.ID, tok, project)
+}
+
+// track is trackSession for a session of account, authorized by bearer
+// token tok (a Sites gateway request, whose credential may be a site
+// cookie derived from the token).
+func (a *App) track(parent context.Context, account, tok, project int64) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	s := &liveSession{account: account, token: tok, project: project, started: time.Now(), end: cancel}
 	a.sessMu.Lock()
 	a.live[s] = struct{}{}
 	a.sessMu.Unlock()

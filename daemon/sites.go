@@ -33,7 +33,6 @@ const (
 	DefaultSiteURLTTL    = 5 * time.Minute
 	MaxSiteURLTTL        = time.Hour
 	DefaultSiteCookieTTL = 8 * time.Hour
-	DefaultSitesRecheck  = 2 * time.Second
 )
 
 // SitesOptions configure the Sites gateway's own origins. The zero value
@@ -60,10 +59,6 @@ type SitesOptions struct {
 	// cookie works only while its bearer token is live and its account a
 	// member of the site's project.
 	CookieTTL time.Duration
-	// Recheck is how often open site connections are checked against
-	// their token and membership (closed when either is gone); zero means
-	// DefaultSitesRecheck.
-	Recheck time.Duration
 }
 
 func (o *SitesOptions) normalize() error {
@@ -92,9 +87,6 @@ func (o *SitesOptions) normalize() error {
 	if o.CookieTTL <= 0 {
 		o.CookieTTL = DefaultSiteCookieTTL
 	}
-	if o.Recheck <= 0 {
-		o.Recheck = DefaultSitesRecheck
-	}
 	return nil
 }
 
@@ -119,7 +111,6 @@ type sitesGateway struct {
 	a         *App
 	opts      SitesOptions
 	key       *siteKey
-	conns     *siteConns
 	transport *http.Transport
 	proxy     *httputil.ReverseProxy
 	host      http.Handler // wrap of serveHost
@@ -128,7 +119,7 @@ type sitesGateway struct {
 type siteTargetKey struct{}
 
 func newSitesGateway(a *App, opts SitesOptions) *sitesGateway {
-	g := &sitesGateway{a: a, opts: opts, key: &siteKey{}, conns: &siteConns{}}
+	g := &sitesGateway{a: a, opts: opts, key: &siteKey{}}
 	if a.opts.StateDir != "" {
 		g.key.path = filepath.Join(a.opts.StateDir, SitesKeyFile)
 	}
@@ -144,8 +135,9 @@ func newSitesGateway(a *App, opts SitesOptions) *sitesGateway {
 		Transport:      g.transport,
 		ModifyResponse: g.modifyResponse,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if c := context.Cause(r.Context()); errors.Is(c, errSiteAccessEnded) {
-				writeError(w, &APIError{Status: http.StatusForbidden, Kind: KindForbidden, Message: c.Error(), Cause: c})
+			var ended *sessionEnded
+			if c := context.Cause(r.Context()); errors.As(c, &ended) {
+				writeError(w, &APIError{Status: http.StatusForbidden, Kind: KindForbidden, Message: "site access ended: " + ended.reason, Cause: c})
 				return
 			}
 			writeError(w, toAPIError(&siteDialError{err}))
@@ -400,7 +392,9 @@ func (g *sitesGateway) serve(w http.ResponseWriter, r *http.Request) error {
 // forward proxies r to t's site, tracked under the token and account that
 // authorized it.
 func (g *sitesGateway) forward(w http.ResponseWriter, r *http.Request, t siteTarget, token, account int64) {
-	ctx, done := g.conns.add(r.Context(), token, account, t.site.Project)
+	// A session of its own: the checker ends it when the token is
+	// revoked or the account leaves the site's project (follow.go).
+	ctx, done := g.a.track(r.Context(), account, token, t.site.Project)
 	defer done()
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, siteTargetKey{}, t)))
 }

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -16,8 +15,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/corral-sandbox/corral/store"
 )
 
 // Browser access to a site on its own origin (AppOptions.Sites.Domain):
@@ -206,115 +203,4 @@ func (k *siteKey) verify(v, purpose, site string, now time.Time) (siteClaims, er
 		return siteClaims{}, errBadSiteCredential
 	}
 	return c, nil
-}
-
-// siteConns tracks every request the Sites gateway is proxying (plain
-// requests, streamed responses and upgraded WebSocket connections alike),
-// by the bearer token and account that authorized it. Cancelling one ends
-// its request context, which makes the reverse proxy close both sides of
-// an upgraded connection.
-//
-// It is the one place site connections are closed from: by the recheck
-// loop (a revoked token, a removed member) and by whoever else ends a
-// token's or an account's access (closeToken, closeAccount).
-type siteConns struct {
-	mu    sync.Mutex
-	conns map[*siteConn]struct{}
-}
-
-type siteConn struct {
-	token, account, project int64
-	cancel                  context.CancelCauseFunc
-}
-
-// errSiteAccessEnded is the cause of a cancelled site connection.
-var errSiteAccessEnded = errors.New("daemon: sites: access ended")
-
-// add tracks a request; call done when it ends.
-func (s *siteConns) add(ctx context.Context, token, account, project int64) (context.Context, func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	c := &siteConn{token: token, account: account, project: project, cancel: cancel}
-	s.mu.Lock()
-	if s.conns == nil {
-		s.conns = make(map[*siteConn]struct{})
-	}
-	s.conns[c] = struct{}{}
-	s.mu.Unlock()
-	return ctx, func() {
-		s.mu.Lock()
-		delete(s.conns, c)
-		s.mu.Unlock()
-		cancel(nil)
-	}
-}
-
-// closeWhere cancels the tracked connections match selects, with cause
-// reason, and returns how many.
-func (s *siteConns) closeWhere(match func(*siteConn) bool, reason string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := 0
-	for c := range s.conns {
-		if match(c) {
-			c.cancel(fmt.Errorf("%w: %s", errSiteAccessEnded, reason))
-			delete(s.conns, c)
-			n++
-		}
-	}
-	return n
-}
-
-// closeToken closes the site connections bearer token id authorized.
-func (s *siteConns) closeToken(id int64, reason string) int {
-	return s.closeWhere(func(c *siteConn) bool { return c.token == id }, reason)
-}
-
-// closeAccount closes the site connections of account id.
-func (s *siteConns) closeAccount(id int64, reason string) int {
-	return s.closeWhere(func(c *siteConn) bool { return c.account == id }, reason)
-}
-
-// count returns the number of tracked connections.
-func (s *siteConns) count() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.conns)
-}
-
-// recheck closes the connections whose token was revoked or whose account
-// is no longer a member of the site's project.
-func (s *siteConns) recheck(ctx context.Context, st store.Store) {
-	type member struct{ project, account int64 }
-	s.mu.Lock()
-	tokens := map[int64]bool{}
-	members := map[member]bool{}
-	for c := range s.conns {
-		tokens[c.token] = true
-		members[member{c.project, c.account}] = true
-	}
-	s.mu.Unlock()
-	for id := range tokens {
-		if _, err := st.LiveToken(ctx, id); errors.Is(err, store.ErrNotFound) {
-			s.closeToken(id, "the token was revoked")
-		}
-	}
-	for m := range members {
-		if _, err := st.GetMember(ctx, m.project, m.account); errors.Is(err, store.ErrNotFound) {
-			s.closeWhere(func(c *siteConn) bool { return c.project == m.project && c.account == m.account }, "no longer a member of the project")
-		}
-	}
-}
-
-// run rechecks every interval until ctx ends.
-func (s *siteConns) run(ctx context.Context, st store.Store, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			s.recheck(ctx, st)
-		}
-	}
 }

@@ -74,7 +74,7 @@ func TestSitesOwnOriginManaged(t *testing.T) {
 		t.Fatal(err)
 	}
 	port := ln.Addr().(*net.TCPAddr).Port
-	e := newManagedEnvWith(t, AppOptions{Sites: SitesOptions{Domain: sitesTestDomain, Scheme: "http", Port: port, Recheck: 100 * time.Millisecond}})
+	e := newManagedEnvWith(t, AppOptions{Sites: SitesOptions{Domain: sitesTestDomain, Scheme: "http", Port: port}})
 	addr := e.serveOn(ln)
 	alice, tok := e.account("alice")
 	p := e.managedProject("box", alice)
@@ -187,7 +187,7 @@ func TestSitesOwnOriginManaged(t *testing.T) {
 	})
 
 	// Revoking the token closes a streaming response it authorized (the
-	// recheck loop), and refuses the cookie from then on.
+	// session checker), and refuses the cookie from then on.
 	sreq, _ := http.NewRequestWithContext(ctx, "GET", site+"/slow", nil)
 	sreq.Header.Set(cookie[0], cookie[1])
 	sresp, err := tcp.Do(sreq)

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -355,26 +354,5 @@ func TestSiteKeyRefused(t *testing.T) {
 	// A second loader reads the same key from the file.
 	if _, err := (&siteKey{path: k2.path}).verify(v, purposeURL, "x", time.Now()); err != nil {
 		t.Errorf("key not persisted: %v", err)
-	}
-}
-
-// TestSiteConns: the tracker closes what a token or an account
-// authorized, and only that.
-func TestSiteConns(t *testing.T) {
-	var s siteConns
-	c1, done1 := s.add(context.Background(), 1, 10, 100)
-	c2, done2 := s.add(context.Background(), 2, 10, 100)
-	c3, done3 := s.add(context.Background(), 3, 20, 100)
-	defer done1()
-	defer done2()
-	defer done3()
-	if n := s.closeToken(1, "revoked"); n != 1 || c1.Err() == nil || c2.Err() != nil || !errors.Is(context.Cause(c1), errSiteAccessEnded) {
-		t.Fatalf("closeToken: %d %v %v", n, c1.Err(), c2.Err())
-	}
-	if n := s.closeAccount(10, "removed"); n != 1 || c2.Err() == nil || c3.Err() != nil {
-		t.Fatalf("closeAccount: %d %v %v", n, c2.Err(), c3.Err())
-	}
-	if s.count() != 1 {
-		t.Errorf("count %d", s.count())
 	}
 }
