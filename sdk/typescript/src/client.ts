@@ -43,10 +43,11 @@ export interface CorralOptions {
   /** The fetch to use for http(s) URLs (default the platform's). */
   fetch?: typeof fetch;
   /**
-   * Milliseconds between the pings of an open WebSocket (sessions,
-   * terminals, watches, language servers; Node only): a daemon that answers
-   * none by the next one is gone, and the socket fails with a DeadlineError
-   * (default 15 s; 0 for none).
+   * Milliseconds between the liveness checks of open streams: a ping on
+   * WebSockets (sessions, terminals, watches, language servers; Node only),
+   * a getProcess beside a followed process output. A daemon that answers
+   * none in time is gone, and the stream fails with a DeadlineError (default
+   * 15 s; 0 for none).
    */
   keepaliveMs?: number;
 }

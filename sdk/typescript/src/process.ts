@@ -2,9 +2,9 @@
 // in a ring and replayed from any offset it still holds.
 
 import { Caller, projectPath } from "./caller.js";
-import { ProtocolError } from "./errors.js";
+import { ConnectionError, DeadlineError, ProtocolError } from "./errors.js";
 import { ChunkDecoder } from "./output.js";
-import { fromBase64, lines, parseLine } from "./transport.js";
+import { Deadline, fromBase64, lines, parseLine } from "./transport.js";
 import type { CallOptions, OutputChunk, ProcessInfo, ProcessOutputEnd } from "./types.js";
 
 export interface StartOptions extends CallOptions {
@@ -129,8 +129,13 @@ export class ProcessOutput implements AsyncIterable<OutputChunk> {
   async *[Symbol.asyncIterator](): AsyncGenerator<OutputChunk> {
     const query = { from: this.o.since ?? 0, follow: this.o.follow === false ? "0" : "1", encoding: "base64" };
     const { res, deadline, what } = await this.c.open("GET", this.path, { query }, this.o);
-    // The deadline bounds the opening; a followed output lasts as long as the process.
+    // The deadline bounds the opening; a followed output lasts as long as the
+    // process. The daemon sends nothing while the process is quiet: every
+    // keepaliveMs the client asks for the process (getProcess), and a daemon
+    // that does not answer that in time, or is gone, ends the output with
+    // that error.
     deadline.stopTimer();
+    const probe = this.keepalive(deadline);
     const s = res.headers.get("corral-output-start");
     if (s !== null) this.start = Number(s);
     const dec = new ChunkDecoder();
@@ -148,8 +153,26 @@ export class ProcessOutput implements AsyncIterable<OutputChunk> {
     } catch (err) {
       throw deadline.error(what, err);
     } finally {
+      clearInterval(probe);
       deadline.cancel();
       deadline.done();
     }
+  }
+
+  private keepalive(deadline: Deadline): ReturnType<typeof setInterval> | undefined {
+    const ms = this.c.keepaliveMs;
+    if (!(ms > 0 && Number.isFinite(ms)) || this.o.follow === false) return undefined;
+    const processPath = this.path.slice(0, -"/output".length);
+    let inFlight = false;
+    return setInterval(() => {
+      if (inFlight) return;
+      inFlight = true;
+      this.c
+        .json("GET", processPath, {}, { deadlineMs: ms, signal: deadline.signal })
+        .catch((err) => {
+          if (err instanceof DeadlineError || err instanceof ConnectionError) deadline.fail(err);
+        })
+        .finally(() => (inFlight = false));
+    }, ms);
   }
 }

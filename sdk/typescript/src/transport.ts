@@ -54,6 +54,11 @@ export class Deadline {
     this.timer = undefined;
   }
 
+  /** Ends the call with `err`: its request is aborted, and the call fails with it. */
+  fail(err: CorralError): void {
+    if (!this.signal.aborted) this.ctl.abort(err);
+  }
+
   /** Ends the call: its request is aborted (a no-op once it completed). */
   cancel(): void {
     if (!this.signal.aborted) this.ctl.abort(new AbortError("abort", "corral: the call was closed"));

@@ -41,25 +41,30 @@ test("a daemon that does not answer is a DeadlineError within the deadline", asy
   assert.equal((await corral.whoami()).name, "sdk");
 });
 
-test("a daemon that stops answering an open terminal or watch is a DeadlineError within two pings", async () => {
+test("a daemon that stops answering an open terminal, watch or followed output is a DeadlineError within two keepalives", async () => {
   const c = new Corral({ url: await urlOf(d), token: d.token, keepaliveMs: 700 });
   const p = c.project(project.id);
   const term = await p.terminal();
   const watch = (await p.files.watch("/workspace"))[Symbol.asyncIterator]();
+  const proc = await p.processes.start(["sh", "-c", "echo up; sleep 60"]);
+  const out = proc.output()[Symbol.asyncIterator]();
+  assert.equal((await out.next()).value.text, "up\n");
   process.kill(d.pid, "SIGSTOP");
   try {
     const t0 = Date.now();
     const read = async () => {
       while (await term.read());
     };
-    const [r, w] = await Promise.allSettled([read(), watch.next()]);
+    const [r, w, o] = await Promise.allSettled([read(), watch.next(), out.next()]);
     assert.ok(r.reason instanceof DeadlineError, `the terminal: ${r.status} ${r.reason?.stack}`);
     assert.ok(w.reason instanceof DeadlineError, `the watch: ${w.status} ${w.reason?.stack}`);
+    assert.ok(o.reason instanceof DeadlineError, `the output: ${o.status} ${o.reason?.stack}`);
     const took = Date.now() - t0;
     assert.ok(took < 4000, `took ${took} ms`);
   } finally {
     process.kill(d.pid, "SIGCONT");
   }
+  await proc.kill();
   // Resumed, the daemon serves terminals again.
   const t2 = await project.terminal();
   t2.write("exit 5\n");
