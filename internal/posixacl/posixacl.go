@@ -9,10 +9,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 
 	"golang.org/x/sys/unix"
 )
@@ -143,13 +143,14 @@ func (a acl) grants(uid uint32, perm uint16) bool {
 	return found && named&mask&perm == perm
 }
 
-// readACL returns path's ACL of the given kind (xattrACLAccess or
-// xattrACLDefault); a file without one has the ACL of its mode (access) or
+// readACL returns the ACL of the given kind (xattrACLAccess or
+// xattrACLDefault) of the file path resolves to (a descriptor's fdPath,
+// or a directory that is not a symlink); a file without one has the ACL of its mode (access) or
 // none (default).
 func readACL(path, kind string, mode uint32) (acl, error) {
 	buf := make([]byte, 256)
 	for {
-		n, err := unix.Lgetxattr(path, kind, buf)
+		n, err := unix.Getxattr(path, kind, buf)
 		switch {
 		case errors.Is(err, unix.ENODATA):
 			if kind == xattrACLDefault {
@@ -178,60 +179,106 @@ func readACL(path, kind string, mode uint32) (acl, error) {
 // someone else comes from that creator's mode, so a file another user
 // creates 0644 grants uid reading only. Files uid creates are its own.
 //
-// The walk goes by path (lstat, then lsetxattr), so it must not run while
-// someone who can write beneath root can swap a directory for a symlink:
-// it runs before the project's first confined command (uid has no process
-// yet) and again only if root's own entry was removed. An fd-based walk
-// (openat with O_NOFOLLOW all the way) would close that window for good.
+// The walk goes by descriptor: each entry is opened beneath its
+// directory's descriptor without following a symlink (O_PATH|O_NOFOLLOW)
+// and its ACLs are read and written through that descriptor, so a
+// directory swapped for a symlink while the walk runs (by someone who can
+// write beneath root) leads it nowhere outside root.
 //
 // skip, if not nil, is asked about every path beneath root (not root
 // itself): a directory it reports is left alone with everything beneath
 // it, as is a file.
 func GrantUser(root string, uid uint32, skip func(path string) bool) error {
-	var st unix.Stat_t
-	if err := unix.Lstat(root, &st); err != nil {
-		return &os.PathError{Op: "lstat", Path: root, Err: err}
-	}
-	if granted(root, st.Mode, uid) {
-		return nil
-	}
-	dev := st.Dev
-	// The root last: it is what marks the walk as done.
-	var rootErr error
-	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if path == root {
-			return nil
-		}
-		if skip != nil && skip(path) {
-			if d.IsDir() {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		if d.Type()&fs.ModeSymlink != 0 || !d.IsDir() && !d.Type().IsRegular() {
-			return nil
-		}
-		var st unix.Stat_t
-		if err := unix.Lstat(path, &st); err != nil {
-			return &os.PathError{Op: "lstat", Path: path, Err: err}
-		}
-		if st.Dev != dev {
-			if d.IsDir() {
-				return fs.SkipDir
-			}
-			return nil
-		}
-		return grantOne(path, st.Mode, uid)
-	})
+	fd, err := openNoFollow(unix.AT_FDCWD, root)
 	if err != nil {
 		return err
 	}
-	rootErr = grantOne(root, st.Mode, uid)
-	return rootErr
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: root, Err: err}
+	}
+	if granted(fdPath(fd), st.Mode, uid) {
+		return nil
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
+		if err := grantBeneath(fd, root, st.Dev, uid, skip); err != nil {
+			return err
+		}
+	}
+	// The root last: it is what marks the walk as done.
+	return grantOne(fdPath(fd), root, st.Mode, uid)
 }
+
+// grantBeneath grants uid what GrantUser does on everything beneath the
+// directory dirfd (named dir), in lexical order, each directory before
+// what it holds, staying on the file system dev.
+func grantBeneath(dirfd int, dir string, dev uint64, uid uint32, skip func(string) bool) error {
+	rfd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	f := os.NewFile(uintptr(rfd), dir)
+	names, err := f.Readdirnames(-1)
+	f.Close()
+	if err != nil {
+		return err
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		path := filepath.Join(dir, name)
+		if skip != nil && skip(path) {
+			continue
+		}
+		if err := grantEntry(dirfd, name, path, dev, uid, skip); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// grantEntry grants uid access to the entry name of dirfd (named path),
+// and beneath it if it is a directory; a symlink, special file or entry of
+// another file system is left alone, as is one that disappeared.
+func grantEntry(dirfd int, name, path string, dev uint64, uid uint32, skip func(string) bool) error {
+	fd, err := openNoFollow(dirfd, name)
+	if errors.Is(err, unix.ENOENT) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	kind := st.Mode & unix.S_IFMT
+	if kind != unix.S_IFDIR && kind != unix.S_IFREG || st.Dev != dev {
+		return nil
+	}
+	if err := grantOne(fdPath(fd), path, st.Mode, uid); err != nil {
+		return err
+	}
+	if kind == unix.S_IFDIR {
+		return grantBeneath(fd, path, dev, uid, skip)
+	}
+	return nil
+}
+
+// openNoFollow opens name beneath dirfd as a path descriptor, without
+// following it if it is a symlink (the descriptor is then the link's).
+func openNoFollow(dirfd int, name string) (int, error) {
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: name, Err: err}
+	}
+	return fd, nil
+}
+
+// fdPath is the name under which the kernel resolves exactly fd's file:
+// extended attributes cannot be set through a path descriptor itself.
+func fdPath(fd int) string { return "/proc/self/fd/" + strconv.Itoa(fd) }
 
 // GrantSearch lets uid search dir (x only: it can reach what is beneath by
 // name, not list it), with an entry in dir's access ACL, unless others may
@@ -270,31 +317,33 @@ func granted(path string, mode uint32, uid uint32) bool {
 	return err == nil && d.grants(uid, 7)
 }
 
-func grantOne(path string, mode uint32, uid uint32) error {
+// grantOne grants uid access to the file at p (a descriptor's fdPath),
+// named name in errors.
+func grantOne(p, name string, mode uint32, uid uint32) error {
 	perm := uint16(6)
 	dir := mode&unix.S_IFMT == unix.S_IFDIR
 	if dir || mode&0o111 != 0 {
 		perm = 7
 	}
-	a, err := readACL(path, xattrACLAccess, mode)
+	a, err := readACL(p, xattrACLAccess, mode)
 	if err != nil {
-		return fmt.Errorf("read the ACL of %s: %w", path, err)
+		return fmt.Errorf("read the ACL of %s: %w", name, err)
 	}
-	if err := unix.Lsetxattr(path, xattrACLAccess, a.withUser(uid, perm).encode(), 0); err != nil {
-		return fmt.Errorf("set the ACL of %s: %w", path, err)
+	if err := unix.Setxattr(p, xattrACLAccess, a.withUser(uid, perm).encode(), 0); err != nil {
+		return fmt.Errorf("set the ACL of %s: %w", name, err)
 	}
 	if !dir {
 		return nil
 	}
-	d, err := readACL(path, xattrACLDefault, mode)
+	d, err := readACL(p, xattrACLDefault, mode)
 	if err != nil {
-		return fmt.Errorf("read the default ACL of %s: %w", path, err)
+		return fmt.Errorf("read the default ACL of %s: %w", name, err)
 	}
 	if d == nil {
 		d = aclFromMode(mode)
 	}
-	if err := unix.Lsetxattr(path, xattrACLDefault, d.withUser(uid, 7).encode(), 0); err != nil {
-		return fmt.Errorf("set the default ACL of %s: %w", path, err)
+	if err := unix.Setxattr(p, xattrACLDefault, d.withUser(uid, 7).encode(), 0); err != nil {
+		return fmt.Errorf("set the default ACL of %s: %w", name, err)
 	}
 	return nil
 }
@@ -303,11 +352,19 @@ func grantOne(path string, mode uint32, uid uint32) error {
 // gives uid at least perm (r 4, w 2, x 1) through a named-user entry and
 // the mask.
 func Grants(path string, uid uint32, perm uint16) (bool, error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(path, &st); err != nil {
-		return false, &os.PathError{Op: "lstat", Path: path, Err: err}
+	fd, err := openNoFollow(unix.AT_FDCWD, path)
+	if err != nil {
+		return false, err
 	}
-	a, err := readACL(path, xattrACLAccess, st.Mode)
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return false, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return false, nil // a symlink has no ACL of its own
+	}
+	a, err := readACL(fdPath(fd), xattrACLAccess, st.Mode)
 	if err != nil {
 		return false, err
 	}
