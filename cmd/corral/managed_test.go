@@ -152,22 +152,7 @@ func TestRunProjectGitStatus(t *testing.T) {
 // root-owned checkout the guest cannot write .git/config at all (it is not
 // idmapped onto root), and the host's git runs nothing of the guest's.
 func TestRunProjectFsmonitorAttack(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("managed projects need root (CI runs as root)")
-	}
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
-	}
-	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
-	state := t.TempDir()
-	ws := filepath.Join(t.TempDir(), "repo")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("git", "init", "-q", ws).CombinedOutput(); err != nil {
-		t.Fatalf("git init: %v %s", err, out)
-	}
-	mark := filepath.Join(t.TempDir(), "pwned")
+	state, ws, mark := rootGitCheckout(t)
 	_, errs, status := corral(t, state, "--project", ws, "--", "git", "config", "core.fsmonitor", "touch "+mark)
 	if status == 0 {
 		t.Fatalf("the guest wrote the host checkout's .git/config (stderr %q)", errs)
