@@ -135,7 +135,7 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	if req.Git != "" {
-		done, err := a.startImport(acct)
+		done, err := a.imports.start(acct, a.isAdmin(acct))
 		if err != nil {
 			return err
 		}

@@ -174,13 +174,9 @@ type App struct {
 	followDone chan struct{} // closed when followSessions returned
 	once       sync.Once
 
-	importMu sync.Mutex
-	imports  map[int64]int // git imports in flight, by account
-	importN  int           // all git imports in flight
-
-	fileMu    sync.Mutex
-	fileCalls map[int64]int // files API calls in flight, by account
-	fileN     int           // all files API calls in flight
+	imports   inflight // git imports
+	fileCalls inflight // files API calls
+	mcpCalls  inflight // MCP requests
 }
 
 // Bounds of git imports (POST /v1/projects with a git URL) running at
@@ -189,32 +185,6 @@ const (
 	MaxAccountImports = 2 // per account that is not an admin
 	MaxImports        = 8 // for the whole daemon
 )
-
-// startImport reserves a git import for acct, or answers 429; the
-// returned function gives it back.
-func (a *App) startImport(acct store.Account) (func(), error) {
-	a.importMu.Lock()
-	defer a.importMu.Unlock()
-	if a.importN >= MaxImports {
-		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "the daemon runs %d git imports, the most at once; retry later", a.importN)
-	}
-	if n := a.imports[acct.ID]; n >= MaxAccountImports && !a.isAdmin(acct) {
-		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "account %s runs %d git imports, the most at once; retry later", acct.Name, n)
-	}
-	if a.imports == nil {
-		a.imports = make(map[int64]int)
-	}
-	a.imports[acct.ID]++
-	a.importN++
-	return func() {
-		a.importMu.Lock()
-		defer a.importMu.Unlock()
-		if a.imports[acct.ID]--; a.imports[acct.ID] == 0 {
-			delete(a.imports, acct.ID)
-		}
-		a.importN--
-	}, nil
-}
 
 // Route is one registered route: Method is empty for routes that accept
 // every method (the Sites gateway). Pattern uses net/http's syntax.
@@ -276,6 +246,10 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		admins:  make(map[string]bool),
 		live:    make(map[*liveSession]struct{}),
 		procs:   newProcessTable(),
+
+		imports:   inflight{what: "git imports", account: MaxAccountImports, daemon: MaxImports},
+		fileCalls: inflight{what: "files calls", account: MaxAccountFileCalls, daemon: MaxFileCalls},
+		mcpCalls:  inflight{what: "MCP requests", account: MaxAccountMCPRequests, daemon: MaxMCPRequests},
 
 		followDone: make(chan struct{}),
 	}

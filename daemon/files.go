@@ -64,35 +64,6 @@ const (
 	MaxFileCalls        = 512
 )
 
-// startFileCall reserves a files API call for acct, or answers 429; the
-// returned function gives it back.
-func (a *App) startFileCall(acct store.Account) (func(), error) {
-	a.fileMu.Lock()
-	defer a.fileMu.Unlock()
-	if a.fileN >= MaxFileCalls {
-		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "the daemon serves %d files calls, the most at once; retry later", a.fileN)
-	}
-	if n := a.fileCalls[acct.ID]; n >= MaxAccountFileCalls && !a.isAdmin(acct) {
-		return nil, apiErr(http.StatusTooManyRequests, KindBusy, "account %s has %d files calls in flight, the most at once; retry later", acct.Name, n)
-	}
-	if a.fileCalls == nil {
-		a.fileCalls = make(map[int64]int)
-	}
-	a.fileCalls[acct.ID]++
-	a.fileN++
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			a.fileMu.Lock()
-			defer a.fileMu.Unlock()
-			if a.fileCalls[acct.ID]--; a.fileCalls[acct.ID] == 0 {
-				delete(a.fileCalls, acct.ID)
-			}
-			a.fileN--
-		})
-	}, nil
-}
-
 // fileInfo is what both targets report of a file.
 type fileInfo = machine.FileInfo
 
@@ -180,7 +151,7 @@ type fileCall struct {
 	lease   *lease.Lease
 	stop    func()
 	journal int64
-	done    func() // gives the call's reservation back (startFileCall)
+	done    func() // gives the call's reservation back (App.fileCalls)
 	// releaseOnce guards the lease's release (releaseLease).
 	releaseOnce sync.Once
 	// ctx is the request's, cancelled when the lease's heartbeat fails
@@ -206,7 +177,7 @@ func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...str
 	if len(user) > 256 || strings.ContainsAny(user, "\x00\n/:") {
 		return nil, apiErr(http.StatusBadRequest, KindInvalid, "user %.40q is not a user name or uid", user)
 	}
-	done, err := a.startFileCall(acct)
+	done, err := a.fileCalls.start(acct, a.isAdmin(acct))
 	if err != nil {
 		return nil, err
 	}

@@ -48,11 +48,7 @@ func TestFileCallsBounded(t *testing.T) {
 		}
 	}
 	// Once every upload is in flight, the next call is refused.
-	inFlight := func() int {
-		e.app.fileMu.Lock()
-		defer e.app.fileMu.Unlock()
-		return e.app.fileCalls[mallory.ID]
-	}
+	inFlight := func() int { return e.app.fileCalls.of(mallory.ID) }
 	for deadline := time.Now().Add(10 * time.Second); inFlight() < MaxAccountFileCalls; {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d uploads in flight, want %d", inFlight(), MaxAccountFileCalls)

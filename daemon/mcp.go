@@ -6,6 +6,13 @@ import (
 	"strings"
 )
 
+// Bounds of MCP requests (POST /v1/mcp) in flight at once: each holds its
+// body (up to mcpserver.MaxRequest) for as long as its tool call runs.
+const (
+	MaxAccountMCPRequests = 8   // per account that is not an admin
+	MaxMCPRequests        = 128 // for the whole daemon
+)
+
 // serveMCP serves POST /v1/mcp: corral's MCP tools over streamable HTTP
 // (package mcpserver), statelessly. Each tool call acts as the account of
 // the bearer token its request carried, through this app over in-process
@@ -13,6 +20,12 @@ import (
 // The transport's own refusals (plain text: a wrong Accept or Content-Type,
 // a body over mcpserver.MaxRequest) are answered with the API's error body.
 func (a *App) serveMCP(w http.ResponseWriter, r *http.Request) error {
+	acct, _ := accountFrom(r.Context())
+	done, err := a.mcpCalls.start(acct, a.isAdmin(acct))
+	if err != nil {
+		return err
+	}
+	defer done()
 	rw := &mcpRefusal{ResponseWriter: w}
 	a.mcp.ServeHTTP(rw, r)
 	if rw.status == 0 {

@@ -75,7 +75,26 @@ func NewHandler(api http.Handler, opts Options) *Handler {
 // ServeHTTP serves one MCP exchange (POST). The caller has authenticated
 // the request's bearer token; the tools authenticate it again, on every
 // call.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mcp.ServeHTTP(w, r) }
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.mcp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), requestKey{}, r.Context())))
+}
+
+// requestKey holds the context of the HTTP request that carries a call.
+type requestKey struct{}
+
+// withRequest returns ctx, ended also when the HTTP request that carried
+// the call ends (its client went away): the SDK keeps the values of that
+// request's context in its calls' contexts but, for protocol versions
+// before 2026-07-28, not its cancellation. stop releases the link.
+func withRequest(ctx context.Context) (_ context.Context, stop func()) {
+	rc, ok := ctx.Value(requestKey{}).(context.Context)
+	if !ok {
+		return ctx, func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	unlink := context.AfterFunc(rc, cancel)
+	return ctx, func() { unlink(); cancel() }
+}
 
 // Close ends the in-process API connections (tool calls in flight fail) and
 // waits for their server to stop. Idempotent.

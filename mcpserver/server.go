@@ -125,6 +125,8 @@ type failer interface{ failed() bool }
 func add[In, Out any](s *mcp.Server, t *tools, name, description string, fn func(ctx context.Context, api API, in In) (Out, error)) {
 	mcp.AddTool(s, &mcp.Tool{Name: name, Description: description}, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		var zero Out
+		ctx, stop := withRequest(ctx)
+		defer stop()
 		api, err := t.api(ctx, req)
 		if err != nil {
 			return nil, zero, err

@@ -24,8 +24,8 @@ import (
 // mcpEnv is a real daemon over a real worker (both in this test process)
 // with two accounts.
 type mcpEnv struct {
-	sock           string
-	alice, mallory string // tokens
+	state, sock    string
+	alice, mallory string // tokens (ids 1 and 2)
 }
 
 func newMCPEnv(t *testing.T) *mcpEnv {
@@ -40,7 +40,7 @@ func newMCPEnv(t *testing.T) *mcpEnv {
 	}
 	// Started first, so that it stops after the daemon.
 	tw := testworker.Start(t, testworker.Options{ProjectsRoot: daemon.WorkspacesDir(state), Limits: worker.Limits{Memory: 256 << 20, Pids: 128}})
-	e := &mcpEnv{}
+	e := &mcpEnv{state: state}
 	for _, name := range []string{"alice", "mallory"} {
 		mustCLI(t, "account", "create", name, "--state", state)
 	}
@@ -289,6 +289,56 @@ func TestMCPCannotReachAnotherAccount(t *testing.T) {
 			t.Errorf("/v1/mcp with token %q: %d", tok, resp.StatusCode)
 		}
 	}
+}
+
+// TestMCPRevokedToken: revoking the token ends the tool calls in flight
+// (a command) on both faces within the session checker's second, and every
+// later call fails.
+func TestMCPRevokedToken(t *testing.T) {
+	e := newMCPEnv(t)
+	hs := e.http(t, e.alice)
+	p := project(t, hs, "revoked")
+	faces := map[string]*mcp.ClientSession{"http": hs, "stdio": e.stdio(t, e.alice, p.ID)}
+	type ended struct {
+		face string
+		res  *mcp.CallToolResult
+		err  error
+		took time.Duration
+	}
+	done := make(chan ended, len(faces))
+	for face, s := range faces {
+		go func() {
+			start := time.Now()
+			res, err := s.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_command", Arguments: map[string]any{
+				"project_id": p.ID, "command": "touch " + face + "; exec sleep 120", "timeout_seconds": 300}})
+			done <- ended{face, res, err, time.Since(start)}
+		}()
+	}
+	// Both commands run once they made their files.
+	for face := range faces {
+		for deadline := time.Now().Add(time.Minute); call(t, hs, "stat_file", map[string]any{"project_id": p.ID, "path": face}).IsError; {
+			if time.Now().After(deadline) {
+				t.Fatalf("the command via %s did not start", face)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	revoked := time.Now()
+	mustCLI(t, "token", "revoke", "1", "--state", e.state)
+	for range faces {
+		d := <-done
+		if d.err != nil || !d.res.IsError || !strings.Contains(resultText(d.res), "token revoked") {
+			t.Errorf("%s: the command after the revocation: %v %v", d.face, d.err, d.res)
+			continue
+		}
+		t.Logf("%s: the command ended %v after the revocation (it ran %v)", d.face, time.Since(revoked).Round(time.Millisecond), d.took.Round(time.Millisecond))
+	}
+	// Later calls: the daemon refuses /v1/mcp; corral mcp's tools answer
+	// the API's 401.
+	if _, err := hs.CallTool(context.Background(), &mcp.CallToolParams{Name: "list_projects"}); err == nil || !strings.Contains(err.Error(), "Unauthorized") {
+		t.Errorf("http after the revocation: %v", err)
+	}
+	toolError(t, faces["stdio"], "list_projects", nil, "401")
 }
 
 // TestMCPTools drives every tool through both faces: `corral mcp` over
