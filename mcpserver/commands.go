@@ -62,11 +62,11 @@ type RunResult struct {
 func (r RunResult) failed() bool { return r.Error != "" }
 
 // readRestOfRun says how to read a command's whole output.
-const readRestOfRun = "to read all of it, redirect the output to a file (... > /tmp/out.txt 2>&1) and page through it with read_file and offset, or run the command with start_process and page through read_process_output with offset"
+const readRestOfRun = "to read all of it, run the command again with its output redirected to a file and page through the file with read_file and offset, or run it with start_process and page through read_process_output with offset"
 
 func (t *tools) addCommandTools(s *mcp.Server) {
-	add(s, t, "run_command", fmt.Sprintf(`Run a command in the project's machine and wait for it to end. Give command (a shell command line) or argv. A nonzero exit is a result (code), not an error. It runs at most timeout_seconds (default %d, at most %d) and may write at most %d bytes to each of stdout and stderr: beyond either it is killed and the result is an error with the output so far. The result shows at most %d bytes of each stream: the start and the end, with a marker where the middle was cut. stdin: at most %d bytes. For servers and other long-running programs use start_process.`,
-		int(DefaultRunTimeout/time.Second), int(MaxRunTimeout/time.Second), RunOutputLimit, ResultText, MaxWrite),
+	add(s, t, "run_command", fmt.Sprintf(`Run a command in the project's machine and wait for it to end. Give command (a shell command line) or argv. A nonzero exit is a result (code), not an error. It runs at most timeout_seconds (default %d, at most %d) and may write at most %s to each of stdout and stderr: beyond either it is killed and the result is an error with the output so far. The result shows at most %s of each stream: the start and the end, with a marker where the middle was cut. stdin: at most %s. For servers and other long-running programs use start_process.`,
+		int(DefaultRunTimeout/time.Second), int(MaxRunTimeout/time.Second), size(RunOutputLimit), size(ResultText), size(MaxWrite)),
 		t.runCommand)
 }
 

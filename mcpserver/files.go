@@ -67,9 +67,9 @@ type FileListing struct {
 }
 
 func (t *tools) addFileTools(s *mcp.Server) {
-	add(s, t, "read_file", fmt.Sprintf(`Read a file of the project's machine from offset: at most max_bytes (default %d, at most %d). Text comes as is (encoding utf-8), other bytes in base64. Continue with offset=next_offset while more is true.`, ResultText, MaxResultText),
+	add(s, t, "read_file", fmt.Sprintf(`Read a file of the project's machine from offset: at most max_bytes (default %d, at most %d) bytes. Text comes as is (encoding utf-8), other bytes in base64. Continue with offset=next_offset while more is true.`, ResultText, MaxResultText),
 		t.readFile)
-	add(s, t, "write_file", fmt.Sprintf(`Replace a file of the project's machine with content (at most %d bytes), atomically, creating missing parent directories. Returns the new file's description.`, MaxWrite),
+	add(s, t, "write_file", fmt.Sprintf(`Replace a file of the project's machine with content (at most %s), atomically, creating missing parent directories. Returns the new file's description.`, size(MaxWrite)),
 		t.writeFile)
 	add(s, t, "list_files", fmt.Sprintf(`List a directory of the project's machine, depth levels down (default 1, at most 32): at most limit entries (default %d, at most %d).`, DefaultListEntries, MaxListEntries),
 		t.listFiles)

@@ -54,6 +54,17 @@ type Page struct {
 	Note       string `json:"note,omitempty" jsonschema:"how to read what was not returned"`
 }
 
+// size writes n bytes as a person would: "32 KiB", "1 MiB".
+func size(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d bytes", n)
+}
+
 // pageSize returns the page a call asked for with max_bytes (0: the
 // default).
 func pageSize(maxBytes int) (int, error) {

@@ -30,6 +30,14 @@ func TestHeadTail(t *testing.T) {
 	}
 }
 
+func TestSize(t *testing.T) {
+	for n, want := range map[int]string{1 << 20: "1 MiB", 32 << 10: "32 KiB", 1000: "1000 bytes", 1<<20 + 1: "1048577 bytes"} {
+		if got := size(n); got != want {
+			t.Errorf("size(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
 func TestPage(t *testing.T) {
 	s := []byte("a€b")
 	for limit, want := range []string{"", "a", "a", "a", "a€", "a€b", "a€b"} {

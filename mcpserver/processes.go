@@ -86,7 +86,7 @@ func (t *tools) addProcessTools(s *mcp.Server) {
 			}
 			return ProcessList{Processes: ps}, err
 		})
-	add(s, t, "read_process_output", fmt.Sprintf(`Read a background process's output (stdout and stderr interleaved) from offset: at most max_bytes (default %d, at most %d). Offsets count bytes of the whole output since the process started; output older than what the daemon retains is gone (dropped says how much). Continue with offset=next_offset while more is true. With wait_seconds (at most %d) it also waits for new output until the process ends, max_bytes were read or the time passed: use it to wait for a process to finish. The result has the process's state, and its exit once it ended.`,
+	add(s, t, "read_process_output", fmt.Sprintf(`Read a background process's output (stdout and stderr interleaved) from offset: at most max_bytes (default %d, at most %d) bytes. Offsets count bytes of the whole output since the process started; output older than what the daemon retains is gone (dropped says how much). Continue with offset=next_offset while more is true. With wait_seconds (at most %d) it also waits for new output until the process ends, max_bytes were read or the time passed: use it to wait for a process to finish. The result has the process's state, and its exit once it ended.`,
 		ResultText, MaxResultText, int(MaxWait/time.Second)),
 		t.readProcessOutput)
 	add(s, t, "signal_process", "Send a signal to a background process's whole process tree. It does not wait for the process to end: read_process_output with wait_seconds does.",
