@@ -1,11 +1,17 @@
 package main
 
 import (
+	"encoding/binary"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/posixacl"
 )
 
 // TestRootCheckoutGitSwapAttack: in a root-owned checkout that the shared
@@ -55,4 +61,71 @@ func rootGitCheckout(t *testing.T) (state, ws, mark string) {
 		t.Fatalf("git init: %v %s", err, out)
 	}
 	return state, ws, filepath.Join(t.TempDir(), "pwned")
+}
+
+// guestXattrs is what guest root tries on a file f it made: file
+// capabilities (cap_setuid), a trusted.* attribute, and an access ACL
+// whose named user and group are its uid 0 and gid 0.
+const guestXattrs = `
+my $path = $ARGV[0]; my $r;
+my $cap = pack("VVVVV", 0x02000001, 1<<7, 0, 0, 0);
+$r = syscall(188, $path, my $cn = "security.capability", $cap, length($cap), 0); print "cap=$r\n";
+$r = syscall(188, $path, my $tn = "trusted.x", my $tv = "y", 1, 0); print "trusted=$r\n";
+my $acl = pack("V", 2) . pack("vvV", 1, 7, 0xffffffff) . pack("vvV", 2, 7, 0) . pack("vvV", 4, 5, 0xffffffff)
+  . pack("vvV", 8, 7, 0) . pack("vvV", 0x10, 7, 0xffffffff) . pack("vvV", 0x20, 5, 0xffffffff);
+$r = syscall(188, $path, my $an = "system.posix_acl_access", $acl, length($acl), 0); print "acl=$r\n";
+`
+
+// TestGuestXattrsStayInItsRange: guest root owns what it creates in the
+// workspace (an idmapped user's checkout, a granted root-owned one), and
+// may set ACLs on it, but an ACL entry naming its uid or gid 0 names its
+// machine's unprivileged host id on the host, never host root, and it sets
+// no file capabilities and no trusted.* attribute there.
+func TestGuestXattrsStayInItsRange(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	if _, err := exec.LookPath("perl"); err != nil {
+		t.Skip("perl is not installed")
+	}
+	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
+	for _, owner := range []int{4242, 0} {
+		state, ws := t.TempDir(), filepath.Join(t.TempDir(), "proj")
+		mkdir(t, ws, 0o755)
+		chown(t, ws, owner)
+		out, errs, status := corral(t, state, "--project", ws, "--user", "root", "--",
+			"sh", "-c", `cp /bin/true f && perl -e "$1" f`, "sh", guestXattrs)
+		if status != 0 || !strings.Contains(out, "acl=") {
+			t.Fatalf("owner %d: %d %q %q", owner, status, out, errs)
+		}
+		t.Logf("owner %d: %q", owner, out)
+		f := filepath.Join(ws, "f")
+		var st syscall.Stat_t
+		if err := syscall.Lstat(f, &st); err != nil {
+			t.Fatal(err)
+		}
+		if st.Uid == 0 || st.Gid == 0 {
+			t.Fatalf("owner %d: the guest's file is owned by %d:%d", owner, st.Uid, st.Gid)
+		}
+		for _, name := range []string{"security.capability", "trusted.x"} {
+			if n, err := unix.Lgetxattr(f, name, make([]byte, 64)); err == nil {
+				t.Errorf("owner %d: the guest set %s (%d bytes) on the host", owner, name, n)
+			}
+		}
+		// No named user or group entry (tags 2 and 8) names host id 0.
+		b := make([]byte, 256)
+		if n, err := unix.Lgetxattr(f, "system.posix_acl_access", b); err == nil {
+			for e := b[4:n]; len(e) >= 8; e = e[8:] {
+				if tag := binary.LittleEndian.Uint16(e); (tag == 2 || tag == 8) && binary.LittleEndian.Uint32(e[4:]) == 0 {
+					t.Errorf("owner %d: the guest's ACL has an entry (tag %d) for host id 0", owner, tag)
+				}
+			}
+		}
+		if strings.Contains(out, "acl=0") {
+			// Set: its named entries must be the guest root's own host ids.
+			if ok, err := posixacl.Grants(f, st.Uid, 7); err != nil || !ok {
+				t.Errorf("owner %d: the ACL the guest set does not name its own id %d: %v %v", owner, st.Uid, ok, err)
+			}
+		}
+	}
 }
