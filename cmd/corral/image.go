@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	gname "github.com/google/go-containerregistry/pkg/name"
@@ -147,24 +145,17 @@ images.`,
 			if err != nil {
 				return imageFailed(cmd, err)
 			}
-			if asJSON {
-				if ims == nil {
-					ims = []image.Image{}
-				}
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(ims)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tID\tLAYERS\tSIZE\tCREATED")
-			for _, im := range ims {
-				id := im.ID
-				if len(id) > 19 {
-					id = id[:19]
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", im.Name, id, len(im.Layers), mib(im.Size), im.Created.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
+			return listing[image.Image]{
+				items:  ims,
+				header: "NAME\tID\tLAYERS\tSIZE\tCREATED",
+				row: func(im image.Image) []any {
+					id := im.ID
+					if len(id) > 19 {
+						id = id[:19]
+					}
+					return []any{im.Name, id, len(im.Layers), mib(im.Size), im.Created.Local().Format(time.DateTime)}
+				},
+			}.print(cmd, asJSON)
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the images as JSON")
