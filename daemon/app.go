@@ -274,6 +274,8 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"GET", "/v1/whoami", true, a.whoami},
 		{"POST", "/v1/accounts", true, a.createAccount},
 		{"POST", "/v1/accounts/{name}/tokens", true, a.createToken},
+		{"GET", "/v1/images", true, a.listImages},
+		{"POST", "/v1/images", true, a.pullImage},
 		{"GET", "/v1/projects", true, a.listProjects},
 		{"POST", "/v1/projects", true, a.createProject},
 		{"GET", "/v1/projects/{id}", true, a.getProject},

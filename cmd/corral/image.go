@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
-	gname "github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/image"
@@ -122,7 +120,7 @@ images.`,
 			n := pullName
 			if n == "" {
 				var err error
-				if n, err = nameFromRef(args[0]); err != nil {
+				if n, err = image.NameFromRef(args[0]); err != nil {
 					return err
 				}
 			}
@@ -209,14 +207,3 @@ it is made again on next use.`,
 
 // mib formats a size in MiB with one decimal.
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
-
-// nameFromRef is the default image name of a pulled reference: the last
-// part of its repository ("debian" for docker.io/library/debian:bookworm).
-func nameFromRef(ref string) (string, error) {
-	r, err := gname.ParseReference(ref)
-	if err != nil {
-		return "", fmt.Errorf("image pull %s: %w", ref, err)
-	}
-	repo := r.Context().RepositoryStr()
-	return strings.ToLower(repo[strings.LastIndexByte(repo, '/')+1:]), nil
-}
