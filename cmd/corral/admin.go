@@ -12,8 +12,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/api"
-	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -37,7 +37,7 @@ func openState(ctx context.Context, flag stateFlags) (string, store.Store, error
 	if dir, err = filepath.Abs(dir); err != nil {
 		return "", nil, err
 	}
-	if err := daemon.PrepareStateDir(dir); err != nil {
+	if err := projects.PrepareStateDir(dir); err != nil {
 		return "", nil, err
 	}
 	u, err := storeURL(flag.store, dir)
@@ -368,9 +368,9 @@ is root) and have no network unless --network, except trusted members'
 				if err != nil {
 					return fmt.Errorf("owner: %w", err)
 				}
-				spec := daemon.ProjectSpec{Name: args[0], Kind: store.ProjectManaged, From: absOrEmpty(from), Git: git, Owner: a.ID}
+				spec := projects.ProjectSpec{Name: args[0], Kind: store.ProjectManaged, From: absOrEmpty(from), Git: git, Owner: a.ID}
 				if host != "" {
-					spec = daemon.ProjectSpec{Name: args[0], Kind: store.ProjectHost, Root: absOrEmpty(host), Owner: a.ID}
+					spec = projects.ProjectSpec{Name: args[0], Kind: store.ProjectHost, Root: absOrEmpty(host), Owner: a.ID}
 				}
 				for _, p := range exportRemotes {
 					if err := export.ValidRemotePattern(p); err != nil {
@@ -379,7 +379,7 @@ is root) and have no network unless --network, except trusted members'
 				}
 				spec.ExportRemotes = exportRemotes
 				spec.Progress = func(line string) { fmt.Fprintln(cmd.ErrOrStderr(), line) }
-				p, err := (&daemon.Projects{Store: st, StateDir: dir}).Create(ctx, spec)
+				p, err := (&projects.Projects{Store: st, StateDir: dir}).Create(ctx, spec)
 				if err != nil {
 					return err
 				}
@@ -534,7 +534,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				if err != nil {
 					return err
 				}
-				err = (&daemon.Projects{Store: st, StateDir: dir}).Delete(ctx, p.ID)
+				err = (&projects.Projects{Store: st, StateDir: dir}).Delete(ctx, p.ID)
 				if errors.Is(err, store.ErrProjectBusy) {
 					return fmt.Errorf("project %s is in use (live leases); try again when its commands ended: %w", p.Name, err)
 				}

@@ -10,10 +10,10 @@ import (
 	"syscall"
 
 	"github.com/corral-sandbox/corral/core"
-	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/image"
 	"github.com/corral-sandbox/corral/internal/safepath"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -199,7 +199,7 @@ func changeImage(ctx context.Context, state string, c *core.Core, proj store.Pro
 		return err
 	}
 	if gw := c.Gateway(); gw != nil && gw.HasTransport() {
-		err := daemon.ResetMachine(ctx, c.Store(), gw, proj)
+		err := projects.ResetMachine(ctx, c.Store(), gw, proj)
 		switch {
 		case errors.Is(err, store.ErrProjectBusy):
 			return fmt.Errorf("--image %s: project %s is in use by other commands; its image can change once they ended", name, proj.Name)
