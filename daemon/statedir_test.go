@@ -5,8 +5,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-
-	"github.com/corral-sandbox/corral/projects"
 )
 
 // TestStateDirPrivate: the state directory is 0700 whether it is new
@@ -19,7 +17,7 @@ func TestStateDirPrivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, dir := range []string{filepath.Join(t.TempDir(), "new", "state"), existing} {
-		if err := projects.PrepareStateDir(dir); err != nil {
+		if err := PrepareStateDir(dir); err != nil {
 			t.Fatal(err)
 		}
 		st, err := os.Stat(dir)

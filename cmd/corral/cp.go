@@ -93,7 +93,11 @@ func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) int {
 		if f.project != "" || f.projectID <= 0 {
 			return fail(errors.New("--daemon takes --project-id ID, not --project"))
 		}
-		c, err := daemonClient(f.daemon, f.token)
+		tok := f.token
+		if tok == "" {
+			tok = os.Getenv("CORRAL_TOKEN")
+		}
+		c, err := client.New(f.daemon, tok)
 		if err != nil {
 			return fail(err)
 		}
