@@ -7,6 +7,7 @@ import (
 
 	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -119,8 +120,8 @@ func (a *App) createProject(w http.ResponseWriter, r *http.Request) error {
 			return apiErr(http.StatusBadRequest, KindInvalid, "%v", err)
 		}
 	}
-	spec := ProjectSpec{Name: req.Name, Kind: kind, Root: req.Root, From: req.From, Git: req.Git, Owner: acct.ID, ExportRemotes: req.ExportRemotes}
-	if _, localGit := LocalGitPath(req.Git); kind == store.ProjectHost || req.From != "" || localGit {
+	spec := projects.ProjectSpec{Name: req.Name, Kind: kind, Root: req.Root, From: req.From, Git: req.Git, Owner: acct.ID, ExportRemotes: req.ExportRemotes}
+	if _, localGit := projects.LocalGitPath(req.Git); kind == store.ProjectHost || req.From != "" || localGit {
 		if err := a.requireHostPaths(r.Context(), acct); err != nil {
 			return err
 		}

@@ -34,6 +34,7 @@ import (
 	"github.com/corral-sandbox/corral/docs"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/mcpserver"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -73,7 +74,7 @@ type AppOptions struct {
 	AllowHostPaths bool
 	// GitImport configures the clones of projects created from a git URL
 	// (which address ranges besides public ones they may reach).
-	GitImport GitImportOptions
+	GitImport projects.GitImportOptions
 	// MaxBody caps request bodies, in bytes; larger ones are refused with
 	// 413 "requestTooLarge". Zero means DefaultMaxBody (1 MiB).
 	MaxBody int64
@@ -157,7 +158,7 @@ type App struct {
 	mux     *http.ServeMux
 	routes  []Route
 	admins  map[string]bool
-	proj    *Projects
+	proj    *projects.Projects
 	sites   *sitesGateway
 
 	exporter *export.Exporter
@@ -257,7 +258,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		a.admins[n] = true
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.proj = &Projects{Store: a.store, StateDir: opts.StateDir, GitImport: opts.GitImport, Logger: log}
+	a.proj = &projects.Projects{Store: a.store, StateDir: opts.StateDir, GitImport: opts.GitImport, Logger: log}
 	if err := m.attach(c); err != nil {
 		return nil, err
 	}
@@ -274,6 +275,8 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		{"GET", "/v1/whoami", true, a.whoami},
 		{"POST", "/v1/accounts", true, a.createAccount},
 		{"POST", "/v1/accounts/{name}/tokens", true, a.createToken},
+		{"GET", "/v1/images", true, a.listImages},
+		{"POST", "/v1/images", true, a.pullImage},
 		{"GET", "/v1/projects", true, a.listProjects},
 		{"POST", "/v1/projects", true, a.createProject},
 		{"GET", "/v1/projects/{id}", true, a.getProject},
@@ -341,7 +344,7 @@ func (a *App) Routes() []Route { return append([]Route(nil), a.routes...) }
 func (a *App) Metrics() *Metrics { return a.metrics }
 
 // Projects returns the project service the app uses.
-func (a *App) Projects() *Projects { return a.proj }
+func (a *App) Projects() *projects.Projects { return a.proj }
 
 // ServeHTTP implements http.Handler. A request whose Host is under the
 // sites domain (AppOptions.Sites.Domain) goes to the Sites gateway and

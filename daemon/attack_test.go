@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/api"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -206,7 +207,7 @@ func TestGitImportBombRefused(t *testing.T) {
 	}
 	defer st.Close()
 	state := t.TempDir()
-	ps := &Projects{Store: st, StateDir: state, Logger: testLogger(t), GitImport: GitImportOptions{MaxFiles: 1000, MaxBytes: 1 << 20}}
+	ps := &projects.Projects{Store: st, StateDir: state, Logger: testLogger(t), GitImport: projects.GitImportOptions{MaxFiles: 1000, MaxBytes: 1 << 20}}
 	ctx := context.Background()
 	repo := t.TempDir()
 	git := func(stdin string, args ...string) string {
@@ -231,11 +232,11 @@ func TestGitImportBombRefused(t *testing.T) {
 	git("", "update-ref", "refs/heads/main", git("", "commit-tree", obj, "-m", "bomb"))
 	git("", "symbolic-ref", "HEAD", "refs/heads/main")
 
-	_, err = ps.Create(ctx, ProjectSpec{Name: "bomb", Kind: store.ProjectManaged, Git: "file://" + repo})
-	if !errors.Is(err, ErrGitImport) || !strings.Contains(err.Error(), "more than 1000 files") {
+	_, err = ps.Create(ctx, projects.ProjectSpec{Name: "bomb", Kind: store.ProjectManaged, Git: "file://" + repo})
+	if !errors.Is(err, projects.ErrGitImport) || !strings.Contains(err.Error(), "more than 1000 files") {
 		t.Fatalf("git bomb import: %v", err)
 	}
-	if left, _ := os.ReadDir(WorkspacesDir(state)); len(left) != 0 {
+	if left, _ := os.ReadDir(projects.WorkspacesDir(state)); len(left) != 0 {
 		t.Errorf("left in the workspaces: %v", left)
 	}
 	// A repository within the bounds imports.
@@ -253,7 +254,7 @@ func TestGitImportBombRefused(t *testing.T) {
 			t.Fatalf("git %v: %v %s", args, err, out)
 		}
 	}
-	p, err := ps.Create(ctx, ProjectSpec{Name: "small", Kind: store.ProjectManaged, Git: "file://" + small})
+	p, err := ps.Create(ctx, projects.ProjectSpec{Name: "small", Kind: store.ProjectManaged, Git: "file://" + small})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +286,7 @@ func TestGitImportsBounded(t *testing.T) {
 			accepted <- c
 		}
 	}()
-	e := newEnv(t, envOpts{app: AppOptions{GitImport: GitImportOptions{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}}})
+	e := newEnv(t, envOpts{app: AppOptions{GitImport: projects.GitImportOptions{AllowCIDRs: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}}})
 	_, tok := e.account("mallory")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -15,6 +15,7 @@ import (
 	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
 )
 
 // StatusClientClosed is the status recorded when the client went away
@@ -174,6 +175,8 @@ var errorRules = []rule{
 //   - a *sandbox.CommandError keeps its kind, message and partial output;
 //     its status is its cause's class's (403 forbidden, 404 not found, 429
 //     busy, 503 unavailable, …) if the cause has one, else its kind's;
+//     one whose cause is the store's unavailability (store.ErrUnavailable)
+//     is 503 "unavailable";
 //   - an *editor.Error (a Git read) keeps the API kind the editor gave it
 //     and its redacted message, with the kind's status;
 //   - an error matching a row of errorRules gets that row's status and
@@ -195,6 +198,11 @@ func toAPIError(err error) *APIError {
 		out := &APIError{Status: ce.Kind.Status(), Kind: string(ce.Kind), Message: ce.Message, Stdout: ce.Stdout, Stderr: ce.Stderr, Reason: string(ce.Reason), Cause: err}
 		if classed {
 			out.Status = class.Status()
+		}
+		if errors.Is(err, store.ErrUnavailable) {
+			// The store went away under the command (its lease could not
+			// be taken, kept or released): the daemon's unavailability.
+			out.Status, out.Kind = http.StatusServiceUnavailable, string(KindUnavailable)
 		}
 		return out
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/corral-sandbox/corral/plugins/editor"
 	"github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/plugins/sites"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -38,7 +39,7 @@ func TestErrorTable(t *testing.T) {
 		{export.ErrTooLarge, 413, KindTooLarge},
 		{export.ErrRejected, 409, KindRejected},
 		{fmt.Errorf("%w: x", export.ErrRemoteNotAllowed), 403, KindForbidden},
-		{ErrHostPath, 403, KindForbidden},
+		{projects.ErrHostPath, 403, KindForbidden},
 		{export.ErrNotRepository, 409, KindNotRepository},
 		{&export.HeadMovedError{Branch: "main", Expected: "a", Actual: "b"}, 409, KindHeadMoved},
 		{fmt.Errorf("open: %w", sandbox.ErrNotStarted), 422, string(sandbox.KindStart)},

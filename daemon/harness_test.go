@@ -27,6 +27,7 @@ import (
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -238,7 +239,7 @@ func (e *env) hostProject(name string, owner store.Account) store.Project {
 	if err := os.Mkdir(root, 0o755); err != nil {
 		e.t.Fatal(err)
 	}
-	p, err := e.app.Projects().Create(context.Background(), ProjectSpec{Name: name, Kind: store.ProjectHost, Root: root, Owner: owner.ID})
+	p, err := e.app.Projects().Create(context.Background(), projects.ProjectSpec{Name: name, Kind: store.ProjectHost, Root: root, Owner: owner.ID})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -248,7 +249,7 @@ func (e *env) hostProject(name string, owner store.Account) store.Project {
 // managedProject creates an empty managed project.
 func (e *env) managedProject(name string, owner store.Account) store.Project {
 	e.t.Helper()
-	p, err := e.app.Projects().Create(context.Background(), ProjectSpec{Name: name, Kind: store.ProjectManaged, Owner: owner.ID})
+	p, err := e.app.Projects().Create(context.Background(), projects.ProjectSpec{Name: name, Kind: store.ProjectManaged, Owner: owner.ID})
 	if err != nil {
 		e.t.Fatal(err)
 	}

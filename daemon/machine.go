@@ -1,19 +1,13 @@
 package daemon
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"regexp"
-	"strconv"
 
 	"github.com/corral-sandbox/corral/api"
-	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 func machineJSON(p store.Project) *api.Machine {
@@ -134,50 +128,9 @@ func (a *App) resetMachine(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := ResetMachine(r.Context(), a.store, a.core.Gateway(), p); err != nil {
+	if err := projects.ResetMachine(r.Context(), a.store, a.core.Gateway(), p); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
-	return nil
-}
-
-// ResetMachine discards managed project p's machine state through gw (see
-// machine.Gateway.Reset). It refuses with store.ErrProjectBusy while the
-// project has a live lease or its machine has sessions; without a
-// privileged transport it is machine.ErrNoPrivilegedTransport.
-func ResetMachine(ctx context.Context, st store.Store, gw *machine.Gateway, p store.Project) error {
-	live, err := st.ProjectLiveLeases(ctx, p.ID)
-	if err != nil {
-		return err
-	}
-	if live > 0 {
-		return fmt.Errorf("project %d has %d live lease(s): %w", p.ID, live, store.ErrProjectBusy)
-	}
-	if !gw.HasTransport() {
-		return fmt.Errorf("reset project %d: %w", p.ID, machine.ErrNoPrivilegedTransport)
-	}
-	err = gw.Reset(ctx, machine.Project{ID: p.ID, Workspace: p.Root})
-	var rej *machine.RejectedError
-	switch {
-	case errors.As(err, &rej) && rej.Code == wire.CodeBusy:
-		return fmt.Errorf("%s: %w", rej.Message, store.ErrProjectBusy)
-	case errors.Is(err, machine.ErrUnsupported):
-		return apiErr(http.StatusServiceUnavailable, KindUnavailable, "the worker cannot reset machines: %v", err)
-	}
-	return err
-}
-
-// RemoveMachineState removes what a worker keeps of project id under the
-// worker state directory workerState (<state>/worker): the upper layer of
-// its machine's root. For a worker that is not running, or a project that
-// is gone.
-func RemoveMachineState(workerState string, id int64) error {
-	dir := filepath.Join(workerState, "uppers", strconv.FormatInt(id, 10))
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	if err := os.Remove(dir + ".image"); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
 	return nil
 }

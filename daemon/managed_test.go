@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 	"github.com/corral-sandbox/corral/worker"
@@ -42,11 +43,11 @@ func newManagedEnvOpts(t *testing.T, opts testworker.Options) (*env, *testworker
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(WorkspacesDir(dir), 0o711); err != nil {
+	if err := os.MkdirAll(projects.WorkspacesDir(dir), 0o711); err != nil {
 		t.Fatal(err)
 	}
 	// Started first, so it stops after the daemon's cleanup.
-	opts.ProjectsRoot = WorkspacesDir(dir)
+	opts.ProjectsRoot = projects.WorkspacesDir(dir)
 	opts.Limits = worker.Limits{Memory: 256 << 20, Pids: 128}
 	opts.Logger = testLogger(t)
 	w := testworker.Start(t, opts)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/pb33f/libopenapi"
 	validator "github.com/pb33f/libopenapi-validator"
 	"github.com/pb33f/libopenapi-validator/config"
@@ -29,6 +30,7 @@ import (
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/docs"
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/image/imagetest"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -142,6 +144,8 @@ type specFixture struct {
 	// proc is the id of the background process the startProcess case
 	// started: the {proc} placeholder of the cases after it.
 	proc string
+	// registry is the host of the test's OCI registry.
+	registry string
 }
 
 // specCase is one request of the conformance table. Its path may use the
@@ -315,6 +319,9 @@ func newSpecFixture(t *testing.T) *specFixture {
 		"{remote}", remote,
 		"{head}", head,
 	)
+	// An image in a registry of the test's own, for pullImage.
+	f.registry = imagetest.Registry(t)
+	imagetest.Push(t, f.registry+"/team/tool:v1", imagetest.Image(t, v1.Config{Env: []string{"A=1"}}, imagetest.Layer(t, imagetest.File("tool", "x", 0o755))))
 	f.lspFound = goplsInstalled()
 
 	return f
@@ -541,6 +548,16 @@ func specCases(f *specFixture) []specCase {
 		{op: "createToken", as: "alice", method: "POST", path: "/v1/accounts/bob/tokens", body: map[string]string{"name": "ci"}, status: 403},
 		{op: "createToken", as: "admin", method: "POST", path: "/v1/accounts/nosuch/tokens", body: map[string]string{"name": "ci"}, status: 404},
 		{op: "createToken", as: "alice", method: "POST", path: "/v1/accounts/alice/tokens", body: `{"name":"ci","extra":1}`, status: 400, badRequest: true},
+
+		// Images.
+		{op: "pullImage", as: "admin", method: "POST", path: "/v1/images", body: map[string]string{"ref": f.registry + "/team/tool:v1"}, status: 200},
+		{op: "pullImage", as: "admin", method: "POST", path: "/v1/images", body: map[string]string{"ref": f.registry + "/team/tool:nope"}, status: 502},
+		{op: "pullImage", as: "admin", method: "POST", path: "/v1/images", body: map[string]string{"ref": ""}, status: 400},
+		{op: "pullImage", as: "alice", method: "POST", path: "/v1/images", body: map[string]string{"ref": f.registry + "/team/tool:v1"}, status: 403},
+		{op: "pullImage", method: "POST", path: "/v1/images", body: map[string]string{"ref": "x"}, status: 401},
+		{op: "listImages", as: "admin", method: "GET", path: "/v1/images", status: 200},
+		{op: "listImages", as: "alice", method: "GET", path: "/v1/images", status: 403},
+		{op: "listImages", method: "GET", path: "/v1/images", status: 401},
 
 		// Projects.
 		{op: "listProjects", as: "alice", method: "GET", path: "/v1/projects", status: 200},

@@ -71,6 +71,9 @@ var apiSchemas = map[string]any{
 	"GitLog.commits":           api.GitCommit{},
 	"GitDiff":                  api.GitDiff{},
 	"GitFile":                  api.GitFile{},
+	"Image":                    api.Image{Digest: "sha256:x", Source: "r"},
+	"Image.config":             api.ImageConfig{User: "u", Env: []string{"A=1"}, WorkingDir: "/w", Entrypoint: []string{"e"}, Cmd: []string{"c"}},
+	"ImagePullRequest":         api.ImagePullRequest{Name: "n"},
 	// Answers documented inline in their operation.
 	"/healthz": api.Health{},
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/corral-sandbox/corral/api"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -118,7 +119,7 @@ func TestHTTPAdministration(t *testing.T) {
 	if pj.Kind != "managed" || pj.Role != "owner" || pj.Root != "" {
 		t.Errorf("project %+v", pj)
 	}
-	if st, err := os.Stat(filepath.Join(WorkspacesDir(e.dir), "box")); err != nil || !st.IsDir() {
+	if st, err := os.Stat(filepath.Join(projects.WorkspacesDir(e.dir), "box")); err != nil || !st.IsDir() {
 		t.Errorf("workspace: %v", err)
 	}
 	if status, _ := e.do(ctx, "POST", "/v1/projects", carol, map[string]string{"name": "box"}); status != 409 {
@@ -163,7 +164,7 @@ func TestHTTPAdministration(t *testing.T) {
 	if status, body := e.do(ctx, "DELETE", ppath, carol, nil); status != 204 {
 		t.Fatalf("delete: %d %s", status, body)
 	}
-	if _, err := os.Stat(filepath.Join(WorkspacesDir(e.dir), "box")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(projects.WorkspacesDir(e.dir), "box")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("workspace left after delete: %v", err)
 	}
 	if status, _ := e.do(ctx, "GET", ppath, carol, nil); status != 403 {
@@ -191,7 +192,7 @@ func TestDeleteRefusedWhileLeased(t *testing.T) {
 		t.Errorf("delete while leased: %d %s", status, body)
 	}
 	if err := e.app.Projects().Delete(context.Background(), p.ID); !errors.Is(err, store.ErrProjectBusy) {
-		t.Errorf("Projects.Delete while leased: %v", err)
+		t.Errorf("projects.Projects.Delete while leased: %v", err)
 	}
 	if err := prep.Common().Lease.Release(context.Background()); err != nil {
 		t.Fatal(err)
@@ -211,7 +212,7 @@ func TestManagedWorkspaceSources(t *testing.T) {
 	}
 	defer st.Close()
 	state := t.TempDir()
-	ps := &Projects{Store: st, StateDir: state, Logger: testLogger(t)}
+	ps := &projects.Projects{Store: st, StateDir: state, Logger: testLogger(t)}
 	ctx := context.Background()
 
 	src := t.TempDir()
@@ -226,7 +227,7 @@ func TestManagedWorkspaceSources(t *testing.T) {
 	must(os.WriteFile(filepath.Join(src, "run.sh"), []byte("#!/bin/sh\n"), 0o755))
 	must(os.Symlink("/etc/passwd", filepath.Join(src, "link")))
 
-	p, err := ps.Create(ctx, ProjectSpec{Name: "copy", Kind: store.ProjectManaged, From: src})
+	p, err := ps.Create(ctx, projects.ProjectSpec{Name: "copy", Kind: store.ProjectManaged, From: src})
 	must(err)
 	if b, err := os.ReadFile(filepath.Join(p.Root, "dir", "sub", "f.txt")); err != nil || string(b) != "content" {
 		t.Errorf("copied file: %q %v", b, err)
@@ -237,8 +238,8 @@ func TestManagedWorkspaceSources(t *testing.T) {
 	if l, err := os.Readlink(filepath.Join(p.Root, "link")); err != nil || l != "/etc/passwd" {
 		t.Errorf("link: %q %v", l, err)
 	}
-	if filepath.Dir(p.Root) != mustEval(t, WorkspacesDir(state)) {
-		t.Errorf("workspace %s is not under %s", p.Root, WorkspacesDir(state))
+	if filepath.Dir(p.Root) != mustEval(t, projects.WorkspacesDir(state)) {
+		t.Errorf("workspace %s is not under %s", p.Root, projects.WorkspacesDir(state))
 	}
 
 	// A git repository reachable from the host.
@@ -254,23 +255,23 @@ func TestManagedWorkspaceSources(t *testing.T) {
 	must(os.WriteFile(filepath.Join(repo, "README"), []byte("cloned"), 0o644))
 	git("add", "README")
 	git("commit", "-q", "-m", "init")
-	p, err = ps.Create(ctx, ProjectSpec{Name: "clone", Kind: store.ProjectManaged, Git: "file://" + repo})
+	p, err = ps.Create(ctx, projects.ProjectSpec{Name: "clone", Kind: store.ProjectManaged, Git: "file://" + repo})
 	must(err)
 	if b, err := os.ReadFile(filepath.Join(p.Root, "README")); err != nil || string(b) != "cloned" {
 		t.Errorf("cloned file: %q %v", b, err)
 	}
 	// Only https and http remotes are cloned.
-	if _, err := ps.Create(ctx, ProjectSpec{Name: "restricted", Kind: store.ProjectManaged, Git: "ssh://git@example.com/x.git"}); !errors.Is(err, ErrGitImport) {
+	if _, err := ps.Create(ctx, projects.ProjectSpec{Name: "restricted", Kind: store.ProjectManaged, Git: "ssh://git@example.com/x.git"}); !errors.Is(err, projects.ErrGitImport) {
 		t.Errorf("ssh clone: %v", err)
 	}
 	// A failed clone leaves no workspace and no project; its error hides
 	// credentials.
-	_, err = ps.Create(ctx, ProjectSpec{Name: "broken", Kind: store.ProjectManaged, Git: "https://user:hunter2@127.0.0.1:1/x.git"})
+	_, err = ps.Create(ctx, projects.ProjectSpec{Name: "broken", Kind: store.ProjectManaged, Git: "https://user:hunter2@127.0.0.1:1/x.git"})
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Errorf("failed clone: %v", err)
 	}
 	for _, name := range []string{"broken", "restricted"} {
-		if _, err := os.Stat(filepath.Join(WorkspacesDir(state), name)); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(projects.WorkspacesDir(state), name)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s: workspace left behind: %v", name, err)
 		}
 		if _, err := st.ProjectByName(ctx, name); !errors.Is(err, store.ErrNotFound) {
@@ -278,7 +279,7 @@ func TestManagedWorkspaceSources(t *testing.T) {
 		}
 	}
 	// Refusals.
-	for _, spec := range []ProjectSpec{
+	for _, spec := range []projects.ProjectSpec{
 		{Name: "x", Kind: store.ProjectManaged, From: src, Git: "file://" + repo},
 		{Name: "x", Kind: store.ProjectManaged, Root: src},
 		{Name: "x", Kind: store.ProjectHost, Root: "relative"},
@@ -288,11 +289,11 @@ func TestManagedWorkspaceSources(t *testing.T) {
 		{Name: "a/b", Kind: store.ProjectManaged},
 		{Name: "x", Kind: "cloud"},
 	} {
-		if _, err := ps.Create(ctx, spec); !errors.Is(err, ErrInvalidProject) {
+		if _, err := ps.Create(ctx, spec); !errors.Is(err, projects.ErrInvalidProject) {
 			t.Errorf("%+v: %v", spec, err)
 		}
 	}
-	if _, err := ps.Create(ctx, ProjectSpec{Name: "copy", Kind: store.ProjectManaged}); !errors.Is(err, store.ErrExists) {
+	if _, err := ps.Create(ctx, projects.ProjectSpec{Name: "copy", Kind: store.ProjectManaged}); !errors.Is(err, store.ErrExists) {
 		t.Errorf("duplicate: %v", err)
 	}
 }

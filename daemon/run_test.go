@@ -19,6 +19,7 @@ import (
 	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/internal/testworker"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -78,15 +79,15 @@ func seed(t *testing.T, state string) (tok string, host, managed store.Project) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := &Projects{Store: st, StateDir: state}
+	ps := &projects.Projects{Store: st, StateDir: state}
 	root := filepath.Join(t.TempDir(), "host") // outside the state directory
 	if err := os.Mkdir(root, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if host, err = ps.Create(ctx, ProjectSpec{Name: "web", Kind: store.ProjectHost, Root: root, Owner: a.ID}); err != nil {
+	if host, err = ps.Create(ctx, projects.ProjectSpec{Name: "web", Kind: store.ProjectHost, Root: root, Owner: a.ID}); err != nil {
 		t.Fatal(err)
 	}
-	if managed, err = ps.Create(ctx, ProjectSpec{Name: "box", Kind: store.ProjectManaged, Owner: a.ID}); err != nil {
+	if managed, err = ps.Create(ctx, projects.ProjectSpec{Name: "box", Kind: store.ProjectManaged, Owner: a.ID}); err != nil {
 		t.Fatal(err)
 	}
 	return tok, host, managed

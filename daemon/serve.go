@@ -22,6 +22,7 @@ import (
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -105,27 +106,10 @@ func Serve(ctx context.Context, h http.Handler, lns []net.Listener, log *slog.Lo
 	return serveErr
 }
 
-// StateDirMode is the mode of the daemon's state directory: only the
-// daemon's uid (and root) may enter it, whatever the modes of the files
-// inside (the database, the sockets, workspaces).
-const StateDirMode os.FileMode = 0o700
-
-// PrepareStateDir creates dir (and its parents) if missing and gives it
-// StateDirMode, also when it existed with another mode.
-func PrepareStateDir(dir string) error {
-	if err := os.MkdirAll(dir, StateDirMode); err != nil {
-		return fmt.Errorf("daemon: state directory: %w", err)
-	}
-	if err := os.Chmod(dir, StateDirMode); err != nil {
-		return fmt.Errorf("daemon: state directory: %w", err)
-	}
-	return nil
-}
-
 // Config configures Run: the whole daemon process.
 type Config struct {
 	// StateDir holds corral.db, corral.sock, projects/ and worker/.
-	// Required; it is created if missing and made mode 0700 (StateDirMode)
+	// Required; it is created if missing and made mode 0700 (projects.StateDirMode)
 	// either way.
 	StateDir string
 	// Store is the store URL (store.Open): "sqlite:PATH" or
@@ -174,7 +158,7 @@ type Config struct {
 	// allowed remotes).
 	Export export.Options
 	// GitImport configures clones of projects created from git URLs.
-	GitImport GitImportOptions
+	GitImport projects.GitImportOptions
 	// Sites configures sites on their own origins (AppOptions.Sites).
 	Sites SitesOptions
 	// LSPServers configures language servers by name (core.Options).
@@ -268,7 +252,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	if err != nil {
 		return fmt.Errorf("daemon: %w", err)
 	}
-	if err := PrepareStateDir(state); err != nil {
+	if err := projects.PrepareStateDir(state); err != nil {
 		return err
 	}
 	metrics := NewMetrics()
@@ -289,7 +273,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			}
 		}
 		sock := filepath.Join(state, "worker.sock")
-		if err := os.MkdirAll(WorkspacesDir(state), 0o711); err != nil {
+		if err := os.MkdirAll(projects.WorkspacesDir(state), 0o711); err != nil {
 			return fmt.Errorf("daemon: %w", err)
 		}
 		sup = StartSupervisor(SupervisorOptions{
@@ -298,7 +282,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 			// Images beside the worker's state, where `corral image import
 			// --state STATE` puts them; the daemon's workspaces belong to
 			// their projects' own ids (--own-workspaces).
-			Args: append([]string{"worker", "--socket", sock, "--projects-root", WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
+			Args: append([]string{"worker", "--socket", sock, "--projects-root", projects.WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
 				"--images", filepath.Join(state, "images"), "--own-workspaces", "--allow-uid", strconv.Itoa(os.Geteuid())}, cfg.WorkerArgs...),
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -243,11 +244,11 @@ func newManagedEnvWith(t *testing.T, app AppOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.MkdirAll(WorkspacesDir(dir), 0o711); err != nil {
+	if err := os.MkdirAll(projects.WorkspacesDir(dir), 0o711); err != nil {
 		t.Fatal(err)
 	}
 	w := testworker.Start(t, testworker.Options{
-		ProjectsRoot: WorkspacesDir(dir),
+		ProjectsRoot: projects.WorkspacesDir(dir),
 		Limits:       worker.Limits{Memory: 256 << 20, Pids: 128},
 		Logger:       testLogger(t),
 	})

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/corral-sandbox/corral/projects"
 )
 
 // TestStateDirPrivate: the state directory is 0700 whether it is new
@@ -17,7 +19,7 @@ func TestStateDirPrivate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, dir := range []string{filepath.Join(t.TempDir(), "new", "state"), existing} {
-		if err := PrepareStateDir(dir); err != nil {
+		if err := projects.PrepareStateDir(dir); err != nil {
 			t.Fatal(err)
 		}
 		st, err := os.Stat(dir)

@@ -3,8 +3,12 @@ package image
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
+
+	gname "github.com/google/go-containerregistry/pkg/name"
 
 	"github.com/corral-sandbox/corral/internal/idrange"
 )
@@ -162,4 +166,16 @@ func (s *Store) List(ctx context.Context) ([]Image, error) {
 // next Get("base") makes it again. Remove waits for imports in progress.
 func (s *Store) Remove(ctx context.Context, name string, inUse func(name string) (bool, error)) error {
 	return s.remove(ctx, name, inUse)
+}
+
+// NameFromRef is the default store name of an image pulled by ref: the
+// last part of its repository, lower-case ("debian" for
+// docker.io/library/debian:bookworm).
+func NameFromRef(ref string) (string, error) {
+	r, err := gname.ParseReference(ref)
+	if err != nil {
+		return "", fmt.Errorf("image: %s: %w", ref, err)
+	}
+	repo := r.Context().RepositoryStr()
+	return strings.ToLower(repo[strings.LastIndexByte(repo, '/')+1:]), nil
 }

@@ -58,6 +58,21 @@ func Copy(ctx context.Context, dst, src Store) ([]CopyCount, error) {
 	defer rtx.Rollback()
 	var out []CopyCount
 	err = to.tx(ctx, func(wtx pgx.Tx) error {
+		// A table the schema has and the list lacks (a later migration's)
+		// would be left behind: refuse rather than copy part of it.
+		rows, err := wtx.Query(ctx, `SELECT table_name FROM information_schema.tables
+			WHERE table_schema = current_schema() AND table_type = 'BASE TABLE' AND table_name <> 'corral_schema'
+			AND NOT (table_name = ANY($1))`, copyTables)
+		if err != nil {
+			return fmt.Errorf("store: copy: %w", pgErr(err))
+		}
+		missed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("store: copy: %w", pgErr(err))
+		}
+		if len(missed) > 0 {
+			return fmt.Errorf("store: copy: this corral does not know how to copy table(s) %s", strings.Join(missed, ", "))
+		}
 		if _, err := wtx.Exec(ctx, "LOCK TABLE "+strings.Join(copyTables, ", ")+" IN EXCLUSIVE MODE"); err != nil {
 			return fmt.Errorf("store: copy: lock %s: %w", to.where, pgErr(err))
 		}
@@ -78,7 +93,7 @@ func Copy(ctx context.Context, dst, src Store) ([]CopyCount, error) {
 			out = append(out, CopyCount{Table: t, Rows: n})
 		}
 		// Each identity's sequence continues after the largest ID copied.
-		rows, err := wtx.Query(ctx, `SELECT table_name, column_name FROM information_schema.columns
+		rows, err = wtx.Query(ctx, `SELECT table_name, column_name FROM information_schema.columns
 			WHERE table_schema = current_schema() AND is_identity = 'YES'`)
 		if err != nil {
 			return fmt.Errorf("store: copy: %w", pgErr(err))

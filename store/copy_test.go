@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,5 +123,17 @@ func TestCopySQLiteToPostgres(t *testing.T) {
 	}
 	if after := d.queryInt(t, "SELECT count(*) FROM accounts"); after != before {
 		t.Fatalf("refused copy wrote: %d accounts, were %d", after, before)
+	}
+
+	// A target whose schema has a table Copy does not know (a later
+	// migration's): refused, rather than copied in part.
+	later := &testDB{backend: SchemePostgres, url: pgtest.NewDatabase(t)}
+	dst2 := later.open(t, Options{Migrate: true})
+	later.exec(t, "CREATE TABLE later_table (x integer)")
+	if _, err := Copy(ctx, dst2, src); err == nil || !strings.Contains(err.Error(), "later_table") {
+		t.Fatalf("copy into a schema with an unknown table = %v; want it refused, naming the table", err)
+	}
+	if n := later.queryInt(t, "SELECT count(*) FROM accounts"); n != 0 {
+		t.Fatalf("refused copy wrote %d accounts", n)
 	}
 }

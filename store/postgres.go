@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -237,12 +236,6 @@ func (s *pgStore) tx(ctx context.Context, fn func(pgx.Tx) error) error {
 	}
 	return nil
 }
-
-// ErrUnavailable: the database could not be reached, or the connection to
-// it failed during the call (PostgreSQL restarting, the network between);
-// what the call was to write may or may not have been written. Retry
-// later. It is errdefs.Unavailable.
-var ErrUnavailable = errdefs.New(errdefs.Unavailable, "store: database unavailable")
 
 // pgErr classifies a driver error: a connection that could not be made or
 // broke is also ErrUnavailable; any other error is returned as it is.

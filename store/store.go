@@ -77,6 +77,11 @@ var (
 	// owner.
 	ErrSoleOwner = errdefs.New(errdefs.Conflict, "store: the only owner of a project")
 	ErrNotMember = errdefs.New(errdefs.Forbidden, "store: not a member")
+	// ErrUnavailable: the database could not be reached, or the
+	// connection to it failed during the call (PostgreSQL restarting, the
+	// network between); what the call was to write may or may not have
+	// been written. Retry later. It is errdefs.Unavailable.
+	ErrUnavailable = errdefs.New(errdefs.Unavailable, "store: database unavailable")
 )
 
 // errNotMember is ErrNotMember, matching ErrNotFound too.

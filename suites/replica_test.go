@@ -17,6 +17,7 @@ import (
 	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/internal/pgtest"
 	"github.com/corral-sandbox/corral/internal/testworker"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -67,8 +68,8 @@ func startReplicas(t testing.TB, n int, url string, state string) *replicas {
 func startReplicasWith(t testing.TB, n int, url string, state string, defaultLeases bool) *replicas {
 	t.Helper()
 	ctx := context.Background()
-	must(t, os.MkdirAll(daemon.WorkspacesDir(state), 0o711))
-	w := testworker.Start(t, testworker.Options{ProjectsRoot: daemon.WorkspacesDir(state)})
+	must(t, os.MkdirAll(projects.WorkspacesDir(state), 0o711))
+	w := testworker.Start(t, testworker.Options{ProjectsRoot: projects.WorkspacesDir(state)})
 	st, err := store.Open(ctx, url, store.Options{Migrate: true})
 	must(t, err)
 	t.Cleanup(func() { st.Close() })

@@ -13,6 +13,7 @@ import (
 
 	"github.com/corral-sandbox/corral/image"
 	"github.com/corral-sandbox/corral/internal/posixacl"
+	"github.com/corral-sandbox/corral/internal/safepath"
 )
 
 // workspaceMounts prepares the workspace and the home as detached mounts
@@ -45,7 +46,17 @@ func (m *machine) workspaceMounts(home string, uid, gid uint32) (mounts []*os.Fi
 		}
 		uid, gid = guestUID, guestGID
 	}
-	if uid == 0 && m.w.cfg.GrantWorkspaces {
+	grant := uid == 0 && m.w.cfg.GrantWorkspaces
+	if grant {
+		// The grant runs as root and stays: only on a path nobody but
+		// root can redirect (a host user who owns a directory above it
+		// could swap the workspace for a symlink to root's files).
+		if err := safepath.Check(m.workspace, 0); err != nil {
+			m.w.log.Warn("not granting the root-owned workspace to the machine, binding it as is", "project", m.id, "workspace", m.workspace, "err", err)
+			grant = false
+		}
+	}
+	if grant {
 		for _, id := range []uint32{guestUID, m.hostUID} {
 			if err := posixacl.GrantUser(m.workspace, id, isGitDir); err != nil {
 				m.w.log.Warn("cannot grant the root-owned workspace to the machine, binding it as is", "project", m.id, "workspace", m.workspace, "err", err)

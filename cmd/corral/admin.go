@@ -2,20 +2,18 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/api"
-	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -39,7 +37,7 @@ func openState(ctx context.Context, flag stateFlags) (string, store.Store, error
 	if dir, err = filepath.Abs(dir); err != nil {
 		return "", nil, err
 	}
-	if err := daemon.PrepareStateDir(dir); err != nil {
+	if err := projects.PrepareStateDir(dir); err != nil {
 		return "", nil, err
 	}
 	u, err := storeURL(flag.store, dir)
@@ -101,19 +99,12 @@ func newAccountCmd() *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if asJSON {
-					out := make([]accountJSON, 0, len(as))
-					for _, a := range as {
-						out = append(out, accountJSON{a.ID, a.Name, a.Created})
-					}
-					return printJSON(cmd, out)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tNAME\tCREATED")
-				for _, a := range as {
-					fmt.Fprintf(tw, "%d\t%s\t%s\n", a.ID, a.Name, when(a.Created))
-				}
-				return tw.Flush()
+				return listing[store.Account]{
+					items:  as,
+					json:   func(a store.Account) any { return api.Account{ID: a.ID, Name: a.Name, Created: a.Created} },
+					header: "ID\tNAME\tCREATED",
+					row:    func(a store.Account) []any { return []any{a.ID, a.Name, when(a.Created)} },
+				}.print(cmd, asJSON)
 			})
 		},
 	}, &cobra.Command{
@@ -139,24 +130,6 @@ cannot be deleted: add another owner, or delete the project, first.`,
 		}
 	}
 	return cmd
-}
-
-// accountJSON is an account in --json output.
-type accountJSON struct {
-	ID      int64     `json:"id"`
-	Name    string    `json:"name"`
-	Created time.Time `json:"created"`
-}
-
-func jsonFlag(cmd *cobra.Command, p *bool) {
-	cmd.Flags().BoolVar(p, "json", false, "print JSON")
-}
-
-// printJSON prints v as indented JSON.
-func printJSON(cmd *cobra.Command, v any) error {
-	enc := json.NewEncoder(cmd.OutOrStdout())
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
 }
 
 // when formats a time for tables: "-" for the zero time.
@@ -279,19 +252,16 @@ With --json, print {"id":N,"accountId":N,"name":S,"token":S} instead.`,
 						names[a.ID] = a.Name
 					}
 				}
-				if asJSON {
-					out := make([]tokenJSON, 0, len(ts))
-					for _, t := range ts {
-						out = append(out, tokenJSON{t.ID, t.Account, names[t.Account], t.Name, t.Created, optTime(t.LastUsed), optTime(t.Revoked)})
-					}
-					return printJSON(cmd, out)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tACCOUNT\tNAME\tCREATED\tLAST USED\tREVOKED")
-				for _, t := range ts {
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", t.ID, names[t.Account], t.Name, when(t.Created), when(t.LastUsed), when(t.Revoked))
-				}
-				return tw.Flush()
+				return listing[store.Token]{
+					items: ts,
+					json: func(t store.Token) any {
+						return tokenJSON{t.ID, t.Account, names[t.Account], t.Name, t.Created, optTime(t.LastUsed), optTime(t.Revoked)}
+					},
+					header: "ID\tACCOUNT\tNAME\tCREATED\tLAST USED\tREVOKED",
+					row: func(t store.Token) []any {
+						return []any{t.ID, names[t.Account], t.Name, when(t.Created), when(t.LastUsed), when(t.Revoked)}
+					},
+				}.print(cmd, asJSON)
 			})
 		},
 	}
@@ -398,9 +368,9 @@ is root) and have no network unless --network, except trusted members'
 				if err != nil {
 					return fmt.Errorf("owner: %w", err)
 				}
-				spec := daemon.ProjectSpec{Name: args[0], Kind: store.ProjectManaged, From: absOrEmpty(from), Git: git, Owner: a.ID}
+				spec := projects.ProjectSpec{Name: args[0], Kind: store.ProjectManaged, From: absOrEmpty(from), Git: git, Owner: a.ID}
 				if host != "" {
-					spec = daemon.ProjectSpec{Name: args[0], Kind: store.ProjectHost, Root: absOrEmpty(host), Owner: a.ID}
+					spec = projects.ProjectSpec{Name: args[0], Kind: store.ProjectHost, Root: absOrEmpty(host), Owner: a.ID}
 				}
 				for _, p := range exportRemotes {
 					if err := export.ValidRemotePattern(p); err != nil {
@@ -409,7 +379,7 @@ is root) and have no network unless --network, except trusted members'
 				}
 				spec.ExportRemotes = exportRemotes
 				spec.Progress = func(line string) { fmt.Fprintln(cmd.ErrOrStderr(), line) }
-				p, err := (&daemon.Projects{Store: st, StateDir: dir}).Create(ctx, spec)
+				p, err := (&projects.Projects{Store: st, StateDir: dir}).Create(ctx, spec)
 				if err != nil {
 					return err
 				}
@@ -503,12 +473,15 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				if err != nil {
 					return err
 				}
+				l := listing[store.Project]{
+					items: ps,
+					json: func(p store.Project) any {
+						return projectJSON{p.ID, p.Name, string(p.Kind), p.Root, p.Created, projectImage(p)}
+					},
+					header: "ID\tNAME\tKIND\tROOT\tIMAGE\tNETWORK\tTRUSTED (unconfined, as corral's user)",
+				}
 				if asJSON {
-					out := make([]projectJSON, 0, len(ps))
-					for _, p := range ps {
-						out = append(out, projectJSON{p.ID, p.Name, string(p.Kind), p.Root, p.Created, projectImage(p)})
-					}
-					return printJSON(cmd, out)
+					return l.print(cmd, true)
 				}
 				accounts, err := st.ListAccounts(ctx)
 				if err != nil {
@@ -518,8 +491,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				for _, a := range accounts {
 					names[a.ID] = a.Name
 				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tNAME\tKIND\tROOT\tIMAGE\tNETWORK\tTRUSTED (unconfined, as corral's user)")
+				rows := map[int64][]any{}
 				for _, p := range ps {
 					network, trusted := "-", "-"
 					if p.Kind == store.ProjectHost {
@@ -545,9 +517,10 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 					if img == "" {
 						img = "-"
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", p.ID, p.Name, p.Kind, p.Root, img, network, trusted)
+					rows[p.ID] = []any{p.ID, p.Name, p.Kind, p.Root, img, network, trusted}
 				}
-				return tw.Flush()
+				l.row = func(p store.Project) []any { return rows[p.ID] }
+				return l.print(cmd, false)
 			})
 		},
 	}
@@ -561,7 +534,7 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 				if err != nil {
 					return err
 				}
-				err = (&daemon.Projects{Store: st, StateDir: dir}).Delete(ctx, p.ID)
+				err = (&projects.Projects{Store: st, StateDir: dir}).Delete(ctx, p.ID)
 				if errors.Is(err, store.ErrProjectBusy) {
 					return fmt.Errorf("project %s is in use (live leases); try again when its commands ended: %w", p.Name, err)
 				}
@@ -592,15 +565,13 @@ confinement; --owner makes it an owner (owners manage members over HTTP).`,
 					}
 					out = append(out, mj)
 				}
-				if asJSON {
-					return printJSON(cmd, out)
-				}
-				tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-				fmt.Fprintln(tw, "ACCOUNT\tID\tROLE\tTRUSTED\tSINCE")
-				for _, m := range out {
-					fmt.Fprintf(tw, "%s\t%d\t%s\t%v\t%s\n", m.Account, m.AccountID, m.Role, m.Trusted, when(m.Created))
-				}
-				return tw.Flush()
+				return listing[api.Member]{
+					items:  out,
+					header: "ACCOUNT\tID\tROLE\tTRUSTED\tSINCE",
+					row: func(m api.Member) []any {
+						return []any{m.Account, m.AccountID, m.Role, m.Trusted, when(m.Created)}
+					},
+				}.print(cmd, asJSON)
 			})
 		},
 	}

@@ -93,11 +93,7 @@ func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) int {
 		if f.project != "" || f.projectID <= 0 {
 			return fail(errors.New("--daemon takes --project-id ID, not --project"))
 		}
-		tok := f.token
-		if tok == "" {
-			tok = os.Getenv("CORRAL_TOKEN")
-		}
-		c, err := client.New(f.daemon, tok)
+		c, err := daemonClient(f.daemon, f.token)
 		if err != nil {
 			return fail(err)
 		}

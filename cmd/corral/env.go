@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/corral-sandbox/corral/core"
-	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/image"
+	"github.com/corral-sandbox/corral/internal/safepath"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -158,8 +160,17 @@ func ensureProject(ctx context.Context, st store.Store, kind store.ProjectKind, 
 	if err != nil {
 		return store.Project{}, fmt.Errorf("project directory: %w", err)
 	}
-	if fi, err := os.Stat(root); err != nil || !fi.IsDir() {
+	fi, err := os.Stat(root)
+	if err != nil || !fi.IsDir() {
 		return store.Project{}, fmt.Errorf("project directory %s is not a directory", dir)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == 0 && kind == store.ProjectManaged && os.Geteuid() == 0 {
+		// The shared worker makes a root-owned workspace writable to the
+		// machine: it must be root's by a path only root controls, not
+		// a symlink of another user pointing at root's files.
+		if err := safepath.Check(abs, 0); err != nil {
+			return store.Project{}, fmt.Errorf("project directory %s is root's, reached through what another user controls: %w", dir, err)
+		}
 	}
 	projects, err := st.ListProjects(ctx)
 	if err != nil {
@@ -188,7 +199,7 @@ func changeImage(ctx context.Context, state string, c *core.Core, proj store.Pro
 		return err
 	}
 	if gw := c.Gateway(); gw != nil && gw.HasTransport() {
-		err := daemon.ResetMachine(ctx, c.Store(), gw, proj)
+		err := projects.ResetMachine(ctx, c.Store(), gw, proj)
 		switch {
 		case errors.Is(err, store.ErrProjectBusy):
 			return fmt.Errorf("--image %s: project %s is in use by other commands; its image can change once they ended", name, proj.Name)

@@ -20,7 +20,6 @@ import (
 	"golang.org/x/sys/unix"
 	"golang.org/x/term"
 
-	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -279,11 +278,7 @@ type daemonExec struct {
 }
 
 func startDaemonExec(ctx context.Context, f *execFlags, argv []string, size *sandbox.TTYSize) (*daemonExec, error) {
-	token := f.token
-	if token == "" {
-		token = os.Getenv("CORRAL_TOKEN")
-	}
-	c, err := client.New(f.daemon, token)
+	c, err := daemonClient(f.daemon, f.token)
 	if err != nil {
 		return nil, err
 	}

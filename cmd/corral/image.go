@@ -2,16 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
-	"text/tabwriter"
 	"time"
 
-	gname "github.com/google/go-containerregistry/pkg/name"
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/image"
@@ -124,7 +120,7 @@ images.`,
 			n := pullName
 			if n == "" {
 				var err error
-				if n, err = nameFromRef(args[0]); err != nil {
+				if n, err = image.NameFromRef(args[0]); err != nil {
 					return err
 				}
 			}
@@ -147,24 +143,17 @@ images.`,
 			if err != nil {
 				return imageFailed(cmd, err)
 			}
-			if asJSON {
-				if ims == nil {
-					ims = []image.Image{}
-				}
-				enc := json.NewEncoder(cmd.OutOrStdout())
-				enc.SetIndent("", "  ")
-				return enc.Encode(ims)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tID\tLAYERS\tSIZE\tCREATED")
-			for _, im := range ims {
-				id := im.ID
-				if len(id) > 19 {
-					id = id[:19]
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", im.Name, id, len(im.Layers), mib(im.Size), im.Created.Local().Format(time.DateTime))
-			}
-			return tw.Flush()
+			return listing[image.Image]{
+				items:  ims,
+				header: "NAME\tID\tLAYERS\tSIZE\tCREATED",
+				row: func(im image.Image) []any {
+					id := im.ID
+					if len(id) > 19 {
+						id = id[:19]
+					}
+					return []any{im.Name, id, len(im.Layers), mib(im.Size), im.Created.Local().Format(time.DateTime)}
+				},
+			}.print(cmd, asJSON)
 		},
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print the images as JSON")
@@ -218,14 +207,3 @@ it is made again on next use.`,
 
 // mib formats a size in MiB with one decimal.
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
-
-// nameFromRef is the default image name of a pulled reference: the last
-// part of its repository ("debian" for docker.io/library/debian:bookworm).
-func nameFromRef(ref string) (string, error) {
-	r, err := gname.ParseReference(ref)
-	if err != nil {
-		return "", fmt.Errorf("image pull %s: %w", ref, err)
-	}
-	repo := r.Context().RepositoryStr()
-	return strings.ToLower(repo[strings.LastIndexByte(repo, '/')+1:]), nil
-}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/store"
 	"github.com/corral-sandbox/corral/wire"
 )
@@ -124,12 +124,12 @@ registered (corral project reset ~/proj2).`,
 					if live > 0 {
 						return fmt.Errorf("project %s is in use (%d live leases)", p.Name, live)
 					}
-					return daemon.RemoveMachineState(filepath.Join(dir, "worker"), p.ID)
+					return projects.RemoveMachineState(filepath.Join(dir, "worker"), p.ID)
 				}
 				c.Close()
 				gw := machine.New(machine.SocketTransport{Path: sock}, machine.Options{Logger: cliLogger()})
 				defer gw.Close()
-				err = daemon.ResetMachine(ctx, st, gw, p)
+				err = projects.ResetMachine(ctx, st, gw, p)
 				if errors.Is(err, store.ErrProjectBusy) {
 					return fmt.Errorf("project %s is in use; try again when its commands ended: %w", p.Name, err)
 				}

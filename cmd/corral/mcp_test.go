@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-sandbox/corral/daemon"
 	"github.com/corral-sandbox/corral/internal/testworker"
+	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -35,11 +36,11 @@ func newMCPEnv(t *testing.T) *mcpEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(state) })
-	if err := os.MkdirAll(daemon.WorkspacesDir(state), 0o711); err != nil {
+	if err := os.MkdirAll(projects.WorkspacesDir(state), 0o711); err != nil {
 		t.Fatal(err)
 	}
 	// Started first, so that it stops after the daemon.
-	tw := testworker.Start(t, testworker.Options{ProjectsRoot: daemon.WorkspacesDir(state), Limits: worker.Limits{Memory: 256 << 20, Pids: 128}})
+	tw := testworker.Start(t, testworker.Options{ProjectsRoot: projects.WorkspacesDir(state), Limits: worker.Limits{Memory: 256 << 20, Pids: 128}})
 	e := &mcpEnv{state: state}
 	for _, name := range []string{"alice", "mallory"} {
 		mustCLI(t, "account", "create", name, "--state", state)

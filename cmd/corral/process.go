@@ -8,7 +8,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -41,11 +40,17 @@ func (f *processFlags) client() (*client.Client, error) {
 
 // dial returns a client of --daemon with --token (default $CORRAL_TOKEN).
 func (f *processFlags) dial() (*client.Client, error) {
-	token := f.token
+	return daemonClient(f.daemon, f.token)
+}
+
+// daemonClient is the one client setup of the commands that talk to a
+// daemon: a client of addr (--daemon) with the bearer token given
+// (--token), or $CORRAL_TOKEN when none was.
+func daemonClient(addr, token string) (*client.Client, error) {
 	if token == "" {
 		token = os.Getenv("CORRAL_TOKEN")
 	}
-	return client.New(f.daemon, token)
+	return client.New(addr, token)
 }
 
 func newProcessCmd() *cobra.Command {
@@ -135,19 +140,14 @@ func newProcessListCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if f.json {
-				if ps == nil {
-					ps = []client.Process{}
-				}
-				return printJSON(cmd, ps)
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tSTATE\tOUTCOME\tSTARTED\tOUTPUT\tCOMMAND")
-			for _, p := range ps {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", p.ID, p.State, outcome(p), p.Started.Local().Format(time.DateTime),
-					p.Output.StdoutBytes+p.Output.StderrBytes, strings.Join(p.Argv, " "))
-			}
-			return tw.Flush()
+			return listing[client.Process]{
+				items:  ps,
+				header: "ID\tSTATE\tOUTCOME\tSTARTED\tOUTPUT\tCOMMAND",
+				row: func(p client.Process) []any {
+					return []any{p.ID, p.State, outcome(p), p.Started.Local().Format(time.DateTime),
+						p.Output.StdoutBytes + p.Output.StderrBytes, strings.Join(p.Argv, " ")}
+				},
+			}.print(cmd, f.json)
 		},
 	}
 	f.add(cmd)

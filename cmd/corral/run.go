@@ -95,7 +95,11 @@ runs.
 (STATE/worker.sock): the first run starts it in the background, later runs
 (in parallel, on any project) use it, and it exits with its machines once no
 run has used it for --worker-idle (default 1m). Its log is STATE/worker.log.
---worker-socket PATH uses a worker started otherwise (corral worker).`,
+--worker-socket PATH uses a worker started otherwise (corral worker). The
+guest's default user and root both write DIR: a user's checkout as that user
+and as the machine's own ids; a root-owned one through POSIX ACL entries the
+first run adds for the machine's ids (every .git excepted; see README).
+Nothing the guest writes belongs to host root.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 0 && f.project == "" {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -25,11 +24,7 @@ import (
 // MaxStdin, and sent in the request; live output (opts.OnOutput) comes
 // from the streamed answer, as raw bytes (encoding base64).
 func runViaDaemon(ctx context.Context, f *runFlags, argv []string, env map[string]string, opts *sandbox.RunOptions) (*sandbox.CommandResult, error) {
-	token := f.token
-	if token == "" {
-		token = os.Getenv("CORRAL_TOKEN")
-	}
-	c, err := client.New(f.daemon, token)
+	c, err := daemonClient(f.daemon, f.token)
 	if err != nil {
 		return nil, &sandbox.CommandError{Kind: sandbox.KindPrepare, Message: err.Error(), Cause: err}
 	}

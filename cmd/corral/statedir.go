@@ -6,13 +6,14 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/safepath"
 )
 
 // checkStateDir returns an error unless nobody but this user (and root)
 // can change what dir holds: dir is owned by this user and writable by
-// nobody else, and every directory above it is owned by root or this user
-// and writable by nobody else, or sticky (as /tmp is: others cannot rename
-// or remove what they do not own there).
+// nobody else, and nobody else can redirect the path to it
+// (safepath.Check).
 //
 // A run opens the state directory's store, lock files, log and pid file
 // and trusts the socket it finds there, as root for a --project run: in a
@@ -21,6 +22,9 @@ import (
 // (root's run would hand its requests and descriptors to it).
 func checkStateDir(dir string) error {
 	euid := uint32(os.Geteuid())
+	if err := safepath.Check(dir, euid); err != nil {
+		return fmt.Errorf("state directory %s: %w", dir, err)
+	}
 	dir, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return fmt.Errorf("state directory: %w", err)
@@ -37,18 +41,5 @@ func checkStateDir(dir string) error {
 	case st.Mode&0o022 != 0:
 		return fmt.Errorf("state directory %s: writable by others (mode %04o): make it 0700", dir, st.Mode&0o7777)
 	}
-	for p := filepath.Dir(dir); ; p = filepath.Dir(p) {
-		if err := unix.Stat(p, &st); err != nil {
-			return fmt.Errorf("state directory: %w", &os.PathError{Op: "stat", Path: p, Err: err})
-		}
-		if st.Uid != 0 && st.Uid != euid {
-			return fmt.Errorf("state directory %s: its parent %s is owned by uid %d, who could replace it", dir, p, st.Uid)
-		}
-		if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
-			return fmt.Errorf("state directory %s: its parent %s is writable by others (mode %04o), who could replace it", dir, p, st.Mode&0o7777)
-		}
-		if p == "/" || p == "." {
-			return nil
-		}
-	}
+	return nil
 }

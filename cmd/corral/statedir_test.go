@@ -48,7 +48,7 @@ func TestRunRefusesUnsafeStateDir(t *testing.T) {
 			state := filepath.Join(parent, "state")
 			mkdir(t, state, 0o700)
 			return state
-		}, "owned by uid 65534, who could replace it"},
+		}, "owned by uid 65534, who could replace"},
 		{"symlinkToAnothersDir", func(t *testing.T) string {
 			real := filepath.Join(t.TempDir(), "real")
 			mkdir(t, real, 0o700)

@@ -129,3 +129,60 @@ func TestGuestXattrsStayInItsRange(t *testing.T) {
 		}
 	}
 }
+
+// TestGrantNotRedirectedByAnotherUser: the shared worker grants a
+// root-owned workspace to the machine with ACLs (persistently, on the
+// host). A host user who controls the path root names — eve's
+// /home/eve/proj, which she turns into a symlink to a root-owned
+// directory, or a root-owned directory inside eve's, which she can swap
+// for a symlink at any moment — must not get that grant pointed at root's
+// files (before: the machine of `corral run --project /home/eve/proj` read
+// and appended to root's 0600 file through eve's symlink, and the file kept
+// an ACL granting the machine's ids read and write).
+func TestGrantNotRedirectedByAnotherUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("managed projects need root (CI runs as root)")
+	}
+	t.Setenv("CORRAL_TEST_AS_MAIN", "1")
+	state, tmp := t.TempDir(), t.TempDir()
+	eve := filepath.Join(tmp, "eve")
+	mkdir(t, eve, 0o755)
+	chown(t, eve, 4242)
+	rootDir := filepath.Join(tmp, "rootdir")
+	mkdir(t, rootDir, 0o755)
+	secret := filepath.Join(rootDir, "secret")
+	if err := os.WriteFile(secret, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(eve, "proj")
+	if err := os.Symlink(rootDir, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Lchown(link, 4242, 4242); err != nil {
+		t.Fatal(err)
+	}
+	inside := filepath.Join(eve, "rootws")
+	mkdir(t, inside, 0o755) // root's, in eve's directory
+	insideFile := filepath.Join(inside, "f")
+	if err := os.WriteFile(insideFile, []byte("root's\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	attack := `cat /workspace/secret /workspace/f 2>/dev/null; echo pwned >> /workspace/secret; echo pwned >> /workspace/f; true`
+	for _, ws := range []string{link, inside} {
+		out, errs, status := corral(t, state, "--project", ws, "--", "sh", "-c", attack)
+		t.Logf("%s: %d %q %q", ws, status, out, errs)
+		if strings.Contains(out, "secret") || strings.Contains(out, "root's") {
+			t.Errorf("%s: the machine read root's 0600 file: %q", ws, out)
+		}
+	}
+	for _, f := range []string{secret, insideFile, rootDir, inside} {
+		if n, err := unix.Lgetxattr(f, "system.posix_acl_access", make([]byte, 256)); err == nil {
+			t.Errorf("%s: an ACL (%d bytes) was granted on root's file", f, n)
+		}
+	}
+	for f, want := range map[string]string{secret: "secret\n", insideFile: "root's\n"} {
+		if b, err := os.ReadFile(f); err != nil || string(b) != want {
+			t.Errorf("%s: %q %v", f, b, err)
+		}
+	}
+}

@@ -1,4 +1,14 @@
-package daemon
+// Package projects creates and deletes projects with their workspaces, and
+// holds the state directory's layout (its mode, the managed workspaces
+// under STATE/projects, the worker's machine state under STATE/worker):
+// a managed project's workspace made empty, copied from a host directory
+// or cloned from a Git URL (the clone pinned to a public address, see
+// GitImportOptions); a host project rooted at a host directory that is
+// not the state directory's; a machine's reset. The daemon's HTTP API and
+// the CLI's project commands both use it; it speaks no HTTP: its errors
+// are classified (internal/errdefs, sandbox.ErrDenied) for the daemon's
+// one translator.
+package projects
 
 import (
 	"context"
@@ -22,12 +32,12 @@ import (
 // ErrInvalidProject is wrapped by Projects.Create for a specification it
 // refuses (bad name, missing or conflicting sources, a root that is not a
 // directory).
-var ErrInvalidProject = errdefs.New(errdefs.Invalid, "daemon: invalid project")
+var ErrInvalidProject = errdefs.New(errdefs.Invalid, "projects: invalid project")
 
 // ErrHostPath is wrapped by Projects.Create for a host path no project may
 // use: "/", the state directory, a directory inside it or one containing
 // it. It also matches sandbox.ErrDenied (the API answers 403).
-var ErrHostPath = fmt.Errorf("daemon: host path not allowed: %w", sandbox.ErrDenied)
+var ErrHostPath = fmt.Errorf("projects: host path not allowed: %w", sandbox.ErrDenied)
 
 // CloneTimeout bounds a `git clone` of a new managed project.
 const CloneTimeout = 10 * time.Minute
@@ -66,6 +76,23 @@ type Projects struct {
 	GitImport GitImportOptions
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+}
+
+// StateDirMode is the mode of the daemon's state directory: only the
+// daemon's uid (and root) may enter it, whatever the modes of the files
+// inside (the database, the sockets, workspaces).
+const StateDirMode os.FileMode = 0o700
+
+// PrepareStateDir creates dir (and its parents) if missing and gives it
+// StateDirMode, also when it existed with another mode.
+func PrepareStateDir(dir string) error {
+	if err := os.MkdirAll(dir, StateDirMode); err != nil {
+		return fmt.Errorf("projects: state directory: %w", err)
+	}
+	if err := os.Chmod(dir, StateDirMode); err != nil {
+		return fmt.Errorf("projects: state directory: %w", err)
+	}
+	return nil
 }
 
 // WorkspacesDir returns the directory holding managed workspaces
@@ -126,7 +153,7 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 			return store.Project{}, fmt.Errorf("%w: no state directory for managed workspaces", ErrInvalidProject)
 		}
 		if _, err := p.Store.ProjectByName(ctx, spec.Name); err == nil {
-			return store.Project{}, fmt.Errorf("daemon: project %q: %w", spec.Name, store.ErrExists)
+			return store.Project{}, fmt.Errorf("projects: project %q: %w", spec.Name, store.ErrExists)
 		}
 		var from string
 		if spec.From != "" {
@@ -148,17 +175,17 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 		}
 		dir := WorkspacesDir(p.StateDir)
 		if err := os.MkdirAll(dir, 0o711); err != nil {
-			return store.Project{}, fmt.Errorf("daemon: %w", err)
+			return store.Project{}, fmt.Errorf("projects: %w", err)
 		}
 		if dir, err = filepath.EvalSymlinks(dir); err != nil {
-			return store.Project{}, fmt.Errorf("daemon: %w", err)
+			return store.Project{}, fmt.Errorf("projects: %w", err)
 		}
 		root = filepath.Join(dir, spec.Name)
 		if err := os.Mkdir(root, 0o755); err != nil {
 			if errors.Is(err, fs.ErrExist) {
-				return store.Project{}, fmt.Errorf("daemon: workspace %s: %w", root, store.ErrExists)
+				return store.Project{}, fmt.Errorf("projects: workspace %s: %w", root, store.ErrExists)
 			}
-			return store.Project{}, fmt.Errorf("daemon: %w", err)
+			return store.Project{}, fmt.Errorf("projects: %w", err)
 		}
 		defer func() {
 			if err != nil {
@@ -168,7 +195,7 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 		switch {
 		case from != "":
 			if err := copyTree(root, from); err != nil {
-				return store.Project{}, fmt.Errorf("daemon: copy %s into the workspace: %w", from, err)
+				return store.Project{}, fmt.Errorf("projects: copy %s into the workspace: %w", from, err)
 			}
 		case spec.Git != "":
 			if err := p.gitClone(ctx, spec.Git, root, spec.Progress); err != nil {
@@ -217,7 +244,7 @@ func (p *Projects) Delete(ctx context.Context, id int64) error {
 		dir, err := filepath.EvalSymlinks(WorkspacesDir(p.StateDir))
 		if err == nil && filepath.Dir(proj.Root) == dir {
 			if err := os.RemoveAll(proj.Root); err != nil {
-				return fmt.Errorf("daemon: project %d deleted, but its workspace was not removed: %w", id, err)
+				return fmt.Errorf("projects: project %d deleted, but its workspace was not removed: %w", id, err)
 			}
 		}
 	}

@@ -1,4 +1,4 @@
-package daemon
+package projects
 
 import (
 	"bufio"
@@ -52,7 +52,7 @@ import (
 // ErrGitImport is wrapped by Projects.Create for a git URL it does not
 // clone: a scheme other than https and http, or a host that resolves to a
 // refused address. It matches sandbox.ErrDenied (the API answers 403).
-var ErrGitImport = fmt.Errorf("daemon: git import refused: %w", sandbox.ErrDenied)
+var ErrGitImport = fmt.Errorf("projects: git import refused: %w", sandbox.ErrDenied)
 
 // GitImportOptions configure the clones of git imports. The zero value
 // refuses every non-public address and resolves with net.DefaultResolver.
@@ -221,12 +221,12 @@ func (p *Projects) gitClone(ctx context.Context, src, dir string, progress func(
 	defer cancel()
 	empty, err := os.MkdirTemp("", "corral-clone-home-")
 	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("projects: %w", err)
 	}
 	defer os.RemoveAll(empty)
 	emptyConfig := filepath.Join(empty, "gitconfig")
 	if err := os.WriteFile(emptyConfig, nil, 0o600); err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("projects: %w", err)
 	}
 	args := []string{
 		"-c", "protocol.allow=never",
@@ -339,10 +339,10 @@ func (p *Projects) checkout(ctx context.Context, dir, shown string, config, env 
 	ls := git(lctx, "ls-tree", "-r", "-l", "-z", "HEAD")
 	out, err := ls.StdoutPipe()
 	if err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("projects: %w", err)
 	}
 	if err := ls.Start(); err != nil {
-		return fmt.Errorf("daemon: %w", err)
+		return fmt.Errorf("projects: %w", err)
 	}
 	var files int
 	var size int64
