@@ -84,7 +84,7 @@ func SplitURL(rawURL string) (scheme, target string, err error) {
 // isKeywordValue reports whether s is a libpq keyword/value connection
 // string ("host=/run/postgresql dbname=corral ...").
 func isKeywordValue(s string) bool {
-	for _, k := range []string{"host=", "hostaddr=", "dbname=", "user=", "port=", "service="} {
+	for _, k := range []string{"host=", "hostaddr=", "dbname=", "user=", "port=", "service=", "password=", "sslpassword="} {
 		if strings.HasPrefix(s, k) {
 			return true
 		}
@@ -93,18 +93,13 @@ func isKeywordValue(s string) bool {
 }
 
 // Redact returns a store URL fit for logs and errors: a URL's password
-// (in its user information, or a password parameter) is replaced by
-// "xxxxx"; anything else is returned as it is.
+// (in its user information, or a password or sslpassword parameter, in
+// either form) is replaced by "xxxxx"; anything else is returned as it
+// is, except a keyword/value string it cannot read, which it does not
+// echo.
 func Redact(rawURL string) string {
 	if isKeywordValue(rawURL) {
-		var out []string
-		for _, f := range strings.Fields(rawURL) {
-			if k, _, ok := strings.Cut(f, "="); ok && k == "password" {
-				f = k + "=xxxxx"
-			}
-			out = append(out, f)
-		}
-		return strings.Join(out, " ")
+		return redactKeywords(rawURL)
 	}
 	if !strings.Contains(rawURL, "://") {
 		return rawURL
@@ -119,9 +114,71 @@ func Redact(rawURL string) string {
 		u.User = url.UserPassword(u.User.Username(), "xxxxx")
 	}
 	q := u.Query()
-	if q.Has("password") {
-		q.Set("password", "xxxxx")
+	changed := false
+	for k := range q {
+		if secretKey(k) {
+			q.Set(k, "xxxxx")
+			changed = true
+		}
+	}
+	if changed {
 		u.RawQuery = q.Encode()
 	}
 	return u.String()
+}
+
+// secretKey reports whether a connection parameter's value is a secret:
+// password, and sslpassword (the client key's).
+func secretKey(k string) bool { return k == "password" || k == "sslpassword" }
+
+// redactKeywords is Redact of libpq's keyword/value form, read as libpq
+// reads it: key, optional spaces, '=', optional spaces, and a value that
+// is either single-quoted (with \' and \\ escapes) or runs to the next
+// space. What it cannot read is not echoed at all.
+func redactKeywords(s string) string {
+	const space = " \t\n\r\f\v"
+	var out []string
+	for {
+		s = strings.TrimLeft(s, space)
+		if s == "" {
+			return strings.Join(out, " ")
+		}
+		eq := strings.IndexByte(s, '=')
+		if eq < 0 {
+			return "(unparsable connection string)"
+		}
+		key := strings.TrimRight(s[:eq], space)
+		if key == "" || strings.ContainsAny(key, space) {
+			return "(unparsable connection string)"
+		}
+		s = strings.TrimLeft(s[eq+1:], space)
+		var val string
+		if strings.HasPrefix(s, "'") {
+			end := -1
+			for i := 1; i < len(s); i++ {
+				if s[i] == '\\' {
+					i++
+					continue
+				}
+				if s[i] == '\'' {
+					end = i
+					break
+				}
+			}
+			if end < 0 {
+				return "(unparsable connection string)"
+			}
+			val, s = s[:end+1], s[end+1:]
+		} else {
+			n := strings.IndexAny(s, space)
+			if n < 0 {
+				n = len(s)
+			}
+			val, s = s[:n], s[n:]
+		}
+		if secretKey(key) {
+			val = "xxxxx"
+		}
+		out = append(out, key+"="+val)
+	}
 }
