@@ -340,3 +340,23 @@ func TestHealthzReportsMachineStartFailure(t *testing.T) {
 		t.Fatalf("healthz after: %d %s", status, body)
 	}
 }
+
+// TestDeletedProjectsFreeTheirIDRanges replays issue 24's attack 2 through
+// the API: create, run, delete, more times than the worker has id ranges.
+// The daemon's delete reaches the worker, which frees the project's range
+// (worker's TestDeletedProjectsFreeTheirIDRanges checks the home goes too).
+func TestDeletedProjectsFreeTheirIDRanges(t *testing.T) {
+	e, _ := newManagedEnvOpts(t, testworker.Options{MaxProjects: 2})
+	alice, tok := e.account("alice")
+	ctx := context.Background()
+	for i := range 5 {
+		p := e.managedProject(fmt.Sprintf("box%d", i), alice)
+		status, body := e.do(ctx, "POST", commandsPath(p.ID), tok, cmdBody("true"))
+		if status != 200 || !strings.Contains(string(body), `"code":0`) {
+			t.Fatalf("project %d: %d %s", i, status, body)
+		}
+		if status, body := e.do(ctx, "DELETE", fmt.Sprintf("/v1/projects/%d", p.ID), tok, nil); status != 204 {
+			t.Fatalf("delete project %d: %d %s", i, status, body)
+		}
+	}
+}

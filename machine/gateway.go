@@ -461,19 +461,36 @@ func (g *Gateway) Dial(ctx context.Context, p Project, port int) (net.Conn, erro
 // connection wraps ErrInterrupted; ctx bounds the whole call. Resetting a
 // project without a machine or state succeeds.
 func (g *Gateway) Reset(ctx context.Context, p Project) error {
+	return g.reset(ctx, p, false)
+}
+
+// Forget discards everything the worker keeps of deleted project p: what
+// Reset discards, and also its home and disk; its id range is freed for
+// another project. Errors are Reset's; a worker without wire's
+// FeatureProjectForget makes it an error wrapping ErrUnsupported.
+func (g *Gateway) Forget(ctx context.Context, p Project) error {
+	return g.reset(ctx, p, true)
+}
+
+// reset sends a machine-reset, with "forget" if forget.
+func (g *Gateway) reset(ctx context.Context, p Project, forget bool) error {
 	c, err := g.connection(ctx)
 	if err != nil {
 		return err
 	}
-	if !c.hello.Has(wire.FeatureMachineReset) {
-		return fmt.Errorf("%w: machine reset (feature %q)", ErrUnsupported, wire.FeatureMachineReset)
+	feature, what := wire.FeatureMachineReset, "reset"
+	if forget {
+		feature, what = wire.FeatureProjectForget, "forget"
+	}
+	if !c.hello.Has(feature) {
+		return fmt.Errorf("%w: machine %s (feature %q)", ErrUnsupported, what, feature)
 	}
 	id := g.newID("reset")
 	w := c.addDial(id)
 	if w == nil {
 		return c.lossErr
 	}
-	if err := c.wc.Send(&wire.MachineReset{ID: id, Project: wire.Project{ID: p.ID, Workspace: p.Workspace}}); err != nil {
+	if err := c.wc.Send(&wire.MachineReset{ID: id, Project: wire.Project{ID: p.ID, Workspace: p.Workspace}, Forget: forget}); err != nil {
 		c.removeDial(id)
 		c.fail(err)
 		return fmt.Errorf("%w: %w", ErrInterrupted, err)
@@ -481,7 +498,7 @@ func (g *Gateway) Reset(ctx context.Context, p Project) error {
 	select {
 	case r := <-w:
 		if r.err != nil {
-			return fmt.Errorf("machine: reset project %d: %w", p.ID, r.err)
+			return fmt.Errorf("machine: %s project %d: %w", what, p.ID, r.err)
 		}
 		return nil
 	case <-ctx.Done():

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/errdefs"
+	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -76,6 +77,11 @@ type Projects struct {
 	GitImport GitImportOptions
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// Gateway, if it has a privileged transport, is told of a deleted
+	// managed project's end (machine.Gateway.Forget), so that its worker
+	// frees the project's home, machine state and id range; nil leaves
+	// them to the worker's next start.
+	Gateway *machine.Gateway
 }
 
 // StateDirMode is the mode of the daemon's state directory: only the
@@ -246,6 +252,14 @@ func (p *Projects) Delete(ctx context.Context, id int64) error {
 			if err := os.RemoveAll(proj.Root); err != nil {
 				return fmt.Errorf("projects: project %d deleted, but its workspace was not removed: %w", id, err)
 			}
+		}
+	}
+	if proj.Kind == store.ProjectManaged && p.Gateway != nil && p.Gateway.HasTransport() {
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		err := p.Gateway.Forget(fctx, machine.Project{ID: id, Workspace: proj.Root})
+		cancel()
+		if err != nil && !errors.Is(err, machine.ErrUnsupported) {
+			p.logger().Warn("project deleted, but its worker did not free its machine state and id range (freed at the worker's next start)", "project", id, "err", err)
 		}
 	}
 	if proj.Kind == store.ProjectManaged && p.StateDir != "" {

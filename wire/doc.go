@@ -75,6 +75,9 @@
 //
 //	feature        member                              in
 //	user           "user": name or numeric uid         exec-start
+//	project-forget "forget": true (the project was     machine-reset
+//	                 deleted: its home and disk go too
+//	                 and its id range is freed)
 //	machine-spec   project."image": image name         exec-start, net-dial
 //	               project."limits": {memory, pids,
 //	                 cpuMillis, disk, tmp}

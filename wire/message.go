@@ -112,6 +112,9 @@ const (
 	// FeatureMachineReset: the client may send machine-reset (see
 	// [MachineReset]), which discards a project's machine state.
 	FeatureMachineReset = "machine-reset"
+	// FeatureProjectForget: machine-reset may carry "forget": true (see
+	// [MachineReset.Forget]), sent when the project was deleted.
+	FeatureProjectForget = "project-forget"
 	// FeatureTTY: exec-start may carry "tty": {rows, cols}. The worker
 	// then runs the session on a pseudo-terminal allocated inside the
 	// machine (its own devpts), the slave its controlling terminal and
@@ -337,6 +340,10 @@ type NetListening struct {
 type MachineReset struct {
 	ID      string  `json:"id"`
 	Project Project `json:"project"`
+	// Forget (FeatureProjectForget) also discards the project's home and
+	// disk and frees its id range for another project: the project was
+	// deleted.
+	Forget bool `json:"forget,omitempty"`
 }
 
 // MachineResetDone answers a MachineReset that succeeded.

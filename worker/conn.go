@@ -43,7 +43,7 @@ import (
 )
 
 // features are the protocol-2 extensions the worker announces.
-var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY, wire.FeatureFiles, wire.FeatureExecSignal, wire.FeatureExecRun}
+var features = []string{wire.FeatureUser, wire.FeatureMachineSpec, wire.FeatureMachineReset, wire.FeatureProjectForget, wire.FeatureOOMKilled, wire.FeatureNetListen, wire.FeatureTTY, wire.FeatureFiles, wire.FeatureExecSignal, wire.FeatureExecRun}
 
 // handshakeTimeout bounds how long a new connection may take to say hello.
 const handshakeTimeout = 10 * time.Second

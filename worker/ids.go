@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +22,11 @@ type slotState struct {
 	Start uint32 `json:"start"`
 	// Slots maps project ids (decimal) to slots.
 	Slots map[string]int `json:"slots"`
+	// Workspaces maps project ids (decimal) to the host workspace their
+	// machine was last started for: a slot whose workspace is gone is
+	// freed at the worker's start (see reconcileSlots). Absent in files
+	// of older workers.
+	Workspaces map[string]string `json:"workspaces,omitempty"`
 }
 
 // claimIDs returns the worker's block of host ids: Config.UIDBase's if set
@@ -72,16 +78,39 @@ func (w *Worker) loadSlots() error {
 		}
 		w.slots[id] = s
 		w.used[s] = true
+		if ws := st.Workspaces[k]; ws != "" {
+			w.workspaces[id] = ws
+		}
 	}
 	return nil
+}
+
+// reconcileSlots frees the slot, home and machine state of every project
+// whose recorded workspace is gone (its project was deleted while no
+// worker ran, or by a daemon that could not tell the worker). Called
+// by New before any machine starts.
+func (w *Worker) reconcileSlots() {
+	for id, ws := range w.workspaces {
+		if _, err := os.Lstat(ws); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := w.ForgetProject(id); err != nil {
+			w.log.Warn("cannot free the id range of a project whose workspace is gone", "project", id, "workspace", ws, "err", err)
+			continue
+		}
+		w.log.Info("freed the id range of a project whose workspace is gone", "project", id, "workspace", ws)
+	}
 }
 
 // saveSlots persists the slots atomically (a new file renamed over the
 // old one, both synced). Called with w.mu held.
 func (w *Worker) saveSlots() error {
-	st := slotState{Start: w.ids.Start, Slots: make(map[string]int, len(w.slots))}
+	st := slotState{Start: w.ids.Start, Slots: make(map[string]int, len(w.slots)), Workspaces: make(map[string]string, len(w.workspaces))}
 	for id, s := range w.slots {
 		st.Slots[strconv.FormatInt(id, 10)] = s
+		if ws := w.workspaces[id]; ws != "" {
+			st.Workspaces[strconv.FormatInt(id, 10)] = ws
+		}
 	}
 	b, err := json.MarshalIndent(st, "", "\t")
 	if err != nil {
@@ -120,9 +149,22 @@ func (w *Worker) saveSlots() error {
 var ErrTooManyProjects = errors.New("too-many-projects")
 
 // slot returns the id-range slot of project id, allocating and persisting
-// one on first use. Called with w.mu held.
-func (w *Worker) slot(id int64) (int, error) {
+// one on first use, and records ws as its workspace. Called with w.mu
+// held.
+func (w *Worker) slot(id int64, ws string) (int, error) {
 	if s, ok := w.slots[id]; ok {
+		if ws != "" && w.workspaces[id] != ws {
+			prev, had := w.workspaces[id]
+			w.workspaces[id] = ws
+			if err := w.saveSlots(); err != nil {
+				if had {
+					w.workspaces[id] = prev
+				} else {
+					delete(w.workspaces, id)
+				}
+				return 0, err
+			}
+		}
 		return s, nil
 	}
 	n := int(w.ids.Size / RangeSize)
@@ -135,9 +177,13 @@ func (w *Worker) slot(id int64) (int, error) {
 	}
 	w.used[s] = true
 	w.slots[id] = s
+	if ws != "" {
+		w.workspaces[id] = ws
+	}
 	if err := w.saveSlots(); err != nil {
 		delete(w.slots, id)
 		delete(w.used, s)
+		delete(w.workspaces, id)
 		return 0, err
 	}
 	return s, nil
@@ -146,22 +192,41 @@ func (w *Worker) slot(id int64) (int, error) {
 // hostUIDOf returns the host id guest root of a machine in slot s maps to.
 func (w *Worker) hostUIDOf(s int) uint32 { return w.ids.Start + uint32(s)*RangeSize }
 
+// Forget discards everything the worker keeps of project id: its machine
+// (stopped first; refused with code "busy" while it has sessions, as
+// Reset), its upper layer, disk and home, and its id-range slot, which a
+// new project may then have. Call it when the project is deleted. ctx
+// bounds the wait for the machine to stop.
+func (w *Worker) Forget(ctx context.Context, id int64) error {
+	if err := w.Reset(ctx, id); err != nil {
+		return err
+	}
+	return w.ForgetProject(id)
+}
+
 // ForgetProject frees project id's id-range slot, so that a new project
-// may have it: call it when the project is discarded and nothing of it
-// carries its ids any more (its home, upper layer and workspace are
-// gone). A running machine of the project is stopped first; ForgetProject
-// waits until it is gone. Forgetting an unknown project does nothing. It
-// fails if the slots cannot be persisted (the slot then stays taken).
+// may have it, after removing what carries its ids: its home, the upper
+// layer of its machine and its disk. Call it when the project is
+// discarded (Forget also refuses while the machine has sessions). A
+// running machine of the project is stopped first; ForgetProject waits
+// until it is gone. Forgetting an unknown project does nothing. It fails
+// if the files cannot be removed or the slots cannot be persisted (the
+// slot then stays taken).
 func (w *Worker) ForgetProject(id int64) error {
 	w.mu.Lock()
 	m := w.machines[id]
 	if m != nil {
 		delete(w.machines, id)
 	}
+	last := w.latest[id]
 	w.mu.Unlock()
 	if m != nil {
 		m.stop("project discarded")
 		<-m.dead
+	}
+	if last != nil && last != m {
+		last.stop("project discarded")
+		<-last.dead
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -172,11 +237,33 @@ func (w *Worker) ForgetProject(id int64) error {
 	if !ok {
 		return nil
 	}
+	if err := w.removeProjectState(id); err != nil {
+		return fmt.Errorf("worker: forget project %d: %w", id, err)
+	}
 	delete(w.slots, id)
+	ws, hadWS := w.workspaces[id]
+	delete(w.workspaces, id)
 	if err := w.saveSlots(); err != nil {
 		w.slots[id] = s
+		if hadWS {
+			w.workspaces[id] = ws
+		}
 		return err
 	}
 	delete(w.used, s)
+	return nil
+}
+
+// removeProjectState removes the files that carry project id's ids: its
+// home, its upper layer (and the record of its image) and its disk. No
+// machine of the project runs.
+func (w *Worker) removeProjectState(id int64) error {
+	dir := w.projectDir(id)
+	image, _ := w.disks.paths(id)
+	for _, p := range []string{filepath.Join(w.cfg.HomesRoot, strconv.FormatInt(id, 10)), dir, dir + ".image", image, image + ".reset"} {
+		if err := os.RemoveAll(p); err != nil {
+			return err
+		}
+	}
 	return nil
 }

@@ -83,7 +83,11 @@ func (w *Worker) Reset(ctx context.Context, id int64) error {
 func (c *conn) machineReset(m *wire.MachineReset) {
 	ctx, cancel := context.WithTimeout(context.Background(), machineStartTimeout)
 	defer cancel()
-	err := c.w.Reset(ctx, m.Project.ID)
+	reset := c.w.Reset
+	if m.Forget {
+		reset = c.w.Forget
+	}
+	err := reset(ctx, m.Project.ID)
 	if err == nil {
 		c.send(&wire.MachineResetDone{ID: m.ID})
 		return

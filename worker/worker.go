@@ -256,6 +256,9 @@ type Worker struct {
 	machines map[int64]*machine
 	slots    map[int64]int // project id → id-range slot, persisted in StateDir
 	used     map[int]bool
+	// workspaces maps project ids to the workspace their machine last
+	// started for (persisted with slots).
+	workspaces map[int64]string
 	// resetting holds the projects being reset; each channel closes when
 	// its reset is done. No machine of theirs starts meanwhile.
 	resetting map[int64]chan struct{}
@@ -362,14 +365,15 @@ func New(cfg Config) (*Worker, error) {
 			Tmp:  limit(cfg.Limits.Tmp, DefaultTmp),
 			Disk: max(cfg.Limits.Disk, 0),
 		},
-		images:    cfg.images,
-		machines:  make(map[int64]*machine),
-		slots:     make(map[int64]int),
-		used:      make(map[int]bool),
-		resetting: make(map[int64]chan struct{}),
-		latest:    make(map[int64]*machine),
-		nsCache:   make(map[string]*os.File),
-		conns:     make(map[*conn]struct{}),
+		images:     cfg.images,
+		machines:   make(map[int64]*machine),
+		slots:      make(map[int64]int),
+		used:       make(map[int]bool),
+		workspaces: make(map[int64]string),
+		resetting:  make(map[int64]chan struct{}),
+		latest:     make(map[int64]*machine),
+		nsCache:    make(map[string]*os.File),
+		conns:      make(map[*conn]struct{}),
 	}
 	if w.images == nil {
 		st, err := image.Open(cfg.ImagesDir, image.Options{Logger: log})
@@ -399,6 +403,7 @@ func New(cfg Config) (*Worker, error) {
 	if err := w.disks.sweep(); err != nil {
 		return nil, fmt.Errorf("worker: disks: %w", err)
 	}
+	w.reconcileSlots()
 	if w.cgroups, err = cgroup.Detect(cfg.CgroupParent); err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
 	}
@@ -689,7 +694,7 @@ func (w *Worker) startMachine(id int64, ws, requested, img string, session bool,
 		w.mu.Unlock()
 		return nil, &rejection{wire.CodeDialFailed, fmt.Sprintf("project %d has no running machine", id)}
 	}
-	slot, err := w.slot(id)
+	slot, err := w.slot(id, ws)
 	if err != nil {
 		w.mu.Unlock()
 		return nil, &rejection{wire.CodeMachineFailed, err.Error()}

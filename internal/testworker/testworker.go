@@ -34,6 +34,8 @@ type Options struct {
 	IdleGrace   time.Duration
 	Limits      worker.Limits
 	MaxSessions int
+	// MaxProjects is worker.Config.MaxProjects (0: its default).
+	MaxProjects int
 	// ProjectsRoot is where workspaces must live; empty means a new
 	// temporary directory.
 	ProjectsRoot string
@@ -80,6 +82,7 @@ func Start(t testing.TB, opts Options) *Worker {
 		IdleGrace:    opts.IdleGrace,
 		Limits:       opts.Limits,
 		MaxSessions:  opts.MaxSessions,
+		MaxProjects:  opts.MaxProjects,
 		CgroupParent: parent,
 		IDRegistry:   IDRegistry,
 		SelfExe:      opts.SelfExe,
