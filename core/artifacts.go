@@ -52,7 +52,7 @@ type Artifacts struct {
 
 var _ ArtifactReader = (*Artifacts)(nil)
 
-var artifactRoots = []string{"/workspace/", "/tmp/", "/home/corral/"}
+var artifactRoots = []string{sandbox.GuestWorkspace + "/", "/tmp/", sandbox.GuestHome + "/"}
 
 func checkArtifactPath(p string) error {
 	if p == "" || strings.IndexByte(p, 0) >= 0 || !path.IsAbs(p) || path.Clean(p) != p {

@@ -127,6 +127,7 @@ var classKind = map[errdefs.Kind]api.ErrorKind{
 	errdefs.TooLarge:        api.KindTooLarge,
 	errdefs.Timeout:         api.KindTimeout,
 	errdefs.Busy:            api.KindBusy,
+	errdefs.NoSpace:         api.KindNoSpace,
 }
 
 // rule is a row of errorRules: errors that need a kind of their own (more

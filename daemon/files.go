@@ -39,7 +39,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/api"
-	"github.com/corral-sandbox/corral/internal/fsop"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/provider"
@@ -114,31 +113,6 @@ func checkFilePath(p string) error {
 		}
 	}
 	return nil
-}
-
-// fileAPIError translates a file operation's failure.
-func fileAPIError(err error) error {
-	var rej *machine.RejectedError
-	code := ""
-	msg := err.Error()
-	if errors.As(err, &rej) {
-		code, msg = rej.Code, rej.Message
-	} else if c := fsop.Code(err); c != fsop.CodeFileFailed {
-		code = c
-	}
-	switch code {
-	case fsop.CodeNotFound:
-		return apiErr(http.StatusNotFound, KindNotFound, "%s", msg)
-	case fsop.CodePermission:
-		return apiErr(http.StatusForbidden, KindForbidden, "%s", msg)
-	case fsop.CodeExists, fsop.CodeNotEmpty:
-		return apiErr(http.StatusConflict, KindConflict, "%s", msg)
-	case fsop.CodeNotDirectory, fsop.CodeIsDirectory, fsop.CodeBadPath, "bad-user", "bad-field":
-		return apiErr(http.StatusBadRequest, KindInvalid, "%s", msg)
-	case fsop.CodeNoSpace:
-		return apiErr(http.StatusInsufficientStorage, KindNoSpace, "%s", msg)
-	}
-	return err
 }
 
 // fileCall is one authorized files request: its project, target, lease
@@ -311,7 +285,7 @@ func (a *App) getFile(w http.ResponseWriter, r *http.Request) error {
 	f, fi, err := fc.target.open(fc.ctx, p)
 	if err != nil {
 		fc.end(err)
-		return fileAPIError(err)
+		return err
 	}
 	defer fc.end(nil)
 	defer f.Close()
@@ -427,7 +401,7 @@ func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {
 		// As mkdir -p, as the request's user: what exists is kept.
 		if _, err := fc.target.mkdir(fc.ctx, dir, 0o755, true); err != nil {
 			fc.end(err)
-			return fileAPIError(err)
+			return err
 		}
 	}
 	_, err = fc.target.write(fc.ctx, p, mode, ctxReader{fc.ctx, r.Body})
@@ -440,7 +414,7 @@ func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	fc.end(err)
-	return fileAPIError(err)
+	return err
 }
 
 // statFile serves GET …/files/stat.
@@ -454,7 +428,7 @@ func (a *App) statFile(w http.ResponseWriter, r *http.Request) error {
 	fi, err := fc.target.stat(fc.ctx, p)
 	fc.end(nil)
 	if err != nil {
-		return fileAPIError(err)
+		return err
 	}
 	writeJSON(w, http.StatusOK, fileJSON(fi))
 	return nil
@@ -489,7 +463,7 @@ func (a *App) listFiles(w http.ResponseWriter, r *http.Request) error {
 	dir, entries, trunc, err := fc.target.list(fc.ctx, p, depth, limit)
 	fc.end(nil)
 	if err != nil {
-		return fileAPIError(err)
+		return err
 	}
 	out := api.FileList{Dir: fileJSON(dir), Entries: make([]api.File, len(entries)), Truncated: trunc}
 	for i, e := range entries {
@@ -519,7 +493,7 @@ func (a *App) makeDirectory(w http.ResponseWriter, r *http.Request) error {
 	fi, err := fc.target.mkdir(fc.ctx, req.Path, mode, req.Parents)
 	fc.end(err)
 	if err != nil {
-		return fileAPIError(err)
+		return err
 	}
 	writeJSON(w, http.StatusOK, fileJSON(fi))
 	return nil
@@ -541,7 +515,7 @@ func (a *App) removeFile(w http.ResponseWriter, r *http.Request) error {
 	err = fc.target.remove(fc.ctx, req.Path, req.Recursive)
 	fc.end(err)
 	if err != nil {
-		return fileAPIError(err)
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -563,7 +537,7 @@ func (a *App) renameFile(w http.ResponseWriter, r *http.Request) error {
 	err = fc.target.rename(fc.ctx, req.From, req.To)
 	fc.end(err)
 	if err != nil {
-		return fileAPIError(err)
+		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -586,7 +560,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	ino, watches, err := fc.target.watch(fc.ctx, p, recursive)
 	if err != nil {
 		fc.end(err)
-		return fileAPIError(err)
+		return err
 	}
 	defer ino.Close()
 	conn, err := websocket.Accept(w, r, nil)

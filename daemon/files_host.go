@@ -2,15 +2,14 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/internal/fsop"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/provider"
@@ -58,18 +57,18 @@ func (h *hostFiles) info(s fsop.Stat) fileInfo {
 func (h *hostFiles) run(p string, f func(root *fsop.Root, rel string) error) error {
 	rel, err := h.rel(p)
 	if err != nil {
-		return err
+		return fsop.Classify(err)
 	}
 	root, err := fsop.OpenRoot(h.hf.Root)
 	if err != nil {
-		return err
+		return fsop.Classify(err)
 	}
 	defer root.Close()
 	var cred *fsop.Cred
 	if u := h.hf.User; u != nil {
 		cred = &fsop.Cred{UID: u.UID, GID: u.GID}
 	}
-	return fsop.Run(cred, func() error { return f(root, rel) })
+	return fsop.Classify(fsop.Run(cred, func() error { return f(root, rel) }))
 }
 
 func (h *hostFiles) open(_ context.Context, p string) (f *os.File, fi fileInfo, err error) {
@@ -115,11 +114,11 @@ func (h *hostFiles) write(_ context.Context, p string, mode uint32, src io.Reade
 	}
 	if err != nil {
 		_ = h.run(p, func(root *fsop.Root, _ string) error { return root.Remove(tmp, false) })
-		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			return n, &machine.RejectedError{Code: fsop.CodeNoSpace, Message: fmt.Sprintf("writing %s: the disk is full", p)}
+		if fsop.Code(err) == fsop.CodeNoSpace {
+			return n, errdefs.Wrap(fmt.Errorf("writing %s: the disk is full: %w", p, err), errdefs.NoSpace)
 		}
 	}
-	return n, err
+	return n, fsop.Classify(err)
 }
 
 func (h *hostFiles) stat(_ context.Context, p string) (fi fileInfo, err error) {
@@ -166,7 +165,7 @@ func (h *hostFiles) remove(_ context.Context, p string, recursive bool) error {
 func (h *hostFiles) rename(_ context.Context, from, to string) error {
 	toRel, err := h.rel(to)
 	if err != nil {
-		return err
+		return fsop.Classify(err)
 	}
 	return h.run(from, func(root *fsop.Root, rel string) error { return root.Rename(rel, toRel) })
 }

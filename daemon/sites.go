@@ -219,7 +219,7 @@ func siteDialFailure(err error) bool {
 func siteDialMessage(err error) string {
 	var rej *machine.RejectedError
 	if errors.As(err, &rej) {
-		return fmt.Sprintf("site unreachable: %s: %s", rej.Code, rej.Message)
+		return fmt.Sprintf("site unreachable: %s", rej.Message)
 	}
 	return "site unreachable"
 }

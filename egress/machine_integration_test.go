@@ -21,7 +21,6 @@ import (
 	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -95,7 +94,7 @@ func newMachineFixture(t *testing.T, p egress.Policy) *machineFixture {
 			break
 		}
 		var rej *machine.RejectedError
-		if !errors.As(err, &rej) || rej.Code != wire.CodeDialFailed || time.Now().After(deadline) {
+		if !errors.As(err, &rej) || !errors.Is(err, machine.ErrDialFailed) || time.Now().After(deadline) {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)

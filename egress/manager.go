@@ -6,13 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // LoadPolicy returns project's stored policy (the zero Policy, mode none,
@@ -72,7 +70,8 @@ type ManagerOptions struct {
 	// means one second.
 	Poll time.Duration
 	// StartArgv is the command run to start a machine that does not run
-	// yet, before its proxies are armed; nil means ["true"].
+	// yet, before its proxies are armed, under the lease of the session
+	// that needs the proxies; nil means ["true"].
 	StartArgv []string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -170,15 +169,16 @@ func (mg *Manager) journal(r Record) {
 }
 
 // Session is called before a managed session of project p starts (for
-// account): it counts the session and, when the project's policy is mode
-// proxy, arms the machine's proxies first (starting the machine with
-// StartArgv when it does not run yet) and returns the proxy environment to
+// account, under lease, the session's lease ID): it counts the session
+// and, when the project's policy is mode proxy, arms the machine's proxies
+// first (starting the machine with StartArgv, under the same lease, when it
+// does not run yet) and returns the proxy environment to
 // add to the session's. The caller calls release once the session ended
 // (or did not start); release is idempotent. An error (the machine could
 // not be armed) leaves nothing counted: the session should not run, as it
 // would find no proxy.
-func (mg *Manager) Session(ctx context.Context, p machine.Project, account int64) (env map[string]string, release func(), err error) {
-	return mg.session(ctx, p, account, func() (Policy, int64, error) { return mg.load(ctx, p.ID) })
+func (mg *Manager) Session(ctx context.Context, p machine.Project, account int64, lease string) (env map[string]string, release func(), err error) {
+	return mg.session(ctx, p, account, lease, func() (Policy, int64, error) { return mg.load(ctx, p.ID) })
 }
 
 // load reads project's stored policy and its version.
@@ -198,14 +198,14 @@ func (mg *Manager) load(ctx context.Context, project int64) (Policy, int64, erro
 // read (a policy change bumps it). version is that version
 // (store.Tenancy.Version): a policy the Manager applied meanwhile from a
 // later read (the poller, PolicyChanged) is kept instead.
-func (mg *Manager) SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string, version int64) (env map[string]string, release func(), err error) {
-	return mg.session(ctx, p, account, func() (Policy, int64, error) {
+func (mg *Manager) SessionPolicy(ctx context.Context, p machine.Project, account int64, lease, stored string, version int64) (env map[string]string, release func(), err error) {
+	return mg.session(ctx, p, account, lease, func() (Policy, int64, error) {
 		pol, err := parseStored(p.ID, stored)
 		return pol, version, err
 	})
 }
 
-func (mg *Manager) session(ctx context.Context, p machine.Project, account int64, load func() (Policy, int64, error)) (env map[string]string, release func(), err error) {
+func (mg *Manager) session(ctx context.Context, p machine.Project, account int64, lease string, load func() (Policy, int64, error)) (env map[string]string, release func(), err error) {
 	mg.mu.Lock()
 	if mg.closed {
 		mg.mu.Unlock()
@@ -232,7 +232,7 @@ func (mg *Manager) session(ctx context.Context, p machine.Project, account int64
 	if pol.Mode != ModeProxy {
 		return nil, release, nil
 	}
-	if err := mg.arm(ctx, e, pol, ver); err != nil {
+	if err := mg.arm(ctx, e, pol, ver, lease); err != nil {
 		release()
 		return nil, nil, err
 	}
@@ -261,8 +261,10 @@ func (mg *Manager) release(project int64) {
 
 // arm makes sure e's machine has its proxies, under policy pol read at
 // version ver, or a later one e has. The machine's policy is set under
-// mg.mu, so that of two arms the later read's policy stays.
-func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy, ver int64) error {
+// mg.mu, so that of two arms the later read's policy stays. A machine that
+// does not run yet is started under lease; with no lease (the poller, a
+// policy change) it is not: the next session arms it.
+func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy, ver int64, lease string) error {
 	for {
 		mg.mu.Lock()
 		pol = e.take(pol, ver)
@@ -284,7 +286,7 @@ func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy, ver int64) e
 		e.arming = w
 		armedAt := e.version
 		mg.mu.Unlock()
-		m, err := mg.armNew(ctx, e, pol)
+		m, err := mg.armNew(ctx, e, pol, lease)
 		mg.mu.Lock()
 		e.arming = nil
 		close(w)
@@ -304,18 +306,18 @@ func (mg *Manager) arm(ctx context.Context, e *managed, pol Policy, ver int64) e
 	}
 }
 
-func (mg *Manager) armNew(ctx context.Context, e *managed, pol Policy) (*Machine, error) {
+func (mg *Manager) armNew(ctx context.Context, e *managed, pol Policy, lease string) (*Machine, error) {
 	m, err := mg.svc.NewMachine(e.account, e.project.ID, pol)
 	if err != nil {
 		return nil, err
 	}
 	err = m.Arm(ctx, mg.gw, e.project)
-	var rej *machine.RejectedError
-	if errors.As(err, &rej) && rej.Code == wire.CodeDialFailed && strings.Contains(rej.Message, "no running machine") {
-		// Start the machine with a session of its own, then arm it: the
-		// proxies must listen before the real session's program runs.
-		s, serr := mg.gw.Exec(ctx, machine.ExecRequest{Project: e.project, Account: e.account, Lease: "egress",
-			Argv: mg.start, Cwd: "/workspace", Env: map[string]string{"PATH": "/usr/local/bin:/usr/bin:/bin"}})
+	if errors.Is(err, machine.ErrNoMachine) && lease != "" {
+		// Start the machine with a session of its own, covered by the
+		// lease of the session that needs the proxies, then arm it: the
+		// proxies must listen before that session's program runs.
+		s, serr := mg.gw.Exec(ctx, machine.ExecRequest{Project: e.project, Account: e.account, Lease: lease,
+			Argv: mg.start, Cwd: machine.GuestWorkspace})
 		if serr != nil {
 			return nil, fmt.Errorf("egress: start the machine of project %d: %w", e.project.ID, serr)
 		}
@@ -361,7 +363,7 @@ func (mg *Manager) refresh(ctx context.Context, e *managed) {
 	}
 	switch {
 	case pol.Mode == ModeProxy:
-		if err := mg.arm(ctx, e, pol, ver); err != nil {
+		if err := mg.arm(ctx, e, pol, ver, ""); err != nil {
 			mg.log.Warn("egress: arm", "project", e.project.ID, "err", err)
 		}
 	case armed != nil:

@@ -2,8 +2,10 @@ package egress
 
 import (
 	"context"
+	"errors"
 	"net"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -64,7 +66,7 @@ func TestSessionPolicyKeepsLaterPolicy(t *testing.T) {
 	}
 
 	loose, v1 := store("a.example", "b.example")
-	_, rel1, err := mg.Session(ctx, mp, 1) // a session running throughout
+	_, rel1, err := mg.Session(ctx, mp, 1, "lease-1") // a session running throughout
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +80,7 @@ func TestSessionPolicyKeepsLaterPolicy(t *testing.T) {
 		t.Fatal("tightened policy not applied")
 	}
 	// Prepared before the tightening, started after it.
-	_, rel2, err := mg.SessionPolicy(ctx, mp, 1, loose, v1)
+	_, rel2, err := mg.SessionPolicy(ctx, mp, 1, "lease-2", loose, v1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,12 +93,70 @@ func TestSessionPolicyKeepsLaterPolicy(t *testing.T) {
 	}
 	// A later read applies.
 	tighter, v3 := store("c.example")
-	_, rel3, err := mg.SessionPolicy(ctx, mp, 1, tighter, v3)
+	_, rel3, err := mg.SessionPolicy(ctx, mp, 1, "lease-3", tighter, v3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rel3()
 	if allowed("b.example") || !allowed("c.example") {
 		t.Fatalf("the later read's policy (%s at %d, after %s at %d) not applied", tighter, v3, tight, v2)
+	}
+}
+
+// startGateway has no running machine until a session starts one; it
+// records the lease each session runs under.
+type startGateway struct {
+	mu      sync.Mutex
+	running bool
+	leases  []string
+}
+
+func (g *startGateway) Listen(context.Context, machine.Project, int) (net.Listener, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.running {
+		return nil, &machine.RejectedError{Message: "project 1 has no running machine", Err: machine.ErrNoMachine}
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+func (g *startGateway) Exec(_ context.Context, req machine.ExecRequest) (*machine.Session, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.leases = append(g.leases, req.Lease)
+	return nil, errors.New("no worker here")
+}
+
+// TestMachineStartUnderSessionLease: a proxy-mode project whose machine
+// does not run yet has it started by a session of the Manager's own, under
+// the lease of the session that needs the proxies — never a lease that no
+// one holds. (Fails with the placeholder lease "egress".)
+func TestMachineStartUnderSessionLease(t *testing.T) {
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	p, err := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := StorePolicy(ctx, st, p.ID, Policy{Mode: ModeProxy, Allow: []string{"a.example"}}); err != nil {
+		t.Fatal(err)
+	}
+	gw := &startGateway{}
+	mg, err := NewManager(ManagerOptions{Store: st, Gateway: gw, Poll: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.Close()
+	if _, _, err := mg.Session(ctx, machine.Project{ID: p.ID, Workspace: "/p"}, 1, "the-session-lease"); err == nil {
+		t.Fatal("Session armed a machine that could not be started")
+	}
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	if len(gw.leases) != 1 || gw.leases[0] != "the-session-lease" {
+		t.Fatalf("machine started under leases %q, want the session's", gw.leases)
 	}
 }

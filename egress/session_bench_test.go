@@ -56,8 +56,8 @@ func BenchmarkSessionPolicy(b *testing.B) {
 		name  string
 		start func() (map[string]string, func(), error)
 	}{
-		{"read", func() (map[string]string, func(), error) { return mg.Session(ctx, mp, 1) }},
-		{"handed", func() (map[string]string, func(), error) { return mg.SessionPolicy(ctx, mp, 1, "", 1) }},
+		{"read", func() (map[string]string, func(), error) { return mg.Session(ctx, mp, 1, "lease-1") }},
+		{"handed", func() (map[string]string, func(), error) { return mg.SessionPolicy(ctx, mp, 1, "lease-1", "", 1) }},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var cpu time.Duration

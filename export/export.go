@@ -80,7 +80,7 @@ const BundlePrefix = "/tmp/corral-export-"
 
 // guestWorkspace is where a managed project's workspace is inside its
 // machine.
-const guestWorkspace = "/workspace"
+const guestWorkspace = sandbox.GuestWorkspace
 
 // Errors callers branch on. Errors of the sandbox (sandbox.ErrUnavailable,
 // sandbox.ErrDenied, sandbox.ErrNotFound, *sandbox.CommandError) pass

@@ -140,8 +140,9 @@ func (s *Store) makeBase() (*record, error) {
 		Size:      b.size,
 		Layers:    []string{layer},
 		HostBinds: baseHostBinds,
-		Config:    Config{User: "user", WorkingDir: "/workspace"},
-		Version:   baseVersion,
+		// No WorkingDir: the worker's default, the machine's workspace.
+		Config:  Config{User: "user"},
+		Version: baseVersion,
 	}, nil
 }
 

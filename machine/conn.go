@@ -200,7 +200,7 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 	case *wire.ExecRejected:
 		c.g.noteRejection(m.Code, m.Message)
 		if s := c.event(m.ID, m, true); s != nil {
-			s.finish(Exit{}, &RejectedError{Code: m.Code, Message: m.Message})
+			s.finish(Exit{}, rejected(m.Code, m.Message))
 		}
 	case *wire.ExecExit:
 		s := c.session(m.ID, true)
@@ -254,7 +254,7 @@ func (c *conn) dispatch(m wire.Message, files []*os.File) error {
 		if m.ID == "" {
 			return fmt.Errorf("worker error: %w", m)
 		}
-		rej := &RejectedError{Code: m.Code, Message: m.Message}
+		rej := rejected(m.Code, m.Message)
 		if w := c.takeDial(m.ID); w != nil {
 			c.g.noteRejection(m.Code, m.Message)
 			w <- dialResult{err: rej}

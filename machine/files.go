@@ -21,9 +21,10 @@ import (
 // sysfs and cgroupfs are refused. Paths are absolute guest paths
 // (/workspace/x, /home/corral/y) or relative to the workspace, and clean.
 //
-// A refusal or failure in the machine is a *RejectedError whose Code is one
-// of wire's file codes (wire.CodeNotFound, wire.CodePermission,
-// wire.CodeBadPath, …); a worker without the feature yields an error
+// A refusal or failure in the machine is a *RejectedError wrapping one of
+// this package's file errors (ErrNotFound, ErrPermission, ErrBadPath, …,
+// each classed for the HTTP edge; ErrBadUser and ErrBadRequest classed as
+// invalid); a worker without the feature yields an error
 // wrapping ErrUnsupported, with nothing sent; a lost connection wraps
 // ErrInterrupted; ctx bounds each call (not the descriptors returned).
 // Descriptors returned are the caller's alone: the worker keeps no copy.
@@ -168,7 +169,7 @@ func (g *Gateway) fileOp(ctx context.Context, r FileRequest, fill func(*wire.Fil
 func fileErr(r FileRequest, err error) error {
 	var rej *RejectedError
 	if errors.As(err, &rej) {
-		return err // its message names the path already
+		return fileRefusal(err) // its message names the path already
 	}
 	return fmt.Errorf("machine: file %s of project %d: %w", r.Path, r.Project.ID, err)
 }
@@ -189,8 +190,8 @@ func (g *Gateway) OpenFile(ctx context.Context, r FileRequest) (*os.File, FileIn
 // src into it, fsyncs it and has it renamed over r.Path, so that a reader
 // sees the old file or the whole new one, never a part. A final symlink
 // at r.Path is replaced, not written through; a directory there is
-// refused (wire.CodeIsDirectory). On any failure (src's error, a full
-// disk: wire.CodeNoSpace) the temporary file is removed and r.Path is
+// refused (ErrIsDirectory). On any failure (src's error, a full
+// disk: ErrNoSpace) the temporary file is removed and r.Path is
 // unchanged. It returns the bytes written.
 func (g *Gateway) WriteFile(ctx context.Context, r FileRequest, mode uint32, src io.Reader) (int64, error) {
 	msg, f, _, err := g.fileOp(ctx, r, func(m *wire.FileRequest) { m.Op = wire.OpCreate; m.Mode = mode & 0o777 })
@@ -217,7 +218,7 @@ func (g *Gateway) WriteFile(ctx context.Context, r FileRequest, mode uint32, src
 			g.log.Warn("temporary file left behind", "project", r.Project.ID, "path", tmp, "err", rerr)
 		}
 		if isNoSpace(err) {
-			return n, &RejectedError{Code: wire.CodeNoSpace, Message: fmt.Sprintf("writing %s: the project's disk is full", r.Path)}
+			return n, rejected(wire.CodeNoSpace, fmt.Sprintf("writing %s: the project's disk is full", r.Path))
 		}
 		return n, err
 	}

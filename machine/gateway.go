@@ -61,19 +61,6 @@ var (
 	ErrPingTimeout = errors.New("machine: worker did not answer ping")
 )
 
-// RejectedError is the worker's refusal of a request (exec-rejected, or an
-// error frame answering an exec or a net-dial). Nothing was started.
-type RejectedError struct {
-	// Code is the machine-readable reason, one of the wire.Code* values
-	// (for example wire.CodeBadCwd, wire.CodeDialFailed).
-	Code    string
-	Message string
-}
-
-func (e *RejectedError) Error() string {
-	return fmt.Sprintf("machine: worker refused: %s: %s", e.Code, e.Message)
-}
-
 // Options configure a Gateway. The zero value is usable.
 type Options struct {
 	// OnInterrupted, if non-nil, is called when the connection to the
@@ -434,8 +421,9 @@ func (g *Gateway) newID(kind string) string {
 
 // Dial connects to port on the loopback of project's machine, through the
 // worker (net-dial). The returned connection is the worker's socket; the
-// caller closes it. A worker refusal is a *RejectedError (code
-// wire.CodeDialFailed when nothing listens); a lost connection wraps
+// caller closes it. A worker refusal is a *RejectedError (wrapping
+// ErrDialFailed when nothing listens, ErrNoMachine when the project has no
+// running machine); a lost connection wraps
 // ErrInterrupted; ctx bounds the whole call.
 func (g *Gateway) Dial(ctx context.Context, p Project, port int) (net.Conn, error) {
 	f, err := g.netRequest(ctx, p, port, "dial", "", func(id string, wp wire.Project) wire.Message {
@@ -455,8 +443,8 @@ func (g *Gateway) Dial(ctx context.Context, p Project, port int) (net.Conn, erro
 // Reset discards the state project p's machine keeps between starts: the
 // upper layer of its root filesystem (what guest root installed or changed
 // outside the workspace and the home), stopping the machine first. The
-// worker refuses while the machine has sessions: a *RejectedError with
-// code wire.CodeBusy. A worker without the extension (wire's
+// worker refuses while the machine has sessions: a *RejectedError
+// wrapping ErrBusy. A worker without the extension (wire's
 // FeatureMachineReset) makes it an error wrapping ErrUnsupported; a lost
 // connection wraps ErrInterrupted; ctx bounds the whole call. Resetting a
 // project without a machine or state succeeds.

@@ -190,7 +190,7 @@ func TestExecRejected(t *testing.T) {
 	for range 2 {
 		_, err := g.Exec(ctxT(t), req("reject"))
 		var rej *RejectedError
-		if !errors.As(err, &rej) || rej.Code != wire.CodeBadArgv {
+		if !errors.As(err, &rej) || !errors.Is(err, ErrBadRequest) {
 			t.Fatalf("Exec = %v, want *RejectedError bad-argv", err)
 		}
 		// The fake worker closes the descriptors of the attach that
@@ -472,7 +472,7 @@ func TestDial(t *testing.T) {
 
 	_, err = g.Dial(ctx, project, 0)
 	var rej *RejectedError
-	if !errors.As(err, &rej) || rej.Code != wire.CodeDialFailed {
+	if !errors.As(err, &rej) || !errors.Is(err, ErrDialFailed) {
 		t.Errorf("Dial port 0 = %v, want dial-failed", err)
 	}
 }
@@ -807,7 +807,7 @@ func TestExecRun(t *testing.T) {
 	s.Close()
 
 	var rej *RejectedError
-	if _, err := g.Exec(ctx, req("reject")); !errors.As(err, &rej) || rej.Code != wire.CodeBadArgv {
+	if _, err := g.Exec(ctx, req("reject")); !errors.As(err, &rej) || !errors.Is(err, ErrBadRequest) {
 		t.Errorf("Exec(reject) = %v, want *RejectedError bad-argv", err)
 	}
 	s, err = g.Exec(ctx, req("notstarted"))

@@ -12,8 +12,8 @@ import (
 // Listen returns a listener on 127.0.0.1:port inside the network namespace
 // of project's machine, through the worker (net-listen, announced feature
 // wire.FeatureNetListen); like Dial, it starts the machine if none runs.
-// When the port is taken it fails with a *RejectedError (code
-// wire.CodeDialFailed). A worker that did not announce the feature yields
+// When the port is taken it fails with a *RejectedError wrapping
+// ErrDialFailed (ErrNoMachine when the project has no running machine). A worker that did not announce the feature yields
 // an error wrapping ErrUnsupported, with nothing sent; a lost connection
 // wraps ErrInterrupted; ctx bounds the call, not the listener.
 //

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // TestRealWorkerListen: net-listen gives core a listener inside the
@@ -23,7 +22,7 @@ func TestRealWorkerListen(t *testing.T) {
 	// No machine yet: refused, nothing started.
 	_, err := in.g.Listen(ctx, in.project, 3128)
 	var rej *machine.RejectedError
-	if !errors.As(err, &rej) || rej.Code != wire.CodeDialFailed {
+	if !errors.As(err, &rej) || !errors.Is(err, machine.ErrDialFailed) {
 		t.Fatalf("Listen without a machine = %v, want dial-failed", err)
 	}
 
@@ -33,14 +32,14 @@ func TestRealWorkerListen(t *testing.T) {
 	}
 	defer hold.Close()
 	defer hold.Cancel(ctx)
-	if _, err := in.g.Listen(ctx, in.project, 0); !errors.As(err, &rej) || rej.Code != wire.CodeDialFailed {
+	if _, err := in.g.Listen(ctx, in.project, 0); !errors.As(err, &rej) || !errors.Is(err, machine.ErrDialFailed) {
 		t.Errorf("Listen port 0 = %v, want dial-failed", err)
 	}
 	l, err := listenWhenStarted(t, in, 3128)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := in.g.Listen(ctx, in.project, 3128); !errors.As(err, &rej) || rej.Code != wire.CodeDialFailed ||
+	if _, err := in.g.Listen(ctx, in.project, 3128); !errors.As(err, &rej) || !errors.Is(err, machine.ErrDialFailed) ||
 		!strings.Contains(rej.Message, "address already in use") {
 		t.Errorf("second Listen on a taken port = %v, want dial-failed (in use)", err)
 	}
@@ -89,7 +88,7 @@ func listenWhenStarted(t *testing.T, in *integration, port int) (net.Listener, e
 	for {
 		l, err := in.g.Listen(ctx, in.project, port)
 		var rej *machine.RejectedError
-		if err == nil || !errors.As(err, &rej) || rej.Code != wire.CodeDialFailed || !strings.Contains(rej.Message, "no running machine") || time.Now().After(deadline) {
+		if err == nil || !errors.As(err, &rej) || !errors.Is(err, machine.ErrDialFailed) || !strings.Contains(rej.Message, "no running machine") || time.Now().After(deadline) {
 			return l, err
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -4,7 +4,16 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/corral-sandbox/corral/internal/layout"
 	"github.com/corral-sandbox/corral/wire"
+)
+
+// The guest layout (package internal/layout): where a machine's sessions
+// find the project's workspace and its home. A request's cwd is a guest
+// path under one of them.
+const (
+	GuestWorkspace = layout.Workspace
+	GuestHome      = layout.Home
 )
 
 // Project identifies a project's machine and what it is built from.

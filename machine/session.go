@@ -223,10 +223,10 @@ func (g *Gateway) Exec(ctx context.Context, req ExecRequest) (*Session, error) {
 				return s, nil
 			case *wire.ExecRejected:
 				s.closeStreams()
-				return nil, &RejectedError{Code: m.Code, Message: m.Message}
+				return nil, rejected(m.Code, m.Message)
 			case *wire.Error:
 				s.closeStreams()
-				return nil, &RejectedError{Code: m.Code, Message: m.Message}
+				return nil, rejected(m.Code, m.Message)
 			}
 		case <-s.done:
 			// A fast command's whole life (accepted, started, exit) may be

@@ -98,3 +98,35 @@ func (t *ConnTransport) Connect(ctx context.Context) (*wire.Conn, error) {
 	t.conn = nil
 	return wire.NewConn(c), nil
 }
+
+// Dial connects to the worker's "unixpacket" socket at path, with no
+// handshake: the connection is for a Gateway's transport (see
+// NewConnTransport), which makes it, or to hand to a process that makes
+// its own.
+func Dial(ctx context.Context, path string) (*net.UnixConn, error) {
+	c, err := wire.Dial(ctx, path)
+	if err != nil {
+		return nil, fmt.Errorf("machine: %w", err)
+	}
+	return c.UnixConn(), nil
+}
+
+// Handshake dials the worker's socket at path and runs protocol 2's
+// handshake on it, then closes the connection: it reports whether a
+// worker serves there (a launcher's readiness check). ctx bounds it.
+func Handshake(ctx context.Context, path string) error {
+	c, err := wire.Dial(ctx, path)
+	if err != nil {
+		return fmt.Errorf("machine: %w", err)
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.UnixConn().SetDeadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
+	if _, err := wire.ClientHello(c); err != nil {
+		return fmt.Errorf("machine: handshake with the worker at %s: %w", path, err)
+	}
+	return nil
+}

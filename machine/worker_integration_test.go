@@ -211,7 +211,7 @@ func TestRealWorkerNotStartedRejectedCancel(t *testing.T) {
 	r.Cwd = "relative"
 	_, err = in.g.Exec(ctx, r)
 	var rej *machine.RejectedError
-	if !errors.As(err, &rej) || rej.Code != wire.CodeBadCwd {
+	if !errors.As(err, &rej) || !errors.Is(err, machine.ErrBadRequest) {
 		t.Errorf("relative cwd: %v, want bad-cwd", err)
 	}
 
@@ -330,7 +330,7 @@ func TestRealWorkerDial(t *testing.T) {
 			break
 		}
 		var rej *machine.RejectedError
-		if !errors.As(err, &rej) || rej.Code != wire.CodeDialFailed || time.Now().After(deadline) {
+		if !errors.As(err, &rej) || !errors.Is(err, machine.ErrDialFailed) || time.Now().After(deadline) {
 			t.Fatalf("Dial: %v", err)
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -648,7 +648,7 @@ func TestRealWorkerReset(t *testing.T) {
 	}
 	defer s.Close()
 	var rej *machine.RejectedError
-	if err := in.g.Reset(ctx, in.project); !errors.As(err, &rej) || rej.Code != wire.CodeBusy {
+	if err := in.g.Reset(ctx, in.project); !errors.As(err, &rej) || !errors.Is(err, machine.ErrBusy) {
 		t.Fatalf("reset of a busy machine: %v", err)
 	}
 	if err := s.Cancel(ctx); err != nil {
@@ -673,7 +673,7 @@ func TestRealWorkerReset(t *testing.T) {
 	}
 	r := in.req("true")
 	r.Project.ID, r.Project.Image = 2, "no-such-image"
-	if _, err := in.g.Exec(ctx, r); !errors.As(err, &rej) || rej.Code != wire.CodeBadImage {
+	if _, err := in.g.Exec(ctx, r); !errors.As(err, &rej) || !errors.Is(err, machine.ErrBadRequest) {
 		t.Fatalf("unknown image: %v", err)
 	}
 }

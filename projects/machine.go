@@ -11,7 +11,6 @@ import (
 	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // ResetMachine discards managed project p's machine state through gw (see
@@ -32,7 +31,7 @@ func ResetMachine(ctx context.Context, st store.Store, gw *machine.Gateway, p st
 	err = gw.Reset(ctx, machine.Project{ID: p.ID, Workspace: p.Root})
 	var rej *machine.RejectedError
 	switch {
-	case errors.As(err, &rej) && rej.Code == wire.CodeBusy:
+	case errors.As(err, &rej) && errors.Is(err, machine.ErrBusy):
 		return fmt.Errorf("%s: %w", rej.Message, store.ErrProjectBusy)
 	case errors.Is(err, machine.ErrUnsupported):
 		return errdefs.Wrap(fmt.Errorf("the worker cannot reset machines: %w", err), errdefs.Unavailable)

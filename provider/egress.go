@@ -14,11 +14,13 @@ import (
 // proxy-mode projects, so a program there that ignores it fails closed:
 // the machine has its loopback only.
 type Egress interface {
-	// Session is called before a managed session of p starts; the
-	// returned environment is added to the session's; release is called
-	// once the session ended or failed to start. An error refuses the
-	// session (it would find no proxy).
-	Session(ctx context.Context, p machine.Project, account int64) (env map[string]string, release func(), err error)
+	// Session is called before a managed session of p starts, under the
+	// session's lease (its ID, which also covers whatever the service
+	// runs in the machine to start it); the returned environment is added
+	// to the session's; release is called once the session ended or
+	// failed to start. An error refuses the session (it would find no
+	// proxy).
+	Session(ctx context.Context, p machine.Project, account int64, lease string) (env map[string]string, release func(), err error)
 }
 
 // PolicyEgress is an Egress that can start a session under the project's
@@ -32,5 +34,5 @@ type PolicyEgress interface {
 	Egress
 	// SessionPolicy is Session under stored, the policy as read at the
 	// project's tenancy version version (store.Tenancy.Version).
-	SessionPolicy(ctx context.Context, p machine.Project, account int64, stored string, version int64) (env map[string]string, release func(), err error)
+	SessionPolicy(ctx context.Context, p machine.Project, account int64, lease, stored string, version int64) (env map[string]string, release func(), err error)
 }

@@ -27,7 +27,7 @@ type policyEgress struct {
 	read int
 }
 
-func (e *policyEgress) Session(ctx context.Context, p machine.Project, _ int64) (map[string]string, func(), error) {
+func (e *policyEgress) Session(ctx context.Context, p machine.Project, _ int64, _ string) (map[string]string, func(), error) {
 	s, err := e.st.EgressPolicy(ctx, p.ID)
 	if err != nil {
 		return nil, nil, err
@@ -38,7 +38,7 @@ func (e *policyEgress) Session(ctx context.Context, p machine.Project, _ int64) 
 	return nil, func() {}, nil
 }
 
-func (e *policyEgress) SessionPolicy(_ context.Context, _ machine.Project, _ int64, stored string, _ int64) (map[string]string, func(), error) {
+func (e *policyEgress) SessionPolicy(_ context.Context, _ machine.Project, _ int64, _, stored string, _ int64) (map[string]string, func(), error) {
 	e.mu.Lock()
 	e.got = append(e.got, stored)
 	e.mu.Unlock()

@@ -20,7 +20,7 @@ type countingEgress struct {
 	live int
 }
 
-func (e *countingEgress) Session(context.Context, machine.Project, int64) (map[string]string, func(), error) {
+func (e *countingEgress) Session(context.Context, machine.Project, int64, string) (map[string]string, func(), error) {
 	e.mu.Lock()
 	e.live++
 	e.mu.Unlock()

@@ -17,7 +17,7 @@ import (
 )
 
 // GuestHome is a managed machine's home directory, as the guest sees it.
-const GuestHome = "/home/corral"
+const GuestHome = sandbox.GuestHome
 
 // prepareManaged prepares a command inside the project's machine. Nothing
 // runs until Start: Start sends exec-start through the machine gateway,
@@ -206,9 +206,9 @@ func (m *managedExec) start(ctx context.Context) (*sandbox.ManagedExecutionSessi
 			err error
 		)
 		if pe, ok := m.egress.(PolicyEgress); ok && m.policy != nil {
-			env, rel, err = pe.SessionPolicy(ctx, req.Project, req.Account, *m.policy, m.policyVersion)
+			env, rel, err = pe.SessionPolicy(ctx, req.Project, req.Account, req.Lease, *m.policy, m.policyVersion)
 		} else {
-			env, rel, err = m.egress.Session(ctx, req.Project, req.Account)
+			env, rel, err = m.egress.Session(ctx, req.Project, req.Account, req.Lease)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("provider: project %d: network: %w", req.Project.ID, err)

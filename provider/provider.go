@@ -41,7 +41,7 @@ const DefaultDomain = "sandbox"
 
 // DisplayRoot is what a host project's root is shown as: in output, in
 // DisplayCwd, and (for managed projects) inside the machine.
-const DisplayRoot = "/workspace"
+const DisplayRoot = sandbox.GuestWorkspace
 
 // DefaultPath is the PATH of every command's environment unless
 // Options.Env sets another.

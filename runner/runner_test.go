@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +32,6 @@ import (
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // env is a state directory with a migrated database, one account that is
@@ -148,9 +148,9 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // socketInode returns the inode of c's socket.
-func socketInode(t *testing.T, c *wire.Conn) uint64 {
+func socketInode(t *testing.T, c *net.UnixConn) uint64 {
 	t.Helper()
-	rc, err := c.UnixConn().SyscallConn()
+	rc, err := c.SyscallConn()
 	must(t, err)
 	var st unix.Stat_t
 	must(t, rc.Control(func(fd uintptr) { err = unix.Fstat(int(fd), &st) }))
@@ -189,7 +189,7 @@ func TestJob(t *testing.T) {
 	tok := token(t)
 
 	// The parent dials; the runner gets that connection and no socket path.
-	conn, err := wire.Dial(ctx, w.Socket)
+	conn, err := machine.Dial(ctx, w.Socket)
 	must(t, err)
 	ino := socketInode(t, conn)
 	p, err := runner.Start(ctx, runner.StartOptions{
@@ -208,7 +208,7 @@ func TestJob(t *testing.T) {
 		},
 	})
 	must(t, err)
-	if n := conn.UnixConn().Close(); n == nil {
+	if n := conn.Close(); n == nil {
 		t.Error("Start left the parent's copy of the worker connection open")
 	}
 	targets := fdTargets(t, p.Pid())

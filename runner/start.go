@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -16,8 +17,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/pdeath"
 	"github.com/corral-sandbox/corral/internal/tailbuf"
-
-	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/machine"
 )
 
 // WaitDelay bounds how long a Process's Wait waits, once the runner was
@@ -49,7 +49,7 @@ type StartOptions struct {
 	// Conn, if set, is a connection to the worker, before the handshake,
 	// handed to the runner. Start takes ownership: it closes its copy in
 	// every case, so the runner holds the only one.
-	Conn *wire.Conn
+	Conn *net.UnixConn
 	// Job is written to the runner's stdin.
 	Job Job
 	// LeaseTTL, if nonzero, is passed as --lease-ttl.
@@ -117,7 +117,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 		}
 	}
 	if opts.WorkerSocket != "" {
-		if conn, err = wire.Dial(ctx, opts.WorkerSocket); err != nil {
+		if conn, err = machine.Dial(ctx, opts.WorkerSocket); err != nil {
 			return nil, fmt.Errorf("runner: dial worker: %w", err)
 		}
 	}
@@ -135,7 +135,7 @@ func Start(ctx context.Context, opts StartOptions) (*Process, error) {
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = WaitDelay
 	if conn != nil {
-		f, err := conn.UnixConn().File()
+		f, err := conn.File()
 		if err != nil {
 			return nil, fmt.Errorf("runner: worker connection: %w", err)
 		}

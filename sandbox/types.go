@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/corral-sandbox/corral/api"
+	"github.com/corral-sandbox/corral/internal/layout"
 )
 
 // LeaseKind says what a lease covers; see [api.LeaseKind]. Only the
@@ -41,6 +42,15 @@ type ProjectRef struct {
 	Kind      ProjectKind `json:"kind"`
 	ProjectID int64       `json:"projectId"`
 }
+
+// The guest layout (one fact, package internal/layout): a project's root
+// as its commands see it — where its workspace is mounted inside a managed
+// project's machine, and what a host project's root is shown as
+// (DisplayCwd, sanitized output) — and the home inside a machine.
+const (
+	GuestWorkspace = layout.Workspace
+	GuestHome      = layout.Home
+)
 
 // CommandTypeArgv is the only command type: an executable and its arguments,
 // never interpreted by a shell.

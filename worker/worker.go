@@ -21,6 +21,7 @@ import (
 
 	"github.com/corral-sandbox/corral/image"
 	"github.com/corral-sandbox/corral/internal/idrange"
+	"github.com/corral-sandbox/corral/internal/layout"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/cgroup"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
@@ -44,8 +45,8 @@ const (
 	GuestGID = 1000
 	// GuestWorkspace and GuestHome are where the workspace and the
 	// per-project home are mounted inside a machine.
-	GuestWorkspace = "/workspace"
-	GuestHome      = "/home/corral"
+	GuestWorkspace = layout.Workspace
+	GuestHome      = layout.Home
 	// DefaultPath is the PATH of a session unless its request sets one.
 	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 )
@@ -479,6 +480,11 @@ func limit(v, def int64) int64 {
 	}
 	return v
 }
+
+// Listen makes the worker's "unixpacket" socket at path, mode 0600
+// (replacing a stale socket file a previous worker left), for Serve. See
+// wire.Listen.
+func Listen(path string) (*net.UnixListener, error) { return wire.Listen(path) }
 
 // Serve accepts connections on ln and serves each until it closes. It
 // blocks until ctx is done or ln fails; it then closes ln and every

@@ -15,6 +15,7 @@ import (
 
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -129,10 +130,10 @@ func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) int {
 func remotePath(s string) string {
 	p := strings.TrimPrefix(s, ":")
 	if p == "" {
-		return "/workspace"
+		return sandbox.GuestWorkspace
 	}
 	if !path.IsAbs(p) {
-		p = path.Join("/workspace", p)
+		p = path.Join(sandbox.GuestWorkspace, p)
 	}
 	return path.Clean(p)
 }
@@ -340,7 +341,7 @@ func (g *gatewayFiles) req(p string) machine.FileRequest {
 
 func gatewayErr(err error) error {
 	var rej *machine.RejectedError
-	if errors.As(err, &rej) && rej.Code == "not-found" {
+	if errors.As(err, &rej) && errors.Is(err, machine.ErrNotFound) {
 		return fmt.Errorf("%w: %s", errNotFound, rej.Message)
 	}
 	return err

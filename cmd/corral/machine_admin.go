@@ -13,7 +13,6 @@ import (
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/store"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // newSetMachineCmd is `corral project set-machine`.
@@ -110,7 +109,7 @@ registered (corral project reset ~/proj2).`,
 					sock = filepath.Join(dir, "worker.sock")
 				}
 				dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				c, derr := wire.Dial(dctx, sock)
+				c, derr := machine.Dial(dctx, sock)
 				cancel()
 				if derr != nil {
 					if socket != "" {

@@ -13,7 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -74,7 +73,7 @@ and from the uid given by --allow-uid (the daemon's); others get a
 			if err != nil {
 				return err
 			}
-			ln, err := wire.Listen(socket)
+			ln, err := worker.Listen(socket)
 			if err != nil {
 				return err
 			}

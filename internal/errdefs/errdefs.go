@@ -44,6 +44,8 @@ const (
 	// Busy: a budget is exhausted (admission control); retry after the
 	// load went down.
 	Busy Kind = "busy"
+	// NoSpace: the project's disk (or its quota) is full.
+	NoSpace Kind = "noSpace"
 )
 
 // Sentinels of each class, for errors.Is and for wrapping.

@@ -26,6 +26,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/internal/errdefs"
 )
 
 // Cred is whom operations run as: host ids.
@@ -157,6 +159,29 @@ func Code(err error) string {
 		}
 	}
 	return CodeFileFailed
+}
+
+// codeClass is the class (package internal/errdefs) of each Code that has
+// one: what the HTTP edge answers for a host project's files.
+var codeClass = map[string]errdefs.Kind{
+	CodeNotFound:     errdefs.NotFound,
+	CodePermission:   errdefs.Forbidden,
+	CodeExists:       errdefs.Conflict,
+	CodeNotEmpty:     errdefs.Conflict,
+	CodeNotDirectory: errdefs.Invalid,
+	CodeIsDirectory:  errdefs.Invalid,
+	CodeBadPath:      errdefs.Invalid,
+	CodeNoSpace:      errdefs.NoSpace,
+}
+
+// Classify returns err classified by its Code (not found, forbidden,
+// conflict, invalid, no space); an error of no such code (CodeFileFailed)
+// is returned as it is, and nil stays nil.
+func Classify(err error) error {
+	if k, ok := codeClass[Code(err)]; ok {
+		return errdefs.Wrap(err, k)
+	}
+	return err
 }
 
 // Clean checks that p is a clean relative path inside a root ("" is the

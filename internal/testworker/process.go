@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/internal/workerproc"
-	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -36,7 +35,7 @@ func MaybeRunChild() {
 	})
 	if err == nil {
 		var ln *net.UnixListener
-		if ln, err = wire.Listen(sock); err == nil {
+		if ln, err = worker.Listen(sock); err == nil {
 			err = w.Serve(context.Background(), ln)
 		}
 	}

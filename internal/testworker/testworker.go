@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker"
 )
 
@@ -102,7 +101,7 @@ func Start(t testing.TB, opts Options) *Worker {
 	}
 	t.Cleanup(func() { os.RemoveAll(sockDir) })
 	sock := filepath.Join(sockDir, "worker.sock")
-	ln, err := wire.Listen(sock)
+	ln, err := worker.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}

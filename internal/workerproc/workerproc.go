@@ -3,8 +3,8 @@
 // until it answers on its socket. It is the one launcher of the CLI's
 // private worker, the daemon's supervisor, the test workers and the bench.
 //
-// A started worker is ready when a protocol-2 handshake (wire.Dial and
-// wire.ClientHello) succeeds on its socket, not merely when the socket
+// A started worker is ready when a protocol-2 handshake
+// (machine.Handshake) succeeds on its socket, not merely when the socket
 // accepts connections. A worker that exits before that fails Start with
 // the end of its stderr in the error.
 //
@@ -26,7 +26,7 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/pdeath"
 	"github.com/corral-sandbox/corral/internal/tailbuf"
-	"github.com/corral-sandbox/corral/wire"
+	"github.com/corral-sandbox/corral/machine"
 )
 
 // Defaults of Options and Stop.
@@ -133,7 +133,7 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 	rctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
-		err := handshake(rctx, opts.Socket)
+		err := machine.Handshake(rctx, opts.Socket)
 		if err == nil {
 			return p, nil
 		}
@@ -160,23 +160,6 @@ func Start(ctx context.Context, opts Options) (*Process, error) {
 		}
 		return nil, fmt.Errorf("workerproc: worker %d not ready (%w): %v%s", p.Pid, cause, err, tail.suffix())
 	}
-}
-
-// handshake dials sock and runs the client's side of the protocol-2
-// handshake, giving up when ctx ends.
-func handshake(ctx context.Context, sock string) error {
-	c, err := wire.Dial(ctx, sock)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	if d, ok := ctx.Deadline(); ok {
-		_ = c.UnixConn().SetDeadline(d)
-	}
-	stop := context.AfterFunc(ctx, func() { c.Close() })
-	defer stop()
-	_, err = wire.ClientHello(c)
-	return err
 }
 
 // Done returns a channel closed once the worker has exited and been

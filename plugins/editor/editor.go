@@ -239,7 +239,7 @@ func (e *Editor) session(ctx context.Context, actor sandbox.Actor, project int64
 	dir := "."
 	switch kind {
 	case sandbox.ProjectManaged:
-		dir = "/workspace"
+		dir = sandbox.GuestWorkspace
 	case sandbox.ProjectHost:
 	default:
 		return nil, fmt.Errorf("editor: project %d has unknown kind %q", project, kind)

@@ -46,7 +46,7 @@ const Name = "lsp"
 
 // Workspace is the working directory of every language server: the
 // project's root inside its machine.
-const Workspace = "/workspace"
+const Workspace = sandbox.GuestWorkspace
 
 // DefaultGopls is gopls's default command line. The machine's environment
 // is minimal, so it goes through env(1) to find the Go toolchain where the
