@@ -20,6 +20,22 @@ func (loopGateway) Listen(context.Context, machine.Project, int) (net.Listener, 
 	return net.Listen("tcp", "127.0.0.1:0")
 }
 
+// projectStore opens a store of its own with one managed project.
+func projectStore(t testing.TB) (*store.Store, store.Project) {
+	t.Helper()
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	p, err := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, p
+}
+
 // TestSessionPolicyKeepsLaterPolicy: a session whose preparation read the
 // policy before it was tightened (SessionPolicy with the older version)
 // may start after the Manager applied the tightened policy to the
@@ -28,15 +44,7 @@ func (loopGateway) Listen(context.Context, machine.Project, int) (net.Listener, 
 // (Fails when the session's policy is applied whatever its version.)
 func TestSessionPolicyKeepsLaterPolicy(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	p, err := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, p := projectStore(t)
 	mg, err := NewManager(ManagerOptions{Store: st, Gateway: loopGateway{}, Poll: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -133,15 +141,7 @@ func (g *startGateway) Exec(_ context.Context, req machine.ExecRequest) (*machin
 // one holds. (Fails with the placeholder lease "egress".)
 func TestMachineStartUnderSessionLease(t *testing.T) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	p, err := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, p := projectStore(t)
 	if _, err := StorePolicy(ctx, st, p.ID, Policy{Mode: ModeProxy, Allow: []string{"a.example"}}); err != nil {
 		t.Fatal(err)
 	}

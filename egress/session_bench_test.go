@@ -3,7 +3,6 @@ package egress
 import (
 	"context"
 	"net"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -33,15 +32,7 @@ func (noGateway) Exec(context.Context, machine.ExecRequest) (*machine.Session, e
 //	go test ./egress -run '^$' -bench SessionPolicy -count 5
 func BenchmarkSessionPolicy(b *testing.B) {
 	ctx := context.Background()
-	st, err := store.Open(ctx, filepath.Join(b.TempDir(), "corral.db"), store.Options{Migrate: true})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer st.Close()
-	p, err := st.CreateProject(ctx, store.NewProject{Kind: store.ProjectManaged, Name: "p", Root: "/p"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	st, p := projectStore(b)
 	l, err := st.CreateLease(ctx, store.NewLease{Project: p.ID, Kind: "terminal", TTL: time.Hour}, time.Now())
 	if err != nil {
 		b.Fatal(err)
