@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 )
@@ -36,7 +37,7 @@ func TestBusyIs429(t *testing.T) {
 		resp.Body.Close()
 		done <- resp.StatusCode
 	}()
-	waitFor(t, "the first command to run", func() bool { l := fake.LastLease(); return l != nil && !l.Released() })
+	testenv.WaitFor(t, 5*time.Second, "the first command to run", func() bool { l := fake.LastLease(); return l != nil && !l.Released() })
 	calls := fake.Calls()
 	// …the second is refused.
 	req, _ := http.NewRequestWithContext(ctx, "POST", "http://corral"+commandsPath(p.ID), strings.NewReader(`{"command":{"type":"argv","file":"true"}}`))
@@ -67,13 +68,13 @@ func TestBusyIs429(t *testing.T) {
 		t.Fatalf("second session: %v %v", resp, err)
 	}
 	c.CloseNow()
-	waitFor(t, "the session's reservation to be given back", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the session's reservation to be given back", func() bool {
 		_, u := lim.Usage(alice.ID)
 		return u.Sessions == 0
 	})
 	cancel()
 	<-done
-	waitFor(t, "the command's reservation to be given back", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the command's reservation to be given back", func() bool {
 		_, u := lim.Usage(alice.ID)
 		return u.Commands == 0
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -64,7 +65,7 @@ func TestClientAgainstDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the first stty size", func() bool { return strings.Contains(term.String(), "30 100") })
+	testenv.WaitFor(t, 5*time.Second, "the first stty size", func() bool { return strings.Contains(term.String(), "30 100") })
 	if err := s.Resize(40, 120); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -243,14 +244,14 @@ func TestClientDisconnectCancels(t *testing.T) {
 		})
 		done <- err
 	}()
-	waitFor(t, "the command to start", func() bool { return len(processesWith(marker)) > 0 })
+	testenv.WaitFor(t, 5*time.Second, "the command to start", func() bool { return len(processesWith(marker)) > 0 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("client error %v", err)
 	}
 	sandboxtest.AssertNoProcesses(t, marker)
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
-	waitFor(t, "a 499 to be recorded", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "a 499 to be recorded", func() bool {
 		return metricValue(t, e, `corral_http_requests_total{code="499",route="POST /v1/projects/{id}/commands"}`) == 1
 	})
 	if v := metricValue(t, e, `corral_commands_total{outcome="abort"}`); v != 1 {

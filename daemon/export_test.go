@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/store"
@@ -216,7 +217,7 @@ func TestExportSweeperInApp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the sweeper", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the sweeper", func() bool {
 		live, err := g.st.ListArtifacts(ctx, p.ID, false)
 		return err == nil && len(live) == 0
 	})

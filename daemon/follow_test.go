@@ -10,6 +10,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -82,7 +83,7 @@ func TestSessionsFollowTheirToken(t *testing.T) {
 				t.Errorf("last message %v", m)
 			}
 			sandboxtest.AssertNoProcesses(t, marker)
-			waitFor(t, "the lease to be released", fake.LastLease().Released)
+			testenv.WaitFor(t, 5*time.Second, "the lease to be released", fake.LastLease().Released)
 		})
 	}
 }

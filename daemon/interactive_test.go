@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 )
@@ -226,7 +227,7 @@ func testNDJSON(t *testing.T, e *env, tok string, id int64) {
 	}
 	slices.Sort(ds)
 	t.Logf("first NDJSON chunk: %v, then median %v of 7 (min %v, max %v)", lines[0].at.Sub(sent), ds[3], ds[0], ds[6])
-	waitFor(t, "the aborted commands' leases", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the aborted commands' leases", func() bool { return e.liveLeases() == 0 })
 
 	status, ctype, _, lines := streamCommand(t, e, tok, id, cmdBody("sh", "-c", "echo a; sleep 1; echo b; echo c >&2"))
 	if status != 200 || ctype != api.MediaNDJSON {

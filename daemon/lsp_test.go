@@ -15,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/plugins/lsp"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -311,7 +312,7 @@ func TestLSPGoplsHover(t *testing.T) {
 	if code != websocket.StatusNormalClosure || !strings.HasPrefix(reason, "exited: the server exited with code 0") {
 		t.Errorf("close %d %q", code, reason)
 	}
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 }
 
 // machineProcesses lists the live processes named comm in the machines of
@@ -406,8 +407,8 @@ func TestLSPClientProtocol(t *testing.T) {
 			if code != tt.code || !strings.HasPrefix(reason, tt.reason) {
 				t.Errorf("close %d %q", code, reason)
 			}
-			waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
-			waitFor(t, "gopls to end", func() bool { return len(machineProcesses("gopls")) == 0 })
+			testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+			testenv.WaitFor(t, 5*time.Second, "gopls to end", func() bool { return len(machineProcesses("gopls")) == 0 })
 		})
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/projects"
@@ -111,7 +112,7 @@ func TestManagedSession(t *testing.T) {
 	if last := tr.last(); last["type"] != "exit" || last["code"] != float64(0) {
 		t.Errorf("control %v", tr.control)
 	}
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 }
 
 // TestSitesRoundTrip serves a directory with python3's http.server inside
@@ -214,7 +215,7 @@ func TestSitesRoundTrip(t *testing.T) {
 
 	srv.Close(websocket.StatusNormalClosure, "done")
 	ws.Close(websocket.StatusNormalClosure, "done")
-	waitFor(t, "the servers' leases to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the servers' leases to be released", func() bool { return e.liveLeases() == 0 })
 }
 
 // wsEchoServer answers one WebSocket upgrade on port 8002 and echoes one

@@ -31,6 +31,7 @@ import (
 	"github.com/corral-sandbox/corral/docs"
 	"github.com/corral-sandbox/corral/export"
 	"github.com/corral-sandbox/corral/image/imagetest"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -306,7 +307,7 @@ func newSpecFixture(t *testing.T) *specFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cancel(); sess.Close() })
-	waitFor(t, "the site to answer", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the site to answer", func() bool {
 		st, _ := e.do(ctx, "GET", "/sites/web/", f.tokens["alice"], nil)
 		return st == 200
 	})

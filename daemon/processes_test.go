@@ -19,6 +19,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/api"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -271,7 +272,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	mark := marker()
 	tree := startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "sleep " + mark + " & sleep " + mark + "; echo never"}})
 	var pids map[int]bool
-	waitFor(t, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
+	testenv.WaitFor(t, 5*time.Second, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
 	status, b := e.do(context.Background(), "POST", processesPath(id)+"/"+tree.ID+"/signal", tok, map[string]string{"signal": "TERM"})
 	if status != 200 {
 		t.Fatalf("signal: %d %s", status, b)
@@ -280,7 +281,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	if ended.State != api.ProcessExited || ended.Exit == nil || ended.Exit.Signal == nil || *ended.Exit.Signal != "SIGTERM" {
 		t.Fatalf("after TERM: %+v", ended)
 	}
-	waitFor(t, "the tree to end", func() bool { return len(alive(pids)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the tree to end", func() bool { return len(alive(pids)) == 0 })
 	if status, b := e.do(context.Background(), "POST", processesPath(id)+"/"+tree.ID+"/signal", tok, map[string]string{"signal": "TERM"}); status != 409 {
 		t.Errorf("signal an ended process: %d %s", status, b)
 	}
@@ -291,13 +292,13 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	// DELETE kills a tree and forgets it.
 	mark = marker()
 	tree = startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "trap '' TERM; sleep " + mark + " & sleep " + mark}})
-	waitFor(t, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
+	testenv.WaitFor(t, 5*time.Second, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
 	status, b = e.do(context.Background(), "DELETE", processesPath(id)+"/"+tree.ID, tok, nil)
 	var killed api.Process
 	if err := json.Unmarshal(b, &killed); status != 200 || err != nil || killed.State != api.ProcessKilled || killed.Error == nil || killed.Error.Kind != string(sandbox.KindAbort) {
 		t.Fatalf("delete: %d %s", status, b)
 	}
-	waitFor(t, "the tree to end", func() bool { return len(alive(pids)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the tree to end", func() bool { return len(alive(pids)) == 0 })
 	if status, _ := getProc(t, e, tok, id, tree.ID); status != 404 {
 		t.Errorf("deleted process: %d", status)
 	}
@@ -305,14 +306,14 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	// KILL kills the tree like DELETE, but keeps the process.
 	mark = marker()
 	tree = startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "sleep " + mark + " & sleep " + mark}})
-	waitFor(t, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
+	testenv.WaitFor(t, 5*time.Second, "the tree in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 3 })
 	if status, b := e.do(context.Background(), "POST", processesPath(id)+"/"+tree.ID+"/signal", tok, map[string]string{"signal": "kill"}); status != 200 {
 		t.Fatalf("signal KILL: %d %s", status, b)
 	}
 	if ended = awaitEnd(t, e, tok, id, tree.ID); ended.State != api.ProcessKilled {
 		t.Fatalf("after KILL: %+v", ended)
 	}
-	waitFor(t, "the tree to end", func() bool { return len(alive(pids)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the tree to end", func() bool { return len(alive(pids)) == 0 })
 
 	// The ring keeps the newest bytes and says where they start.
 	over := startProc(t, e, tok, id, map[string]any{"argv": []string{"sh", "-c", "head -c 5000 /dev/zero | tr '\\0' x; printf END"}, "outputBuffer": 1024})
@@ -333,7 +334,7 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	if err := json.Unmarshal(b, &list); status != 200 || err != nil || len(list.Processes) == 0 || list.Processes[len(list.Processes)-1].ID != over.ID {
 		t.Fatalf("list: %d %s", status, b)
 	}
-	waitFor(t, "ended processes to be forgotten", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "ended processes to be forgotten", func() bool {
 		s, _ := getProc(t, e, tok, id, over.ID)
 		return s == 404
 	})
@@ -341,12 +342,12 @@ func testProcesses(t *testing.T, e *env, tok string, id int64) {
 	// The lifetime bound ends a process, reported as a timeout.
 	mark = marker()
 	lt := startProc(t, e, tok, id, map[string]any{"argv": []string{"sleep", mark}, "lifetime": 1})
-	waitFor(t, "the process in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 1 })
+	testenv.WaitFor(t, 5*time.Second, "the process in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 1 })
 	ended = awaitEnd(t, e, tok, id, lt.ID)
 	if ended.State != api.ProcessTimedOut || ended.Error == nil || ended.Error.Kind != string(sandbox.KindTimeout) {
 		t.Fatalf("lifetime: %+v", ended)
 	}
-	waitFor(t, "the process to end", func() bool { return len(alive(pids)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the process to end", func() bool { return len(alive(pids)) == 0 })
 	if n := e.liveLeases(); n != 0 {
 		t.Errorf("%d leases live after every process ended", n)
 	}
@@ -431,7 +432,7 @@ func TestProcessDaemonStopInterrupts(t *testing.T) {
 	mark := marker()
 	pr := startProc(t, e, tok, p.ID, map[string]any{"argv": []string{"sleep", mark}})
 	var pids map[int]bool
-	waitFor(t, "the process in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 1 })
+	testenv.WaitFor(t, 5*time.Second, "the process in /proc", func() bool { pids = treePids(t, mark); return len(alive(pids)) >= 1 })
 	// Its live lease keeps its project.
 	if status, b := e.do(context.Background(), "DELETE", fmt.Sprintf("/v1/projects/%d", p.ID), tok, nil); status != 409 {
 		t.Errorf("delete the project of a running process: %d %s", status, b)
@@ -440,7 +441,7 @@ func TestProcessDaemonStopInterrupts(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Killed (SIGKILL is delivered asynchronously: await the exits).
-	waitFor(t, "the process tree to end", func() bool { return len(alive(pids)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the process tree to end", func() bool { return len(alive(pids)) == 0 })
 	entries, err := e.st.ListJournal(context.Background(), store.JournalFilter{Lease: pr.LeaseID})
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("journal: %v %v", entries, err)
@@ -479,7 +480,7 @@ func TestProcessServesSite(t *testing.T) {
 		t.Fatalf("site: %d %s", status, body)
 	}
 	var lines []map[string]any
-	waitFor(t, "the request in the server's log", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the request in the server's log", func() bool {
 		_, lines = outputLines(t, e, tok, p.ID, srv.ID, "from=0&follow=0")
 		return strings.Contains(joined(lines, "stderr"), `"GET /index.html HTTP/1.1" 200`)
 	})
@@ -493,7 +494,7 @@ func TestProcessServesSite(t *testing.T) {
 	if status, b := e.do(ctx, "DELETE", processesPath(p.ID)+"/"+srv.ID, tok, nil); status != 200 {
 		t.Fatalf("delete: %d %s", status, b)
 	}
-	waitFor(t, "the server's tree to end", func() bool { return len(alive(pids)) == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the server's tree to end", func() bool { return len(alive(pids)) == 0 })
 	status, _ = e.do(ctx, "GET", "/sites/app/index.html", tok, nil)
 	if status != http.StatusBadGateway {
 		t.Errorf("site after delete: %d", status)

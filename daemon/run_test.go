@@ -18,6 +18,7 @@ import (
 
 	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/projects"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -184,7 +185,7 @@ func TestRunSupervisesWorker(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a new worker", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "a new worker", func() bool {
 		ps := processesWith(workerSock)
 		return len(ps) == 1 && ps[0] != pids[0]
 	})

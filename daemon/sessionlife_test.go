@@ -15,6 +15,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 )
@@ -148,7 +149,7 @@ echo "probe-env=$PROBE_ENV"`
 	if _, err := os.Stat(filepath.Join(probe, "written")); err == nil {
 		t.Error("a confined command wrote outside the project")
 	}
-	waitFor(t, "the leases to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the leases to be released", func() bool { return e.liveLeases() == 0 })
 }
 
 // TestSessionClientVanishesMidOutput is the attack of a client that goes
@@ -191,9 +192,9 @@ func TestSessionClientVanishesMidOutput(t *testing.T) {
 			}
 			c.CloseNow()
 			sandboxtest.AssertNoProcesses(t, token)
-			waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+			testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 			if kind == "managed" {
-				waitFor(t, "the fake lease to be released", fake.LastLease().Released)
+				testenv.WaitFor(t, 5*time.Second, "the fake lease to be released", fake.LastLease().Released)
 			}
 		})
 	}

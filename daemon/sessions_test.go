@@ -13,6 +13,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 )
@@ -104,14 +105,14 @@ func TestSessionStreams(t *testing.T) {
 		t.Errorf("close %v", tr.closeErr)
 	}
 	l := fake.LastLease()
-	waitFor(t, "the lease to be released", l.Released)
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", l.Released)
 	if l.Heartbeats.Load() == 0 {
 		t.Error("the lease was never heartbeated while the socket lived")
 	}
 	if fake.Cancels() != 0 {
 		t.Error("a session that exited was cancelled")
 	}
-	waitFor(t, "the session gauge to drop", func() bool { return metricValue(t, e, "corral_sessions_active") == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the session gauge to drop", func() bool { return metricValue(t, e, "corral_sessions_active") == 0 })
 	if v := metricValue(t, e, "corral_sessions_total"); v != 1 {
 		t.Errorf("sessions_total %v", v)
 	}
@@ -136,7 +137,7 @@ func TestSessionCloseCancels(t *testing.T) {
 	c.Close(websocket.StatusNormalClosure, "bye")
 	sandboxtest.AssertNoProcesses(t, marker)
 	l := fake.LastLease()
-	waitFor(t, "the lease to be released", l.Released)
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", l.Released)
 	if fake.Cancels() == 0 {
 		t.Error("the command was not cancelled")
 	}
@@ -174,7 +175,7 @@ while True:
 	defer c.CloseNow()
 	// Read nothing for two seconds.
 	time.Sleep(1500 * time.Millisecond)
-	waitFor(t, "the writer to report", func() bool { _, err := readFile(out); return err == nil })
+	testenv.WaitFor(t, 5*time.Second, "the writer to report", func() bool { _, err := readFile(out); return err == nil })
 	data, _ := readFile(out)
 	var n int
 	fmt.Sscan(data, &n)
@@ -255,7 +256,7 @@ func TestHostSession(t *testing.T) {
 	if last := tr.last(); last["type"] != "exit" || last["code"] != float64(5) {
 		t.Errorf("control %v", tr.control)
 	}
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 
 	// A program that cannot be started: an error message, then a close.
 	c, _, err = e.dialSession(ctx, tok, p.ID, "/no/such/program")
@@ -266,7 +267,7 @@ func TestHostSession(t *testing.T) {
 	if last := tr.last(); last["type"] != "error" || last["kind"] != "start" {
 		t.Errorf("start failure: %v", tr.control)
 	}
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 
 	// Closing the socket cancels the command.
 	marker := fmt.Sprintf("corral-host-session-%d", time.Now().UnixNano())
@@ -277,7 +278,7 @@ func TestHostSession(t *testing.T) {
 	awaitOutput(ctx, t, c, "up\n")
 	c.Close(websocket.StatusNormalClosure, "bye")
 	sandboxtest.AssertNoProcesses(t, marker)
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 }
 
 // awaitOutput reads the session's messages until a stdout or stderr frame

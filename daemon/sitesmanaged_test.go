@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/projects"
@@ -223,7 +224,7 @@ func TestSitesOwnOriginManaged(t *testing.T) {
 		t.Errorf("cookie after the revocation: %d %s", resp.StatusCode, body)
 	}
 	srv.CloseNow()
-	waitFor(t, "the server's lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the server's lease to be released", func() bool { return e.liveLeases() == 0 })
 }
 
 func readAll(t *testing.T, resp *http.Response) string {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
@@ -68,7 +69,7 @@ func ttyScript(ctx context.Context, t *testing.T, e *env, tok string, id int64, 
 	if last := tr.last(); last["type"] != "exit" || last["code"] != float64(6) {
 		t.Errorf("control %v", tr.control)
 	}
-	waitFor(t, "the lease to be released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "the lease to be released", func() bool { return e.liveLeases() == 0 })
 }
 
 // TestManagedTTYSession: a terminal session in a real machine, on the

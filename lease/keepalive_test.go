@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/corral-sandbox/corral/internal/testenv"
 )
 
 // TestKeepAlive: the manager's loop heartbeats kept-alive leases (their
@@ -23,7 +25,7 @@ func TestKeepAlive(t *testing.T) {
 	stopB := b.KeepAlive(50*time.Millisecond, func(err error) { errB.Store(&err); failsB.Add(1) })
 
 	f.clock.Advance(time.Second)
-	waitUntil(t, "a heartbeated", func() bool { return a.Deadline().After(before) })
+	testenv.WaitFor(t, 5*time.Second, "a heartbeated", func() bool { return a.Deadline().After(before) })
 	row, err := f.st.GetLease(ctx, a.ID())
 	if err != nil || !row.ExpiresAt.After(before) {
 		t.Fatalf("store expiry %v (was %v): %v", row.ExpiresAt, before, err)
@@ -33,7 +35,7 @@ func TestKeepAlive(t *testing.T) {
 	if _, err := f.st.ReleaseLease(ctx, b.ID(), f.clock.Now()); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "b's failure reported", func() bool { return failsB.Load() == 1 })
+	testenv.WaitFor(t, 5*time.Second, "b's failure reported", func() bool { return failsB.Load() == 1 })
 	if p := errB.Load(); p == nil || !errors.Is(*p, ErrReleased) {
 		t.Fatalf("b failed with %v, want ErrReleased", p)
 	}
@@ -44,7 +46,7 @@ func TestKeepAlive(t *testing.T) {
 	stopB()
 	stopA()
 	stopA()
-	waitUntil(t, "the loop ended", func() bool {
+	testenv.WaitFor(t, 5*time.Second, "the loop ended", func() bool {
 		m.ka.mu.Lock()
 		defer m.ka.mu.Unlock()
 		return !m.ka.running
@@ -54,17 +56,6 @@ func TestKeepAlive(t *testing.T) {
 	}
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func waitUntil(t *testing.T, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -80,7 +71,7 @@ func TestKeepAliveExpired(t *testing.T) {
 	stop := l.KeepAlive(20*time.Millisecond, func(err error) { got.Store(&err); fails.Add(1) })
 	defer stop()
 	f.clock.Advance(m.TTL() + time.Second)
-	waitUntil(t, "the expiry reported", func() bool { return fails.Load() == 1 })
+	testenv.WaitFor(t, 5*time.Second, "the expiry reported", func() bool { return fails.Load() == 1 })
 	if p := got.Load(); p == nil || !errors.Is(*p, ErrExpired) {
 		t.Fatalf("failed with %v, want ErrExpired", p)
 	}

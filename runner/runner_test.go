@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
@@ -133,18 +134,6 @@ func alive(pid string) bool {
 	}
 	i := strings.LastIndexByte(string(st), ')')
 	return i > 0 && i+2 < len(st) && st[i+2] != 'Z'
-}
-
-// waitFor polls cond every 10 ms until it holds or d passed.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // socketInode returns the inode of c's socket.
@@ -491,7 +480,7 @@ func TestParentKilled(t *testing.T) {
 	pid, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "pid ")))
 	must(t, err)
 
-	waitFor(t, 10*time.Second, "the command to run", func() bool { return len(processesWith(tok)) == 2 })
+	testenv.WaitFor(t, 10*time.Second, "the command to run", func() bool { return len(processesWith(tok)) == 2 })
 	if ls := e.leases(t, store.LeaseFilter{State: store.LeaseLive}); len(ls) != 1 || ls[0].Kind != "runner" {
 		t.Fatalf("live leases %+v, want the runner's", ls)
 	}
@@ -518,7 +507,7 @@ func TestParentKilled(t *testing.T) {
 		t.Errorf("runner wait status %v, want exit %d", ws, runner.ExitAbandoned)
 	}
 	sandboxtest.AssertNoProcesses(t, tok)
-	waitFor(t, ttl, "no live lease", func() bool {
+	testenv.WaitFor(t, ttl, "no live lease", func() bool {
 		return len(e.leases(t, store.LeaseFilter{State: store.LeaseLive})) == 0
 	})
 	if d := time.Since(killed); d > ttl+time.Second {
@@ -550,7 +539,7 @@ func TestRunnerKilled(t *testing.T) {
 		Job: runner.Job{Actor: e.actor, Project: ref(e.managed), Commands: []runner.JobCommand{longCommand(tok)}},
 	})
 	must(t, err)
-	waitFor(t, 10*time.Second, "the command to run", func() bool { return len(processesWith(tok)) == 2 })
+	testenv.WaitFor(t, 10*time.Second, "the command to run", func() bool { return len(processesWith(tok)) == 2 })
 	must(t, syscall.Kill(p.Pid(), syscall.SIGKILL))
 	killed := time.Now()
 	results, err := p.Wait()
@@ -559,14 +548,14 @@ func TestRunnerKilled(t *testing.T) {
 		t.Fatalf("Wait = %v, %v; want a killed runner", results, err)
 	}
 	sandboxtest.AssertNoProcesses(t, tok)
-	waitFor(t, ttl+time.Second, "the lease to expire", func() bool {
+	testenv.WaitFor(t, ttl+time.Second, "the lease to expire", func() bool {
 		return len(e.leases(t, store.LeaseFilter{State: store.LeaseLive})) == 0
 	})
 	t.Logf("lease gone %v after the kill (TTL %v)", time.Since(killed), ttl)
 	if ls := e.leases(t, store.LeaseFilter{Project: e.managed.ID}); len(ls) != 1 || ls[0].State != store.LeaseExpired {
 		t.Errorf("leases %+v, want one expired", ls)
 	}
-	waitFor(t, time.Second, "the journal to mark the command interrupted", func() bool {
+	testenv.WaitFor(t, time.Second, "the journal to mark the command interrupted", func() bool {
 		rows, err := e.st.ListJournal(context.Background(), store.JournalFilter{Project: e.managed.ID})
 		must(t, err)
 		return len(rows) == 1 && rows[0].End.Outcome == store.OutcomeInterrupted
@@ -587,7 +576,7 @@ func TestAbandon(t *testing.T) {
 		Job: runner.Job{Actor: e.actor, Project: ref(e.host), Commands: []runner.JobCommand{cmd}},
 	})
 	must(t, err)
-	waitFor(t, 10*time.Second, "the command to run", func() bool { return len(processesWith(tok)) == 2 })
+	testenv.WaitFor(t, 10*time.Second, "the command to run", func() bool { return len(processesWith(tok)) == 2 })
 	p.Abandon()
 	results, err := p.Wait()
 	var ee *runner.ExitError

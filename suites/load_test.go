@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/corral-sandbox/corral/client"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/internal/testworker"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/store"
@@ -73,7 +74,7 @@ func TestLoadMixedOutcomes(t *testing.T) {
 	}
 
 	// The journal agrees: every command has a finished row of its kind.
-	waitFor(t, 20*time.Second, "journal rows settled", func() bool {
+	testenv.WaitFor(t, 20*time.Second, "journal rows settled", func() bool {
 		rows := journal(t, s)
 		if len(rows) < n+4*projects {
 			return false
@@ -104,11 +105,11 @@ func TestLoadMixedOutcomes(t *testing.T) {
 	// Nothing left behind. (Idle keep-alive connections of the client are
 	// not the daemon's; close them first.)
 	s.client.HTTPClient().CloseIdleConnections()
-	waitFor(t, 10*time.Second, "no live lease", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "no live lease", func() bool {
 		c, _ := s.core.Leases().LiveCount(ctx)
 		return c == 0
 	})
-	waitFor(t, 10*time.Second, "no session in any machine", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "no session in any machine", func() bool {
 		for _, m := range s.worker.Machines() {
 			if m.Sessions != 0 {
 				return false
@@ -116,10 +117,10 @@ func TestLoadMixedOutcomes(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, 10*time.Second, fmt.Sprintf("goroutines back to the baseline %d", goroutines), func() bool {
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("goroutines back to the baseline %d", goroutines), func() bool {
 		return runtime.NumGoroutine() <= goroutines+2
 	})
-	waitFor(t, 10*time.Second, fmt.Sprintf("descriptors back to the baseline %d", fds), func() bool {
+	testenv.WaitFor(t, 10*time.Second, fmt.Sprintf("descriptors back to the baseline %d", fds), func() bool {
 		return countNonStoreFDs(fdTargets()) <= fds+2
 	})
 	if t.Failed() {
@@ -173,18 +174,6 @@ func journal(t *testing.T, s *stack) []store.JournalEntry {
 		all = append(all, rows...)
 	}
 	return all
-}
-
-func waitFor(t *testing.T, d time.Duration, what string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Errorf("timed out waiting for %s", what)
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 func countNonStoreFDs(targets []string) int {

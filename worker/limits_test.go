@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/idrange"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/cgroup"
 	"github.com/corral-sandbox/corral/worker/internal/guest"
@@ -74,9 +75,9 @@ func TestCgroupParentRecreated(t *testing.T) {
 	c := h.dial(t)
 	p := h.project(t, 1)
 	h.run(t, c, p, "true")
-	eventually(t, "idle stop", func() bool { return len(h.w.Machines()) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "idle stop", func() bool { return len(h.w.Machines()) == 0 })
 	for _, d := range h.w.cgroups.Parents() {
-		eventually(t, "remove "+d, func() bool { return os.Remove(d) == nil })
+		testenv.WaitFor(t, 10*time.Second, "remove "+d, func() bool { return os.Remove(d) == nil })
 	}
 	if r := h.run(t, c, p, "echo", "back"); r.stdout != "back\n" {
 		t.Fatalf("after the parent was removed: %v", r)
@@ -176,7 +177,7 @@ func TestMachineQuotasNotChargedToHostRoot(t *testing.T) {
 	}
 	// Wait until the hog holds its instances.
 	held := filepath.Join(h.root, "p1", "held")
-	eventually(t, "instances held", func() bool { b, _ := os.ReadFile(held); return len(b) > 0 })
+	testenv.WaitFor(t, 10*time.Second, "instances held", func() bool { b, _ := os.ReadFile(held); return len(b) > 0 })
 	b, _ := os.ReadFile(held)
 	t.Logf("inotify instances held in machine 1: %s", b)
 
@@ -372,7 +373,7 @@ func TestSessionCgroupsV2(t *testing.T) {
 		t.Skip("the sessions' syscall policy refuses clone3 (Docker's): CLONE_INTO_CGROUP cannot be used")
 	}
 	var procs []string
-	eventually(t, "the session and its reparented sleep in the session's group", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the session and its reparented sleep in the session's group", func() bool {
 		b, _ := os.ReadFile(filepath.Join(group, "cgroup.procs"))
 		procs = strings.Fields(string(b))
 		return len(procs) == 2
@@ -388,7 +389,7 @@ func TestSessionCgroupsV2(t *testing.T) {
 	if r := run.wait(t); r.exit.Signal != "SIGKILL" {
 		t.Fatalf("cancelled: %v", r)
 	}
-	eventually(t, "the session's group removed", func() bool { _, err := os.Stat(group); return errors.Is(err, os.ErrNotExist) })
+	testenv.WaitFor(t, 10*time.Second, "the session's group removed", func() bool { _, err := os.Stat(group); return errors.Is(err, os.ErrNotExist) })
 	if r := h.run(t, c, h.project(t, 1), "echo", "next"); r.stdout != "next\n" {
 		t.Fatalf("next session: %v", r)
 	}

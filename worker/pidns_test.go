@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -102,12 +103,12 @@ func testOrphansReaped(t *testing.T, goHolders bool) {
 		t.Errorf("holders %v, want Go holders: %v", wrong, goHolders)
 	}
 	// Seen from the host: a session's /proc shows its own namespace only.
-	eventually(t, "the orphan to exit", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the orphan to exit", func() bool {
 		return !strings.Contains(describe(machinePids(t, m)), `"sleep\x000.1\x00"`)
 	})
 	// A process shows as a zombie for an instant while it exits, even
 	// when its parent ignores SIGCHLD: only a lasting one counts.
-	eventually(t, "no zombie in the machine", func() bool { return len(zombies(t, m)) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "no zombie in the machine", func() bool { return len(zombies(t, m)) == 0 })
 	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +157,7 @@ func TestHolderPool(t *testing.T) {
 	// session that came before the pool filled is kept too), and no spawn
 	// still under way.
 	var pool []int
-	eventually(t, "two ready holders", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "two ready holders", func() bool {
 		pool = holderPids(t, m)
 		slices.Sort(pool)
 		time.Sleep(50 * time.Millisecond)
@@ -208,7 +209,7 @@ func TestHolderPool(t *testing.T) {
 	})
 	refilled := func(t *testing.T, what string) {
 		t.Helper()
-		eventually(t, "pool refilled after "+what, func() bool {
+		testenv.WaitFor(t, 10*time.Second, "pool refilled after "+what, func() bool {
 			got := holderPids(t, m)
 			used := 0
 			for _, pid := range pool {
@@ -255,7 +256,7 @@ func TestHolderPool(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, "killed holders gone", func() bool {
+		testenv.WaitFor(t, 10*time.Second, "killed holders gone", func() bool {
 			for _, pid := range dead {
 				b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 				if err == nil && !strings.Contains(string(b), ") Z ") {
@@ -269,7 +270,7 @@ func TestHolderPool(t *testing.T) {
 				t.Fatalf("%v", r)
 			}
 		}
-		eventually(t, "pool refilled after the kill", func() bool {
+		testenv.WaitFor(t, 10*time.Second, "pool refilled after the kill", func() bool {
 			got := holderPids(t, m)
 			for _, pid := range dead {
 				if slices.Contains(got, pid) {
@@ -308,7 +309,7 @@ func TestHolderPool(t *testing.T) {
 		}
 		// Their holders come back to the pool (as many are kept as the
 		// machine admits sessions, and a few): the next burst reuses them.
-		eventually(t, "holders back in the pool", func() bool { n := len(holderPids(t, m)); return n >= 4 && n <= 64 })
+		testenv.WaitFor(t, 10*time.Second, "holders back in the pool", func() bool { n := len(holderPids(t, m)); return n >= 4 && n <= 64 })
 		again := h.start(t, c, p, "true")
 		if r := again.wait(t); r.code() != 0 {
 			t.Fatalf("%v", r)

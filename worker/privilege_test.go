@@ -9,9 +9,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/wire"
 	"github.com/corral-sandbox/corral/worker/internal/ctl"
 	"github.com/corral-sandbox/corral/worker/internal/guest"
@@ -290,7 +292,7 @@ sys.stdin.read()
 	// The hog's count arrives on its stdout only at its end: its file
 	// says when it holds them.
 	other := h.project(t, 2)
-	eventually(t, "the hog's instances", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "the hog's instances", func() bool {
 		_, err := os.Stat(filepath.Join(hp.Workspace, "holding"))
 		return err == nil
 	})

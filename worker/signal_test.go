@@ -3,7 +3,9 @@ package worker
 import (
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -21,7 +23,7 @@ func TestExecSignalReachesTree(t *testing.T) {
 		t.Fatalf("not started: %#v", r.first)
 	}
 	c2 := h.dial(t)
-	eventually(t, "the child's trap", func() bool { return h.run(t, c2, p, "test", "-e", "/tmp/ready").code() == 0 })
+	testenv.WaitFor(t, 10*time.Second, "the child's trap", func() bool { return h.run(t, c2, p, "test", "-e", "/tmp/ready").code() == 0 })
 	if err := c.Send(&wire.ExecSignal{ID: r.id, Signal: "SIGTERM"}); err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/internal/idrange"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -148,17 +149,6 @@ func alive(pid int) bool {
 	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
 
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestMachineIsolation(t *testing.T) {
 	h := newHarness(t, nil)
 	c := h.dial(t)
@@ -187,7 +177,7 @@ func TestMachineIsolation(t *testing.T) {
 		run := h.start(t, c, p, "sleep", "100")
 		m := h.machineOf(t, 7)
 		var pids []int
-		eventually(t, "sleep in the machine cgroup", func() bool {
+		testenv.WaitFor(t, 10*time.Second, "sleep in the machine cgroup", func() bool {
 			pids = sessionPids(t, m)
 			if len(pids) != 1 {
 				return false
@@ -360,7 +350,7 @@ func TestCancelKillsWholeTree(t *testing.T) {
 	}
 	m := h.machineOf(t, 1)
 	var pids []int
-	eventually(t, "sh and four sleeps", func() bool { pids = sessionPids(t, m); return len(pids) == 5 })
+	testenv.WaitFor(t, 10*time.Second, "sh and four sleeps", func() bool { pids = sessionPids(t, m); return len(pids) == 5 })
 	if err := c.Send(&wire.ExecCancel{ID: run.id}); err != nil {
 		t.Fatal(err)
 	}
@@ -416,11 +406,11 @@ func TestClosedConnectionCancelsSessions(t *testing.T) {
 		t.Fatal("not accepted")
 	}
 	m := h.machineOf(t, 1)
-	eventually(t, "sleep running", func() bool { return len(sessionPids(t, m)) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "sleep running", func() bool { return len(sessionPids(t, m)) == 1 })
 	pid := sessionPids(t, m)[0]
 	c.Close()
-	eventually(t, "sleep killed", func() bool { return !alive(pid) })
-	eventually(t, "sessions released", func() bool { return h.machineOf(t, 1).Sessions == 0 })
+	testenv.WaitFor(t, 10*time.Second, "sleep killed", func() bool { return !alive(pid) })
+	testenv.WaitFor(t, 10*time.Second, "sessions released", func() bool { return h.machineOf(t, 1).Sessions == 0 })
 	run.stdinW.Close()
 	<-run.out
 	<-run.errOut
@@ -525,10 +515,10 @@ func TestMachineReusedThenStoppedWhenIdle(t *testing.T) {
 	if r1.stdout != "0\n" || r2.stdout != "0\n" {
 		t.Logf("PPID inside: %q %q", r1.stdout, r2.stdout)
 	}
-	eventually(t, "idle stop", func() bool { return len(h.w.Machines()) == 0 })
-	eventually(t, "init gone", func() bool { return !alive(first.InitPID) })
+	testenv.WaitFor(t, 10*time.Second, "idle stop", func() bool { return len(h.w.Machines()) == 0 })
+	testenv.WaitFor(t, 10*time.Second, "init gone", func() bool { return !alive(first.InitPID) })
 	for _, d := range first.Cgroups {
-		eventually(t, "cgroup removed", func() bool { _, err := os.Stat(d); return errors.Is(err, os.ErrNotExist) })
+		testenv.WaitFor(t, 10*time.Second, "cgroup removed", func() bool { _, err := os.Stat(d); return errors.Is(err, os.ErrNotExist) })
 	}
 	// A new command starts a new machine.
 	h.run(t, c, p, "true")
@@ -593,7 +583,7 @@ func TestNetDial(t *testing.T) {
 		t.Log("something listens on the host's 127.0.0.1:8000 too; skipping that check")
 	}
 	var sock *os.File
-	eventually(t, "net-dial to the server", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "net-dial to the server", func() bool {
 		if err := c.Send(&wire.NetDial{ID: "d", Project: p, Port: 8000}); err != nil {
 			t.Fatal(err)
 		}
@@ -862,7 +852,7 @@ func TestProtocolViolations(t *testing.T) {
 				r.Close()
 			}
 			// And the worker process holds no more descriptors than before.
-			eventually(t, "descriptor count back to baseline", func() bool { return openFDs(t) <= before })
+			testenv.WaitFor(t, 10*time.Second, "descriptor count back to baseline", func() bool { return openFDs(t) <= before })
 		})
 	}
 	t.Run("frames a client does not send", func(t *testing.T) {
@@ -951,7 +941,7 @@ func TestMachineDeathEndsSessions(t *testing.T) {
 	<-run.out
 	<-run.errOut
 	for _, d := range m.Cgroups {
-		eventually(t, "dead machine's cgroup removed", func() bool { _, err := os.Stat(d); return errors.Is(err, os.ErrNotExist) })
+		testenv.WaitFor(t, 10*time.Second, "dead machine's cgroup removed", func() bool { _, err := os.Stat(d); return errors.Is(err, os.ErrNotExist) })
 	}
 	if r := h.run(t, c, p, "echo", "again"); r.stdout != "again\n" {
 		t.Fatalf("after the machine died: %v", r)
@@ -1136,7 +1126,7 @@ func TestWorkerDeathStopsMachines(t *testing.T) {
 	}
 	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
 	h := &harness{sock: sock, root: root}
-	eventually(t, "worker listening", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "worker listening", func() bool {
 		// The socket exists once bound, a moment before it listens.
 		nc, err := net.Dial("unixpacket", sock)
 		if err == nil {
@@ -1156,7 +1146,7 @@ func TestWorkerDeathStopsMachines(t *testing.T) {
 	}
 	parentDir := filepath.Join("/sys/fs/cgroup/pids", own, parent)
 	var procs []string
-	eventually(t, "init, sh, two sleeps and the holders", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "init, sh, two sleeps and the holders", func() bool {
 		b, _ := os.ReadFile(filepath.Join(parentDir, "machine-1.1", "cgroup.procs"))
 		procs = strings.Fields(string(b))
 		holders := 0
@@ -1180,7 +1170,7 @@ func TestWorkerDeathStopsMachines(t *testing.T) {
 	// the whole machine.
 	for _, pid := range procs {
 		n, _ := strconv.Atoi(pid)
-		eventually(t, "machine process "+pid+" gone", func() bool { return !alive(n) })
+		testenv.WaitFor(t, 10*time.Second, "machine process "+pid+" gone", func() bool { return !alive(n) })
 	}
 	run.stdinW.Close()
 	<-run.out
@@ -1280,7 +1270,7 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 		return len(ents)
 	}
 	// The init holds descriptors for each ready pid namespace holder.
-	eventually(t, "the holder pool full", func() bool { return len(holderPids(t, h.machineOf(t, 1))) >= 2 })
+	testenv.WaitFor(t, 10*time.Second, "the holder pool full", func() bool { return len(holderPids(t, h.machineOf(t, 1))) >= 2 })
 	time.Sleep(50 * time.Millisecond) // let an ordered holder land
 	holders := len(holderPids(t, h.machineOf(t, 1)))
 	workerFDs, inInit, goroutines := openFDs(t), initFDs(), runtime.NumGoroutine()
@@ -1303,7 +1293,7 @@ func TestNoLeaksAcrossExecs(t *testing.T) {
 		run.wait(t)
 		h.run(t, c, p, "no-such-program")
 	}
-	eventually(t, "descriptors and goroutines back to their level", func() bool {
+	testenv.WaitFor(t, 10*time.Second, "descriptors and goroutines back to their level", func() bool {
 		return openFDs(t) <= workerFDs && initFDs() <= inInit && runtime.NumGoroutine() <= goroutines &&
 			len(holderPids(t, h.machineOf(t, 1))) <= holders
 	})
@@ -1318,7 +1308,7 @@ func TestClientNotReadingIsDisconnected(t *testing.T) {
 	p := h.project(t, 1)
 	run := h.start(t, stuck, p, "sleep", "100")
 	m := h.machineOf(t, 1)
-	eventually(t, "sleep running", func() bool { return len(sessionPids(t, m)) == 1 })
+	testenv.WaitFor(t, 10*time.Second, "sleep running", func() bool { return len(sessionPids(t, m)) == 1 })
 	pid := sessionPids(t, m)[0]
 
 	// Pings whose pongs are never read fill the socket; the worker, blocked
@@ -1333,7 +1323,7 @@ func TestClientNotReadingIsDisconnected(t *testing.T) {
 			}
 		}
 	}()
-	eventually(t, "the stuck client's sleep killed", func() bool { return !alive(pid) })
+	testenv.WaitFor(t, 10*time.Second, "the stuck client's sleep killed", func() bool { return !alive(pid) })
 	select {
 	case <-flooded:
 	case <-time.After(10 * time.Second):
