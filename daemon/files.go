@@ -31,19 +31,14 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/coder/websocket"
 	"golang.org/x/sys/unix"
 
 	"github.com/corral-sandbox/corral/api"
-	"github.com/corral-sandbox/corral/lease"
-	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/provider"
 	"github.com/corral-sandbox/corral/sandbox"
-	"github.com/corral-sandbox/corral/store"
 )
 
 // File API bounds.
@@ -63,22 +58,8 @@ const (
 	MaxFileCalls        = 512
 )
 
-// fileInfo is what both targets report of a file.
-type fileInfo = machine.FileInfo
-
-// fileTarget is a project's files: a managed machine's or a host
-// workspace's.
-type fileTarget interface {
-	open(ctx context.Context, p string) (*os.File, fileInfo, error)
-	write(ctx context.Context, p string, mode uint32, src io.Reader) (int64, error)
-	stat(ctx context.Context, p string) (fileInfo, error)
-	list(ctx context.Context, p string, depth, limit int) (fileInfo, []fileInfo, bool, error)
-	mkdir(ctx context.Context, p string, mode uint32, parents bool) (fileInfo, error)
-	remove(ctx context.Context, p string, recursive bool) error
-	rename(ctx context.Context, from, to string) error
-	watch(ctx context.Context, p string, recursive bool) (*os.File, []fileInfo, error)
-	addWatch(ctx context.Context, ino *os.File, p string) ([]fileInfo, error)
-}
+// fileInfo is what the files API reports of a file.
+type fileInfo = sandbox.FileInfo
 
 // pathParam is a request's path parameter, with "." (the workspace, as
 // relative paths are taken from it) and a leading "./" accepted as shells
@@ -115,29 +96,23 @@ func checkFilePath(p string) error {
 	return nil
 }
 
-// fileCall is one authorized files request: its project, target, lease
-// and the journal row of a write.
+// fileCall is one authorized files request: the project's files under a
+// lease of their own (sandbox.Control.OpenFiles), and the call's
+// reservation.
 type fileCall struct {
-	a       *App
-	acct    store.Account
-	proj    store.Project
-	target  fileTarget
-	lease   *lease.Lease
-	stop    func()
-	journal int64
-	done    func() // gives the call's reservation back (App.fileCalls)
-	// releaseOnce guards the lease's release (releaseLease).
-	releaseOnce sync.Once
-	// ctx is the request's, cancelled when the lease's heartbeat fails
-	// (no transfer outlives its lease) and, with a *sessionEnded cause,
-	// when the caller lost its authorization (trackSession).
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	*sandbox.Files
+	a    *App
+	done func() // gives the call's reservation back (startFileCall), untracks
+	// ctx is the Files' context: the request's, ended when the lease's
+	// heartbeat fails (no transfer outlives its lease) and, with a
+	// *sessionEnded cause, when the caller lost its authorization
+	// (trackSession).
+	ctx context.Context
 }
 
 // beginFiles authorizes the request (member of the {id} project), then
-// acquires a "files" lease and resolves the project's target. A write
-// (verb and paths journaled) gets a journal row.
+// opens the project's files as user through the sandbox control (a lease
+// of kind "files"). A write (verb and paths) is journaled.
 func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...string) (*fileCall, error) {
 	acct, proj, _, err := a.projectMember(r)
 	if err != nil {
@@ -148,8 +123,16 @@ func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...str
 			return nil, err
 		}
 	}
-	if len(user) > 256 || strings.ContainsAny(user, "\x00\n/:") {
-		return nil, apiErr(http.StatusBadRequest, KindInvalid, "user %.40q is not a user name or uid", user)
+	in := sandbox.FilesInput{Project: sandbox.ProjectRef{Kind: sandbox.ProjectKind(proj.Kind), ProjectID: proj.ID}, User: user}
+	if err := in.Validate(); err != nil {
+		return nil, apiErr(http.StatusBadRequest, KindInvalid, "%v", err)
+	}
+	if verb != "" {
+		in.Journal = append([]string{"files", verb}, paths...)
+	}
+	ctl, err := a.core.Sandbox()
+	if err != nil {
+		return nil, err
 	}
 	done, err := a.fileCalls.start(acct, a.isAdmin(acct))
 	if err != nil {
@@ -158,103 +141,25 @@ func (a *App) beginFiles(r *http.Request, user string, verb string, paths ...str
 	// Registered like a session: a watch or a long transfer ends when
 	// the token is revoked or the member removed.
 	ctx, untrack := a.trackSession(r.Context(), r, proj.ID)
-	l, err := a.core.Leases().Acquire(ctx, lease.AcquireRequest{Account: acct.ID, Project: proj.ID, Kind: sandbox.LeaseFiles})
+	f, err := ctl.OpenFiles(ctx, in, &sandbox.Actor{AccountUserID: acct.ID})
 	if err != nil {
 		untrack()
 		done()
 		return nil, err
 	}
-	fc := &fileCall{a: a, acct: acct, proj: proj, lease: l, done: func() { untrack(); done() }}
-	fc.ctx, fc.cancel = context.WithCancelCause(ctx)
-	fc.stop = l.KeepAlive(0, func(err error) {
-		a.log.Warn("files: lease heartbeat failed: the transfer ends", "lease", l.ID(), "err", err)
-		fc.cancel(fmt.Errorf("the files lease was lost: %w", err))
-	})
-	switch proj.Kind {
-	case store.ProjectManaged:
-		fc.target = &managedFiles{gw: a.core.Gateway(), p: managedProject(proj), user: user}
-	default:
-		if user != "" {
-			fc.end(errors.New("user refused"))
-			return nil, apiErr(http.StatusBadRequest, KindInvalid, "a host project's files are reached as its own user: user is not accepted")
-		}
-		ctl, err := a.core.Sandbox()
-		if err != nil {
-			fc.end(err)
-			return nil, err
-		}
-		hf, err := ctl.HostFiles(ctx, proj.ID, sandbox.Actor{AccountUserID: acct.ID})
-		if err != nil {
-			fc.end(err)
-			return nil, err
-		}
-		fc.target = &hostFiles{hf: hf}
-	}
-	if verb != "" {
-		id, err := a.store.JournalStart(ctx, store.JournalCommand{
-			Account: acct.ID, Project: proj.ID, Lease: l.ID(), LeaseKind: string(sandbox.LeaseFiles),
-			Argv: append([]string{"files", verb}, paths...),
-		})
-		if err != nil {
-			fc.end(err)
-			return nil, err
-		}
-		fc.journal = id
-	}
-	return fc, nil
+	return &fileCall{Files: f, a: a, done: func() { untrack(); done() }, ctx: f.Context()}, nil
 }
 
-// end journals the outcome of a write, stops the heartbeat and releases
-// the lease.
-func (fc *fileCall) end(err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if fc.journal != 0 {
-		end := store.JournalEnd{Outcome: store.OutcomeExit, Code: new(int)}
-		if err != nil {
-			end = store.JournalEnd{Outcome: store.OutcomeError, ErrorKind: "files", Message: truncateMsg(err.Error())}
-		}
-		if jerr := fc.a.store.JournalFinish(ctx, fc.journal, end); jerr != nil {
-			fc.a.log.Warn("files: journal", "err", jerr)
-		}
+// end closes the call's files (journaling the outcome of a write, err;
+// releasing the lease) and gives its reservation back. A release that
+// fails is the call's failure: end returns it (err, if not nil, first).
+func (fc *fileCall) end(err error) error {
+	defer fc.done()
+	if rerr := fc.Close(err); rerr != nil {
+		fc.a.log.Warn("files: release lease", "lease", fc.LeaseID(), "err", rerr)
+		return errors.Join(err, rerr)
 	}
-	fc.cancel(nil)
-	fc.releaseLease()
-	fc.done()
-}
-
-// releaseLease stops the heartbeat and releases the call's lease, once.
-// A watch releases it as soon as it watches: an open watch is no use of
-// the machine, and must not keep the project's owner from deleting it
-// (the session checker ends it then: the project has no members).
-func (fc *fileCall) releaseLease() {
-	fc.stop()
-	fc.releaseOnce.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if rerr := fc.lease.Release(ctx); rerr != nil {
-			fc.a.log.Warn("files: release lease", "lease", fc.lease.ID(), "err", rerr)
-		}
-	})
-}
-
-func truncateMsg(s string) string {
-	if len(s) > 512 {
-		return s[:512]
-	}
-	return s
-}
-
-// managedProject is the machine of a managed project (as the provider
-// sends it).
-func managedProject(p store.Project) machine.Project {
-	mp := machine.Project{ID: p.ID, Workspace: p.Root}
-	if p.Image != store.DefaultImage {
-		mp.Image = p.Image
-	}
-	l := p.Limits
-	mp.Limits = machine.Limits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}
-	return mp
+	return err
 }
 
 func fileJSON(fi fileInfo) api.File {
@@ -282,11 +187,12 @@ func (a *App) getFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	f, fi, err := fc.target.open(fc.ctx, p)
+	f, fi, err := fc.Open(p)
 	if err != nil {
-		fc.end(err)
-		return err
+		return fc.end(err)
 	}
+	// The body is on its way: a failed release is logged (end), as the
+	// client can no longer be told.
 	defer fc.end(nil)
 	defer f.Close()
 	h := w.Header()
@@ -399,22 +305,22 @@ func (a *App) putFile(w http.ResponseWriter, r *http.Request) error {
 	}
 	if dir := path.Dir(p); mkdirs == "1" && dir != "." && dir != "/" {
 		// As mkdir -p, as the request's user: what exists is kept.
-		if _, err := fc.target.mkdir(fc.ctx, dir, 0o755, true); err != nil {
-			fc.end(err)
-			return err
+		if _, err := fc.Mkdir(dir, 0o755, true); err != nil {
+			return fc.end(err)
 		}
 	}
-	_, err = fc.target.write(fc.ctx, p, mode, ctxReader{fc.ctx, r.Body})
+	_, err = fc.Write(p, mode, ctxReader{fc.ctx, r.Body})
 	if err == nil {
 		var fi fileInfo
-		if fi, err = fc.target.stat(fc.ctx, p); err == nil {
-			fc.end(nil)
+		if fi, err = fc.Stat(p); err == nil {
+			if err := fc.end(nil); err != nil {
+				return err
+			}
 			writeJSON(w, http.StatusOK, fileJSON(fi))
 			return nil
 		}
 	}
-	fc.end(err)
-	return err
+	return fc.end(err)
 }
 
 // statFile serves GET …/files/stat.
@@ -425,9 +331,8 @@ func (a *App) statFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	fi, err := fc.target.stat(fc.ctx, p)
-	fc.end(nil)
-	if err != nil {
+	fi, err := fc.Stat(p)
+	if err := fc.end(err); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, fileJSON(fi))
@@ -460,9 +365,8 @@ func (a *App) listFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	dir, entries, trunc, err := fc.target.list(fc.ctx, p, depth, limit)
-	fc.end(nil)
-	if err != nil {
+	dir, entries, trunc, err := fc.List(p, depth, limit)
+	if err := fc.end(err); err != nil {
 		return err
 	}
 	out := api.FileList{Dir: fileJSON(dir), Entries: make([]api.File, len(entries)), Truncated: trunc}
@@ -490,9 +394,8 @@ func (a *App) makeDirectory(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	fi, err := fc.target.mkdir(fc.ctx, req.Path, mode, req.Parents)
-	fc.end(err)
-	if err != nil {
+	fi, err := fc.Mkdir(req.Path, mode, req.Parents)
+	if err := fc.end(err); err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, fileJSON(fi))
@@ -512,9 +415,7 @@ func (a *App) removeFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	err = fc.target.remove(fc.ctx, req.Path, req.Recursive)
-	fc.end(err)
-	if err != nil {
+	if err := fc.end(fc.Remove(req.Path, req.Recursive)); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -534,9 +435,7 @@ func (a *App) renameFile(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	err = fc.target.rename(fc.ctx, req.From, req.To)
-	fc.end(err)
-	if err != nil {
+	if err := fc.end(fc.Rename(req.From, req.To)); err != nil {
 		return err
 	}
 	w.WriteHeader(http.StatusNoContent)
@@ -557,10 +456,9 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ino, watches, err := fc.target.watch(fc.ctx, p, recursive)
+	ino, watches, err := fc.Watch(p, recursive)
 	if err != nil {
-		fc.end(err)
-		return err
+		return fc.end(err)
 	}
 	defer ino.Close()
 	conn, err := websocket.Accept(w, r, nil)
@@ -574,7 +472,12 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	defer a.wg.Done()
-	fc.releaseLease()
+	// An open watch is no use of the machine: its lease ends now, so that
+	// it keeps no owner from deleting the project (the session checker
+	// ends the watch then: the project has no members).
+	if err := fc.ReleaseLease(); err != nil {
+		a.log.Warn("files: release a watch's lease", "lease", fc.LeaseID(), "err", err)
+	}
 	dirs := make(map[int32]string, len(watches))
 	for _, wi := range watches {
 		dirs[int32(wi.WD)] = wi.Path
@@ -664,7 +567,7 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 				return nil
 			}
 			if recursive && isDir && (ev.Type == "create" || ev.Type == "rename") {
-				added, err := fc.target.addWatch(ctx, ino, ev.Path)
+				added, err := fc.AddWatch(ino, ev.Path)
 				if err != nil {
 					a.log.Debug("files: watch a new directory", "path", ev.Path, "err", err)
 				}
@@ -690,53 +593,4 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 	}
 	conn.Close(websocket.StatusNormalClosure, "")
 	return nil
-}
-
-// managedFiles is a managed project's machine.
-type managedFiles struct {
-	gw   *machine.Gateway
-	p    machine.Project
-	user string
-}
-
-func (m *managedFiles) req(p string) machine.FileRequest {
-	return machine.FileRequest{Project: m.p, User: m.user, Path: p}
-}
-
-func (m *managedFiles) open(ctx context.Context, p string) (*os.File, fileInfo, error) {
-	return m.gw.OpenFile(ctx, m.req(p))
-}
-
-func (m *managedFiles) write(ctx context.Context, p string, mode uint32, src io.Reader) (int64, error) {
-	return m.gw.WriteFile(ctx, m.req(p), mode, src)
-}
-
-func (m *managedFiles) stat(ctx context.Context, p string) (fileInfo, error) {
-	return m.gw.StatFile(ctx, m.req(p))
-}
-
-func (m *managedFiles) list(ctx context.Context, p string, depth, limit int) (fileInfo, []fileInfo, bool, error) {
-	return m.gw.ListFiles(ctx, m.req(p), depth, limit)
-}
-
-func (m *managedFiles) mkdir(ctx context.Context, p string, mode uint32, parents bool) (fileInfo, error) {
-	return m.gw.Mkdir(ctx, m.req(p), mode, parents)
-}
-
-func (m *managedFiles) remove(ctx context.Context, p string, recursive bool) error {
-	return m.gw.RemoveFile(ctx, m.req(p), recursive)
-}
-
-func (m *managedFiles) rename(ctx context.Context, from, to string) error {
-	return m.gw.RenameFile(ctx, m.req(from), to)
-}
-
-func (m *managedFiles) watch(ctx context.Context, p string, recursive bool) (*os.File, []fileInfo, error) {
-	f, ws, _, err := m.gw.WatchFiles(ctx, m.req(p), recursive)
-	return f, ws, err
-}
-
-func (m *managedFiles) addWatch(ctx context.Context, ino *os.File, p string) ([]fileInfo, error) {
-	ws, _, err := m.gw.AddWatch(ctx, m.req(p), ino, true)
-	return ws, err
 }

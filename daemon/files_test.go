@@ -22,6 +22,7 @@ import (
 	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/client"
 
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -251,7 +252,18 @@ func testFiles(t *testing.T, e *env, tok string, p store.Project, managed bool) 
 	if puts == 0 || mkdirs == 0 {
 		t.Errorf("journal: %d puts, %d mkdirs", puts, mkdirs)
 	}
-	waitFor(t, "leases released", func() bool { return e.liveLeases() == 0 })
+	testenv.WaitFor(t, 5*time.Second, "leases released", func() bool { return e.liveLeases() == 0 })
+	// Each call's lease came from the sandbox control, stamped with the
+	// domain that acted (never empty), and was released.
+	leases, err := e.st.ListLeases(ctx, store.LeaseFilter{Project: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases {
+		if l.Kind == "files" && (l.Domain == "" || l.State != store.LeaseReleased) {
+			t.Errorf("files lease %s: domain %q, state %s", l.ID, l.Domain, l.State)
+		}
+	}
 }
 
 // testFileEscapes: no path leads out of the project.

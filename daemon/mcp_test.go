@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/corral-sandbox/corral/internal/testenv"
 )
 
 // mcpPost posts one MCP exchange to /v1/mcp as token and returns the
@@ -59,8 +61,8 @@ func TestMCPRequestsBounded(t *testing.T) {
 			e.mcpPost(ctx, mtok, sleep)
 		}()
 	}
-	waitFor(t, "mallory's MCP requests in flight", func() bool { return e.app.mcpCalls.of(mallory.ID) == MaxAccountMCPRequests })
-	waitFor(t, "mallory's commands", func() bool { return e.liveLeases() == MaxAccountMCPRequests })
+	testenv.WaitFor(t, 5*time.Second, "mallory's MCP requests in flight", func() bool { return e.app.mcpCalls.of(mallory.ID) == MaxAccountMCPRequests })
+	testenv.WaitFor(t, 5*time.Second, "mallory's commands", func() bool { return e.liveLeases() == MaxAccountMCPRequests })
 	if status, b := e.mcpPost(context.Background(), mtok, mcpCall("list_projects")); status != http.StatusTooManyRequests || !strings.Contains(string(b), `"busy"`) {
 		t.Errorf("one more of mallory's: %d %s", status, b)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/coder/websocket"
 
 	"github.com/corral-sandbox/corral/api"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
 )
@@ -105,7 +106,7 @@ func TestLongAccessEndsWithItsAuthorization(t *testing.T) {
 		{"command", func(ctx context.Context, t *testing.T, e *env, tok string, p store.Project, marker string) func() string {
 			respc := make(chan *http.Response, 1)
 			go func() { respc <- e.post(ctx, t, tok, p.ID, "application/json", "touch started; exec sleep "+marker) }()
-			waitFor(t, "the command to start", func() bool {
+			testenv.WaitFor(t, 5*time.Second, "the command to start", func() bool {
 				_, err := os.Stat(filepath.Join(p.Root, "started"))
 				return err == nil
 			})
@@ -149,7 +150,7 @@ func TestLongAccessEndsWithItsAuthorization(t *testing.T) {
 					t.Errorf("the %s ended with %q, want the reason %q", ac.name, how, act.reason)
 				}
 				sandboxtest.AssertNoProcesses(t, marker)
-				waitFor(t, "the leases to be released", func() bool { return e.liveLeases() == 0 })
+				testenv.WaitFor(t, 5*time.Second, "the leases to be released", func() bool { return e.liveLeases() == 0 })
 			})
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/wire"
 )
 
@@ -29,20 +30,9 @@ import (
 // ErrInterrupted; ctx bounds each call (not the descriptors returned).
 // Descriptors returned are the caller's alone: the worker keeps no copy.
 
-// FileInfo describes a file of a machine.
-type FileInfo struct {
-	// Name is the last component of Path, the file's guest path.
-	Name, Path string
-	// Type is "file", "dir", "symlink" or "other".
-	Type  string
-	Size  int64
-	Mode  uint32 // permission, set-id and sticky bits
-	MTime time.Time
-	// Target is a symlink's target, as stored.
-	Target string
-	// WD is a watched directory's inotify watch descriptor (WatchFiles).
-	WD int
-}
+// FileInfo describes a file of a machine (the sandbox's description of a
+// project's file: Path is the guest path; WD a watch's descriptor).
+type FileInfo = sandbox.FileInfo
 
 func fileInfo(s *wire.FileStat) FileInfo {
 	if s == nil {

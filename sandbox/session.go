@@ -671,22 +671,28 @@ func (s *Session) failUnstarted(ctx context.Context, ce *CommandError) *CommandE
 
 func (s *Session) startHeartbeat(ctx context.Context) {
 	s.heartbeatErr = make(chan error, 1)
-	if ka, ok := s.common.Lease.(KeepAliver); ok {
-		id := s.common.Lease.ID()
-		stop := ka.KeepAlive(s.c.opts.HeartbeatInterval, func(err error) {
-			select {
-			case s.heartbeatErr <- &heartbeatError{fmt.Errorf("lease %s: %w", id, err)}:
-			default:
-			}
-		})
+	id := s.common.Lease.ID()
+	s.stopHeartbeat = keepAlive(ctx, s.common.Lease, s.c.opts.HeartbeatInterval, func(err error) {
+		select {
+		case s.heartbeatErr <- &heartbeatError{fmt.Errorf("lease %s: %w", id, err)}:
+		default:
+		}
+	})
+}
+
+// keepAlive heartbeats l every interval (through its KeepAliver if it has
+// one, else with a goroutine of its own) until the returned stop is
+// called. The first failed heartbeat calls failed, once, and ends the
+// keep-alive; failed must not block or call stop. stop is idempotent and
+// returns once failed is no longer running and will not be called.
+func keepAlive(ctx context.Context, l Lease, interval time.Duration, failed func(error)) (stop func()) {
+	if ka, ok := l.(KeepAliver); ok {
 		var once sync.Once
-		s.stopHeartbeat = func() { once.Do(stop) }
-		return
+		stopKA := ka.KeepAlive(interval, failed)
+		return func() { once.Do(stopKA) }
 	}
 	hctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
-	lease := s.common.Lease
-	interval := s.c.opts.HeartbeatInterval
 	go func() {
 		defer close(done)
 		t := time.NewTicker(interval)
@@ -696,18 +702,17 @@ func (s *Session) startHeartbeat(ctx context.Context) {
 			case <-hctx.Done():
 				return
 			case <-t.C:
-				if err := lease.Heartbeat(hctx); err != nil {
-					if hctx.Err() != nil {
-						return
+				if err := l.Heartbeat(hctx); err != nil {
+					if hctx.Err() == nil {
+						failed(err)
 					}
-					s.heartbeatErr <- &heartbeatError{fmt.Errorf("lease %s: %w", lease.ID(), err)}
 					return
 				}
 			}
 		}
 	}()
 	var once sync.Once
-	s.stopHeartbeat = func() {
+	return func() {
 		once.Do(func() {
 			cancel()
 			<-done

@@ -14,9 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/corral-sandbox/corral/client"
-	"github.com/corral-sandbox/corral/machine"
+	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/sandbox"
-	"github.com/corral-sandbox/corral/store"
 )
 
 type cpFlags struct {
@@ -77,7 +76,7 @@ type remoteFiles interface {
 // errNotFound marks a missing remote file.
 var errNotFound = errors.New("no such file")
 
-func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) int {
+func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) (status int) {
 	stderr := cmd.ErrOrStderr()
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "corral: cp: %v\n", err)
@@ -105,11 +104,20 @@ func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) int {
 			return fail(err)
 		}
 		defer env.close()
-		proj, err := env.core.Store().GetProject(ctx, env.project.ProjectID)
+		// One lease covers the whole copy, heartbeated while it runs and
+		// released at the end (a failed release fails the copy).
+		files, err := env.control.OpenFiles(ctx, sandbox.FilesInput{Project: env.project, User: f.user,
+			Journal: []string{"files", "cp", src, dst}}, &env.actor)
 		if err != nil {
 			return fail(err)
 		}
-		rf = &gatewayFiles{gw: env.core.Gateway(), p: cpMachineProject(proj), user: f.user}
+		lf := &leasedFiles{f: files}
+		defer func() {
+			if err := files.Close(lf.failed); err != nil {
+				status = fail(err)
+			}
+		}()
+		rf = lf
 	default:
 		return fail(errors.New("give --project DIR or --daemon ADDR --project-id N"))
 	}
@@ -318,65 +326,58 @@ func (d *daemonFiles) mkdir(ctx context.Context, p string, mode uint32) error {
 	return daemonErr(err)
 }
 
-// gatewayFiles reaches a managed project's machine through a worker.
-type gatewayFiles struct {
-	gw   *machine.Gateway
-	p    machine.Project
-	user string
+// leasedFiles is a project's files through the sandbox control, under the
+// lease of one OpenFiles (corral cp --project).
+type leasedFiles struct {
+	f      *sandbox.Files
+	failed error // the first call's failure, for the journal
 }
 
-func cpMachineProject(proj store.Project) machine.Project {
-	mp := machine.Project{ID: proj.ID, Workspace: proj.Root}
-	if proj.Image != store.DefaultImage {
-		mp.Image = proj.Image
+// note returns err, remembering the first failure, with a missing file
+// marked errNotFound.
+func (l *leasedFiles) note(err error) error {
+	if err == nil {
+		return nil
 	}
-	l := proj.Limits
-	mp.Limits = machine.Limits{Memory: l.Memory, Pids: l.Pids, CPUMillis: l.CPUMillis, Disk: l.Disk, Tmp: l.Tmp}
-	return mp
-}
-
-func (g *gatewayFiles) req(p string) machine.FileRequest {
-	return machine.FileRequest{Project: g.p, User: g.user, Path: p}
-}
-
-func gatewayErr(err error) error {
-	var rej *machine.RejectedError
-	if errors.As(err, &rej) && errors.Is(err, machine.ErrNotFound) {
-		return fmt.Errorf("%w: %s", errNotFound, rej.Message)
+	if l.failed == nil {
+		l.failed = err
+	}
+	if errdefs.Is(err, errdefs.NotFound) {
+		return fmt.Errorf("%w: %w", errNotFound, err)
 	}
 	return err
 }
 
-func (g *gatewayFiles) read(ctx context.Context, p string) (io.ReadCloser, error) {
-	f, _, err := g.gw.OpenFile(ctx, g.req(p))
+func (l *leasedFiles) read(_ context.Context, p string) (io.ReadCloser, error) {
+	f, _, err := l.f.Open(p)
 	if err != nil {
-		return nil, gatewayErr(err)
+		return nil, l.note(err)
 	}
 	return f, nil
 }
 
-func (g *gatewayFiles) write(ctx context.Context, p string, mode uint32, r io.Reader) error {
-	_, err := g.gw.WriteFile(ctx, g.req(p), mode, r)
-	return gatewayErr(err)
+func (l *leasedFiles) write(_ context.Context, p string, mode uint32, r io.Reader) error {
+	_, err := l.f.Write(p, mode, r)
+	return l.note(err)
 }
 
-func toClientInfo(fi machine.FileInfo) client.FileInfo {
+func toClientInfo(fi sandbox.FileInfo) client.FileInfo {
 	return client.FileInfo{Name: fi.Name, Path: fi.Path, Type: fi.Type, Size: fi.Size,
 		Mode: fmt.Sprintf("%04o", fi.Mode), MTime: fi.MTime, Target: fi.Target}
 }
 
-func (g *gatewayFiles) stat(ctx context.Context, p string) (client.FileInfo, error) {
-	fi, err := g.gw.StatFile(ctx, g.req(p))
-	return toClientInfo(fi), gatewayErr(err)
+func (l *leasedFiles) stat(_ context.Context, p string) (client.FileInfo, error) {
+	fi, err := l.f.Stat(p)
+	return toClientInfo(fi), l.note(err)
 }
 
-func (g *gatewayFiles) list(ctx context.Context, p string) ([]client.FileInfo, error) {
-	_, es, trunc, err := g.gw.ListFiles(ctx, g.req(p), 1, 0)
+func (l *leasedFiles) list(_ context.Context, p string) ([]client.FileInfo, error) {
+	_, es, trunc, err := l.f.List(p, 1, 0)
 	if err != nil {
-		return nil, gatewayErr(err)
+		return nil, l.note(err)
 	}
 	if trunc {
-		return nil, fmt.Errorf("%s has more entries than one listing holds", p)
+		return nil, l.note(fmt.Errorf("%s has more entries than one listing holds", p))
 	}
 	out := make([]client.FileInfo, len(es))
 	for i, e := range es {
@@ -385,7 +386,7 @@ func (g *gatewayFiles) list(ctx context.Context, p string) ([]client.FileInfo, e
 	return out, nil
 }
 
-func (g *gatewayFiles) mkdir(ctx context.Context, p string, mode uint32) error {
-	_, err := g.gw.Mkdir(ctx, g.req(p), mode, true)
-	return gatewayErr(err)
+func (l *leasedFiles) mkdir(_ context.Context, p string, mode uint32) error {
+	_, err := l.f.Mkdir(p, mode, true)
+	return l.note(err)
 }

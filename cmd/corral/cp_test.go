@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/corral-sandbox/corral/sandbox"
+	"github.com/corral-sandbox/corral/store"
 )
 
 // makeTree makes a small tree with a binary file, an empty directory and
@@ -90,7 +94,9 @@ func TestCpViaDaemon(t *testing.T) {
 }
 
 // TestCpProjectPrivateWorker: corral cp --project DIR copies into and out
-// of a managed project's machine.
+// of a managed project's machine, each copy under one lease of kind
+// "files" taken through the sandbox control (stamped with its domain,
+// released at the end) and journaled.
 func TestCpProjectPrivateWorker(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("managed projects need root (CI runs as root)")
@@ -112,4 +118,42 @@ func TestCpProjectPrivateWorker(t *testing.T) {
 		t.Fatalf("cp out of the machine: %d %s", status, errs)
 	}
 	checkTree(t, back, bin)
+
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(state, "corral.db"), store.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	leases, err := st.ListLeases(ctx, store.LeaseFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := st.ListJournal(ctx, store.JournalFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []store.Lease
+	for _, l := range leases {
+		if l.Kind == string(sandbox.LeaseFiles) {
+			files = append(files, l)
+		}
+	}
+	if len(files) != 2 {
+		t.Fatalf("%d files leases for two copies, want 2: %+v", len(files), leases)
+	}
+	for _, l := range files {
+		if l.Domain == "" || l.State != store.LeaseReleased {
+			t.Errorf("lease %s: domain %q, state %s; want a domain and released", l.ID, l.Domain, l.State)
+		}
+	}
+	cps := 0
+	for _, r := range rows {
+		if r.LeaseKind == string(sandbox.LeaseFiles) && len(r.Argv) > 1 && r.Argv[1] == "cp" && r.End.Outcome == store.OutcomeExit {
+			cps++
+		}
+	}
+	if cps != 2 {
+		t.Errorf("%d journaled copies, want 2: %+v", cps, rows)
+	}
 }

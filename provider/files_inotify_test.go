@@ -1,4 +1,4 @@
-package daemon
+package provider
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/corral-sandbox/corral/internal/fsop"
-	"github.com/corral-sandbox/corral/sandbox"
 	"golang.org/x/sys/unix"
 )
 
@@ -63,8 +62,8 @@ func TestHostWatchChargedToProjectUser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &hostFiles{hf: sandbox.HostFiles{Root: dir, User: &sandbox.HostUser{UID: uid, GID: uid}}}
-	ino, _, err := h.watch(context.Background(), "/workspace", false)
+	h := &hostFiles{root: dir, user: &fsop.Cred{UID: uid, GID: uid}}
+	ino, _, err := h.Watch(context.Background(), "/workspace", false)
 	if err == nil {
 		ino.Close()
 		t.Fatal("a watch succeeded with the project user's inotify quota used up: it was charged to host root")

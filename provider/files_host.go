@@ -1,4 +1,4 @@
-package daemon
+package provider
 
 import (
 	"context"
@@ -12,24 +12,27 @@ import (
 	"github.com/corral-sandbox/corral/internal/errdefs"
 	"github.com/corral-sandbox/corral/internal/fsop"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/provider"
 	"github.com/corral-sandbox/corral/sandbox"
 )
 
 // hostFiles is a host project's workspace, reached as the project's
-// confined user (hf.User) under its root: the same resolution as a
-// machine's (package fsop), with the workspace as the root and its guest
-// name, /workspace, as the only absolute prefix.
+// confined user (user; nil: this process's own) under its root: the same
+// resolution as a machine's (package fsop), with the workspace as the root
+// and its guest name, /workspace, as the only absolute prefix. Its errors
+// are classified (fsop.Classify).
 type hostFiles struct {
-	hf sandbox.HostFiles
+	root string
+	user *fsop.Cred
 }
+
+var _ sandbox.FileSystem = (*hostFiles)(nil)
 
 // rel maps a guest path to one relative to the workspace.
 func (h *hostFiles) rel(p string) (string, error) {
 	if !path.IsAbs(p) {
 		return p, fsop.Clean(p)
 	}
-	root := provider.DisplayRoot
+	root := DisplayRoot
 	switch {
 	case p == root:
 		return "", nil
@@ -40,16 +43,16 @@ func (h *hostFiles) rel(p string) (string, error) {
 	return "", fmt.Errorf("%w: a host project's paths are under %s", fsop.ErrBadPath, root)
 }
 
-func (h *hostFiles) info(s fsop.Stat) fileInfo {
-	p := provider.DisplayRoot
+func (h *hostFiles) info(s fsop.Stat) sandbox.FileInfo {
+	p := DisplayRoot
 	if s.Rel != "" {
 		p += "/" + s.Rel
 	}
 	name := s.Name
 	if s.Rel == "" {
-		name = path.Base(provider.DisplayRoot)
+		name = path.Base(DisplayRoot)
 	}
-	return fileInfo{Name: name, Path: p, Type: s.Type, Size: s.Size, Mode: s.Mode, MTime: time.Unix(0, s.MTime), Target: s.Target}
+	return sandbox.FileInfo{Name: name, Path: p, Type: s.Type, Size: s.Size, Mode: s.Mode, MTime: time.Unix(0, s.MTime), Target: s.Target}
 }
 
 // run resolves p and runs f as the project's user with a root of the
@@ -59,19 +62,15 @@ func (h *hostFiles) run(p string, f func(root *fsop.Root, rel string) error) err
 	if err != nil {
 		return fsop.Classify(err)
 	}
-	root, err := fsop.OpenRoot(h.hf.Root)
+	root, err := fsop.OpenRoot(h.root)
 	if err != nil {
 		return fsop.Classify(err)
 	}
 	defer root.Close()
-	var cred *fsop.Cred
-	if u := h.hf.User; u != nil {
-		cred = &fsop.Cred{UID: u.UID, GID: u.GID}
-	}
-	return fsop.Classify(fsop.Run(cred, func() error { return f(root, rel) }))
+	return fsop.Classify(fsop.Run(h.user, func() error { return f(root, rel) }))
 }
 
-func (h *hostFiles) open(_ context.Context, p string) (f *os.File, fi fileInfo, err error) {
+func (h *hostFiles) Open(_ context.Context, p string) (f *os.File, fi sandbox.FileInfo, err error) {
 	err = h.run(p, func(root *fsop.Root, rel string) error {
 		var st fsop.Stat
 		f, st, err = root.Read(rel)
@@ -81,7 +80,7 @@ func (h *hostFiles) open(_ context.Context, p string) (f *os.File, fi fileInfo, 
 	return f, fi, err
 }
 
-func (h *hostFiles) write(_ context.Context, p string, mode uint32, src io.Reader) (int64, error) {
+func (h *hostFiles) Write(_ context.Context, p string, mode uint32, src io.Reader) (int64, error) {
 	if mode == 0 {
 		mode = 0o644
 	}
@@ -121,7 +120,7 @@ func (h *hostFiles) write(_ context.Context, p string, mode uint32, src io.Reade
 	return n, fsop.Classify(err)
 }
 
-func (h *hostFiles) stat(_ context.Context, p string) (fi fileInfo, err error) {
+func (h *hostFiles) Stat(_ context.Context, p string) (fi sandbox.FileInfo, err error) {
 	err = h.run(p, func(root *fsop.Root, rel string) error {
 		st, err := root.Stat(rel)
 		fi = h.info(st)
@@ -130,7 +129,7 @@ func (h *hostFiles) stat(_ context.Context, p string) (fi fileInfo, err error) {
 	return fi, err
 }
 
-func (h *hostFiles) list(_ context.Context, p string, depth, limit int) (dir fileInfo, es []fileInfo, trunc bool, err error) {
+func (h *hostFiles) List(_ context.Context, p string, depth, limit int) (dir sandbox.FileInfo, es []sandbox.FileInfo, trunc bool, err error) {
 	err = h.run(p, func(root *fsop.Root, rel string) error {
 		st, err := root.Stat(rel)
 		if err != nil {
@@ -146,7 +145,7 @@ func (h *hostFiles) list(_ context.Context, p string, depth, limit int) (dir fil
 	return dir, es, trunc, err
 }
 
-func (h *hostFiles) mkdir(_ context.Context, p string, mode uint32, parents bool) (fi fileInfo, err error) {
+func (h *hostFiles) Mkdir(_ context.Context, p string, mode uint32, parents bool) (fi sandbox.FileInfo, err error) {
 	err = h.run(p, func(root *fsop.Root, rel string) error {
 		if err := root.Mkdir(rel, mode, parents); err != nil {
 			return err
@@ -158,11 +157,11 @@ func (h *hostFiles) mkdir(_ context.Context, p string, mode uint32, parents bool
 	return fi, err
 }
 
-func (h *hostFiles) remove(_ context.Context, p string, recursive bool) error {
+func (h *hostFiles) Remove(_ context.Context, p string, recursive bool) error {
 	return h.run(p, func(root *fsop.Root, rel string) error { return root.Remove(rel, recursive) })
 }
 
-func (h *hostFiles) rename(_ context.Context, from, to string) error {
+func (h *hostFiles) Rename(_ context.Context, from, to string) error {
 	toRel, err := h.rel(to)
 	if err != nil {
 		return fsop.Classify(err)
@@ -170,7 +169,7 @@ func (h *hostFiles) rename(_ context.Context, from, to string) error {
 	return h.run(from, func(root *fsop.Root, rel string) error { return root.Rename(rel, toRel) })
 }
 
-func (h *hostFiles) watch(_ context.Context, p string, recursive bool) (*os.File, []fileInfo, error) {
+func (h *hostFiles) Watch(_ context.Context, p string, recursive bool) (*os.File, []sandbox.FileInfo, error) {
 	// Made as the project's user, so that the kernel charges the instance
 	// (and its watches) to that user's fs.inotify quotas, never to host
 	// root's, which every root daemon of the host shares.
@@ -191,11 +190,11 @@ func (h *hostFiles) watch(_ context.Context, p string, recursive bool) (*os.File
 	return ino, ws, nil
 }
 
-func (h *hostFiles) addWatch(_ context.Context, ino *os.File, p string) ([]fileInfo, error) {
+func (h *hostFiles) AddWatch(_ context.Context, ino *os.File, p string) ([]sandbox.FileInfo, error) {
 	return h.addWatches(ino, p, true)
 }
 
-func (h *hostFiles) addWatches(ino *os.File, p string, recursive bool) (ws []fileInfo, err error) {
+func (h *hostFiles) addWatches(ino *os.File, p string, recursive bool) (ws []sandbox.FileInfo, err error) {
 	err = h.run(p, func(root *fsop.Root, rel string) error {
 		_, err := root.Watch(int(ino.Fd()), rel, recursive, 8192, func(wd int, r string) error {
 			fi := h.info(fsop.Stat{Rel: r, Name: path.Base("/" + r), Type: "dir"})
