@@ -299,7 +299,7 @@ func (c *Conn) recvPacket() (b []byte, fds []int, err error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("wire: recv: %w", err)
 	}
-	fds, perr := parseRights(c.oob[:oobn])
+	fds, perr := ParseRights(c.oob[:oobn])
 	if size == 0 {
 		// The peer closed the connection (a zero-length packet, which no
 		// valid frame is, reads the same and ends the connection too).
@@ -320,9 +320,12 @@ func (c *Conn) recvPacket() (b []byte, fds []int, err error) {
 	return c.buf[:size], fds, nil
 }
 
-// parseRights returns every descriptor in the SCM_RIGHTS messages of oob.
-// On error it still returns the descriptors it found, for closing.
-func parseRights(oob []byte) ([]int, error) {
+// ParseRights returns every descriptor in the SCM_RIGHTS messages of oob
+// (the control data of one recvmsg): the one parser of passed descriptors,
+// for this package's frames and the worker's packets to its machines. On
+// error it still returns the descriptors it found, which the caller must
+// close.
+func ParseRights(oob []byte) ([]int, error) {
 	if len(oob) == 0 {
 		return nil, nil
 	}

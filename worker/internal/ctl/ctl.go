@@ -52,6 +52,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/corral-sandbox/corral/wire"
 )
 
 // Ops.
@@ -673,8 +675,9 @@ func unmarshal(b []byte) (*Msg, error) {
 // descriptors it carried, closing every received descriptor on any error.
 func decode(buf, oob []byte, n, oobn, flags int, err error) (*Msg, []int, error) {
 	var fds []int
+	var perr error
 	if err == nil && oobn > 0 {
-		fds = parseRights(oob[:oobn])
+		fds, perr = wire.ParseRights(oob[:oobn])
 	}
 	fail := func(err error) (*Msg, []int, error) {
 		for _, fd := range fds {
@@ -684,6 +687,9 @@ func decode(buf, oob []byte, n, oobn, flags int, err error) (*Msg, []int, error)
 	}
 	if err != nil {
 		return fail(fmt.Errorf("ctl: recv: %w", err))
+	}
+	if perr != nil {
+		return fail(fmt.Errorf("ctl: descriptors: %w", perr))
 	}
 	if n == 0 && oobn == 0 {
 		return fail(ErrClosed)
@@ -711,19 +717,4 @@ func files(fds []int) []*os.File {
 		fs[i] = os.NewFile(uintptr(fd), "ctl-fd")
 	}
 	return fs
-}
-
-func parseRights(oob []byte) []int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var fds []int
-	for i := range msgs {
-		r, err := unix.ParseUnixRights(&msgs[i])
-		if err == nil {
-			fds = append(fds, r...)
-		}
-	}
-	return fds
 }
