@@ -632,77 +632,97 @@ var errClosed = errors.New("worker: shut down")
 // machine's next start (once it has been idle for the grace, or after a
 // reset).
 func (w *Worker) acquire(id int64, requested, img string, session bool, lim machineLimits) (*machine, error) {
-	w.mu.Lock()
-	if m := w.machines[id]; m != nil && m.requested == requested {
-		return w.hold(m, img, session, lim)
+	ws := "" // resolved only when no machine runs for requested
+	for {
+		m, next, err := w.claim(id, requested, ws, img, session, lim)
+		switch {
+		case err != nil:
+			return nil, err
+		case m != nil:
+			return m.await(session)
+		case next.resolve:
+			if ws, err = w.resolveWorkspace(requested); err != nil {
+				return nil, &rejection{wire.CodeBadWorkspace, err.Error()}
+			}
+		case next.reset != nil:
+			<-next.reset
+			ws = ""
+		default: // a stopping machine was forgotten: afresh
+			ws = ""
+		}
 	}
-	w.mu.Unlock()
-	ws, err := w.resolveWorkspace(requested)
-	if err != nil {
-		return nil, &rejection{wire.CodeBadWorkspace, err.Error()}
-	}
+}
+
+// claimNext is what acquire does before claiming again: resolve the
+// workspace, or wait for a reset to finish (neither: claim afresh).
+type claimNext struct {
+	resolve bool
+	reset   <-chan struct{}
+}
+
+// claim takes a reference on project id's machine, under w.mu: the one
+// running for requested, else (with ws, the resolved workspace) the one
+// running for ws or a new one, started in the background. Without a
+// machine to return it says what acquire must do first.
+func (w *Worker) claim(id int64, requested, ws, img string, session bool, lim machineLimits) (*machine, claimNext, error) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	m := w.machines[id]
-	if m != nil && m.workspace != ws {
+	switch {
+	case m != nil && m.requested == requested:
+		return w.hold(m, session)
+	case ws == "":
+		return nil, claimNext{resolve: true}, nil
+	case m != nil && m.workspace != ws:
 		m.mu.Lock()
 		stopping := m.stopping
 		m.mu.Unlock()
 		if !stopping {
-			w.mu.Unlock()
-			return nil, &rejection{wire.CodeBadWorkspace, fmt.Sprintf("project %d runs with workspace %s", id, m.workspace)}
+			return nil, claimNext{}, &rejection{wire.CodeBadWorkspace, fmt.Sprintf("project %d runs with workspace %s", id, m.workspace)}
 		}
-	}
-	if m == nil {
+		return w.hold(m, session)
+	case m == nil:
 		if done := w.resetting[id]; done != nil && session {
-			w.mu.Unlock()
-			<-done
-			return w.acquire(id, requested, img, session, lim)
+			return nil, claimNext{reset: done}, nil
 		}
-		return w.startMachine(id, ws, requested, img, session, lim)
+		m, err := w.startMachine(id, ws, requested, img, session, lim)
+		return m, claimNext{}, err
 	}
-	return w.hold(m, img, session, lim)
+	return w.hold(m, session)
 }
 
-// hold takes a reference on m, or acquires a new machine if m is stopping.
-// Called with w.mu held; releases it.
-func (w *Worker) hold(m *machine, img string, session bool, lim machineLimits) (*machine, error) {
+// hold takes a reference on m. Called with w.mu held. A stopping machine
+// is forgotten instead (nothing returned, nothing to do first): the caller
+// claims afresh, resolving the workspace again.
+func (w *Worker) hold(m *machine, session bool) (*machine, claimNext, error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	switch {
 	case m.stopping:
-		// Being stopped: forget it and start afresh, resolving the
-		// workspace again.
-		m.mu.Unlock()
 		if w.machines[m.id] == m {
 			delete(w.machines, m.id)
 		}
-		w.mu.Unlock()
-		return w.acquire(m.id, m.requested, img, session, lim)
+		return nil, claimNext{}, nil
 	case session && m.sessions >= w.cfg.MaxSessions:
-		m.mu.Unlock()
-		w.mu.Unlock()
-		return nil, &rejection{wire.CodeTooManySessions, fmt.Sprintf("project %d already has %d sessions", m.id, w.cfg.MaxSessions)}
+		return nil, claimNext{}, &rejection{wire.CodeTooManySessions, fmt.Sprintf("project %d already has %d sessions", m.id, w.cfg.MaxSessions)}
 	}
 	m.hold(session)
-	m.mu.Unlock()
-	w.mu.Unlock()
-	return m.await(session)
+	return m, claimNext{}, nil
 }
 
-// startMachine registers and starts a new machine. Called with w.mu held;
-// releases it. Only sessions start machines: a net-dial to a project
-// without one fails ("dial-failed"), as nothing could be listening there.
+// startMachine registers a new machine, holding a reference on it, and
+// starts it in the background. Called with w.mu held. Only sessions start
+// machines: a net-dial to a project without one fails ("dial-failed"), as
+// nothing could be listening there.
 func (w *Worker) startMachine(id int64, ws, requested, img string, session bool, lim machineLimits) (*machine, error) {
 	if w.closed {
-		w.mu.Unlock()
 		return nil, errClosed
 	}
 	if !session {
-		w.mu.Unlock()
 		return nil, &rejection{wire.CodeDialFailed, fmt.Sprintf("project %d has no running machine", id)}
 	}
 	slot, err := w.slot(id, ws)
 	if err != nil {
-		w.mu.Unlock()
 		return nil, &rejection{wire.CodeMachineFailed, err.Error()}
 	}
 	m := w.newMachine(id, ws, requested, img, slot, lim)
@@ -710,9 +730,8 @@ func (w *Worker) startMachine(id int64, ws, requested, img string, session bool,
 	w.latest[id] = m
 	m.hold(session)
 	w.machines[id] = m
-	w.mu.Unlock()
-	go m.start()
-	return m.await(session)
+	go m.start() // it waits for w.mu if it needs it
+	return m, nil
 }
 
 // await waits until m has started, dropping the reference if it failed.
