@@ -21,6 +21,15 @@ import (
 	"github.com/corral-sandbox/corral/store"
 )
 
+// HeartbeatInterval is the lease heartbeat period of leases that live ttl
+// without one: three beats per TTL (a lease outlives two missed beats), at
+// most sandbox.DefaultHeartbeatInterval (the default TTL, 15 s, gives it:
+// 5 s). The one place the rule is written: the daemon and the runner pass
+// their TTL to Build and a zero interval.
+func HeartbeatInterval(ttl time.Duration) time.Duration {
+	return min(sandbox.DefaultHeartbeatInterval, ttl/3)
+}
+
 // Options configure Build.
 type Options struct {
 	// Store is the database. If nil, Build opens StorePath (and closes it
@@ -47,7 +56,8 @@ type Options struct {
 	// directory of the SQLite store's file; a store that is no file
 	// (PostgreSQL) then refuses host projects' confined commands.
 	StateDir string
-	// Control tunes the sandbox control (heartbeat interval, drain).
+	// Control tunes the sandbox control (heartbeat interval, drain). A
+	// zero HeartbeatInterval follows the lease TTL (see HeartbeatInterval).
 	Control sandbox.ControlOptions
 	// Lease tunes the lease manager (TTL, sweep interval).
 	Lease lease.Options
@@ -174,6 +184,9 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 	})
 
 	copts := opts.Control
+	if copts.HeartbeatInterval == 0 {
+		copts.HeartbeatInterval = HeartbeatInterval(c.leases.TTL())
+	}
 	if copts.Logger == nil {
 		copts.Logger = log
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/corral-sandbox/corral/confine"
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/internal/testworker"
+	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
 	"github.com/corral-sandbox/corral/sandbox"
@@ -421,5 +422,20 @@ func TestJournalBeforeStart(t *testing.T) {
 	}
 	if rows, _ := st.ListJournal(ctx, store.JournalFilter{}); len(rows) != 1 {
 		t.Fatalf("%d journal rows after a refused command, want 1", len(rows))
+	}
+}
+
+// TestHeartbeatInterval: three heartbeats per lease TTL, at most the
+// default 5 s (the daemon's and the runner's rule, written once).
+func TestHeartbeatInterval(t *testing.T) {
+	for ttl, want := range map[time.Duration]time.Duration{
+		lease.DefaultTTL:       5 * time.Second,
+		time.Minute:            5 * time.Second,
+		6 * time.Second:        2 * time.Second,
+		300 * time.Millisecond: 100 * time.Millisecond,
+	} {
+		if got := core.HeartbeatInterval(ttl); got != want {
+			t.Errorf("HeartbeatInterval(%v) = %v, want %v", ttl, got, want)
+		}
 	}
 }

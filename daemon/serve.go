@@ -311,10 +311,6 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	}
 	log.Info("admission budgets", "global", limiter.Global, "perAccount", limiter.PerAccount)
 
-	var beat time.Duration
-	if cfg.Lease.TTL > 0 && cfg.Lease.TTL/3 < sandbox.DefaultHeartbeatInterval {
-		beat = cfg.Lease.TTL / 3
-	}
 	storeURL := cfg.Store
 	if storeURL == "" {
 		storeURL = store.DefaultURL(state)
@@ -328,7 +324,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		Migrate:             true,
 		PrivilegedTransport: transport,
 		Logger:              log,
-		Control:             sandbox.ControlOptions{Observe: metrics.Observe, HeartbeatInterval: beat, Admitter: limiter},
+		Control:             sandbox.ControlOptions{Observe: metrics.Observe, Admitter: limiter},
 		Lease:               cfg.Lease,
 		LSPServers:          cfg.LSPServers,
 		PluginConfig:        plugin.Config{Disabled: cfg.DisabledPlugins},

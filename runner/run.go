@@ -17,7 +17,6 @@ import (
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/sandbox"
 )
 
 // InheritedFD is the descriptor on which Start passes the runner its
@@ -107,7 +106,6 @@ func NewCore(ctx context.Context, opts Options) (*core.Core, error) {
 		Migrate:             false,
 		PrivilegedTransport: opts.Transport,
 		SelfExe:             opts.SelfExe,
-		Control:             sandbox.ControlOptions{HeartbeatInterval: min(sandbox.DefaultHeartbeatInterval, ttl/3)},
 		Lease: lease.Options{
 			TTL:           ttl,
 			SweepInterval: min(lease.DefaultSweepInterval, ttl),

@@ -36,6 +36,30 @@ func TestSeedDefaults(t *testing.T) {
 	if rec.Timeout != 10*time.Second || rec.Limit != (sandbox.OutputLimit{Stdout: 1 << 20, Stderr: 1 << 20}) {
 		t.Errorf("applied defaults: timeout %v, limit %+v", rec.Timeout, rec.Limit)
 	}
+
+	// ControlOptions{} heartbeats every 5 s: the interval a command's
+	// lease is kept alive at (the daemon passes zero and gets it).
+	got := make(chan time.Duration, 1)
+	p := &sandboxtest.Provider{Mutate: func(prep sandbox.Prepared) {
+		prep.Common().Lease = intervalLease{prep.Common().Lease, got}
+	}}
+	if _, err := sandbox.NewControl(p, sandbox.ControlOptions{}).RunCommand(context.Background(), input(sandbox.ProjectHost, "true"), &actor, nil); err != nil {
+		t.Fatal(err)
+	}
+	if d := <-got; d != 5*time.Second {
+		t.Errorf("applied heartbeat interval = %v, want 5s", d)
+	}
+}
+
+// intervalLease reports the interval it is kept alive at.
+type intervalLease struct {
+	sandbox.Lease
+	got chan<- time.Duration
+}
+
+func (l intervalLease) KeepAlive(interval time.Duration, _ func(error)) func() {
+	l.got <- interval
+	return func() {}
 }
 
 // TestOnStartPanicReleasesLease: a panicking OnStart is a start failure
