@@ -21,7 +21,7 @@ func (loopGateway) Listen(context.Context, machine.Project, int) (net.Listener, 
 }
 
 // projectStore opens a store of its own with one managed project.
-func projectStore(t testing.TB) (*store.Store, store.Project) {
+func projectStore(t testing.TB) (store.Store, store.Project) {
 	t.Helper()
 	ctx := context.Background()
 	st, err := store.Open(ctx, filepath.Join(t.TempDir(), "corral.db"), store.Options{Migrate: true})

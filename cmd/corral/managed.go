@@ -15,7 +15,6 @@ import (
 
 	"github.com/corral-sandbox/corral/internal/workerproc"
 	"github.com/corral-sandbox/corral/machine"
-	"github.com/corral-sandbox/corral/wire"
 )
 
 // The shared worker of a state directory.
@@ -144,16 +143,7 @@ func startSharedWorker(ctx context.Context, state, sock string, idle time.Durati
 func answers(ctx context.Context, sock string) bool {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := wire.Dial(ctx, sock)
-	if err != nil {
-		return false
-	}
-	defer c.Close()
-	if d, ok := ctx.Deadline(); ok {
-		_ = c.UnixConn().SetDeadline(d)
-	}
-	_, err = wire.ClientHello(c)
-	return err == nil
+	return machine.Handshake(ctx, sock) == nil
 }
 
 // lockFile opens (creating) path and takes a flock of kind how on it,
