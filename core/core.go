@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"slices"
 	"time"
 
 	"github.com/corral-sandbox/corral/egress"
@@ -41,7 +42,9 @@ type Options struct {
 	StorePath string
 	// Migrate lets Build create and migrate the database. A process that
 	// must not migrate (the delegated runner) sets false: Build then refuses
-	// a schema this binary does not know exactly.
+	// a schema this binary does not know exactly, starts no plugin services
+	// and no egress service, and loads no plugin providing the "sites"
+	// domain (the published Sites control is the daemon's).
 	Migrate bool
 	// PrivilegedTransport reaches the privileged worker. If nil, every
 	// machine-runtime call fails at once with
@@ -221,6 +224,13 @@ func Build(ctx context.Context, opts Options) (c *Core, err error) {
 		reg, ok := f.registration(in)
 		if !ok {
 			return c, fmt.Errorf("core: plugin %d: a zero PluginFactory (make one with core.Plugin)", i)
+		}
+		if !opts.Migrate && slices.Contains(reg.Provides, plugin.DomainSites) {
+			// The published Sites control belongs to the daemon's core:
+			// a core that must not migrate (the delegated runner) has
+			// none, whatever its plugin list.
+			log.Debug("sites plugin not loaded: this core does not migrate", "plugin", reg.Name)
+			continue
 		}
 		regs = append(regs, reg)
 	}

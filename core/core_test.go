@@ -22,6 +22,7 @@ import (
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
+	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
 	"github.com/corral-sandbox/corral/sandbox"
 	"github.com/corral-sandbox/corral/sandbox/sandboxtest"
 	"github.com/corral-sandbox/corral/store"
@@ -277,7 +278,9 @@ func TestJournal(t *testing.T) {
 }
 
 // TestRunnerCoreNeverMigrates: a core built with Migrate false refuses a
-// schema it does not know and runs no plugin services.
+// schema it does not know, runs no plugin services and publishes no Sites
+// control even with the Sites plugin in its list (fails when that is tied
+// to the runner's plugin list instead).
 func TestRunnerCoreNeverMigrates(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "corral.db")
@@ -292,11 +295,19 @@ func TestRunnerCoreNeverMigrates(t *testing.T) {
 	if c.Services() == nil {
 		t.Error("a migrating core has no service manager")
 	}
+	if _, err := plugin.ResolveCoreAs[sitesplugin.Control](c.Registry(), plugin.DomainSites); err != nil {
+		t.Errorf("a migrating core with the built-in plugins has no Sites control: %v", err)
+	}
 	c.Close()
+	// The same plugin list (the built-ins, Sites among them) without
+	// Migrate: no Sites control, which is the daemon's alone.
 	r, err := core.Build(ctx, core.Options{StorePath: path})
 	must(t, err)
 	if r.Services() != nil {
 		t.Error("a runner core has a plugin-service manager")
+	}
+	if ctl, err := plugin.ResolveCoreAs[sitesplugin.Control](r.Registry(), plugin.DomainSites); err == nil {
+		t.Errorf("a core built with Migrate false resolves a Sites control: %T", ctl)
 	}
 	r.Close()
 	// A newer schema is refused.
