@@ -99,7 +99,9 @@ func testWorkerMain(args []string) int {
 type envOpts struct {
 	// fake, if non-nil, is registered as the sandbox plugin (with the
 	// built-in sites plugin) instead of the real provider.
-	fake      *sandboxtest.Provider
+	fake *sandboxtest.Provider
+	// plugins, if not nil, is the core's plugin list (fake wins).
+	plugins   []core.PluginFactory
 	disabled  []string
 	transport machine.PrivilegedTransport
 	control   sandbox.ControlOptions
@@ -163,7 +165,7 @@ func newEnv(t *testing.T, o envOpts) *env {
 	if copts.HeartbeatInterval == 0 {
 		copts.HeartbeatInterval = 100 * time.Millisecond
 	}
-	var plugins []core.PluginFactory
+	plugins := o.plugins
 	if o.fake != nil {
 		plugins = []core.PluginFactory{fakeSandbox(o.fake), core.SitesPlugin}
 	}

@@ -2,10 +2,15 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/corral-sandbox/corral/core"
+	"github.com/corral-sandbox/corral/plugin"
+	sitesplugin "github.com/corral-sandbox/corral/plugins/sites"
 )
 
 // TestSitesGatewayUnavailable: the gateway stays mounted when the sites
@@ -28,6 +33,39 @@ func TestSitesGatewayUnavailable(t *testing.T) {
 	status, body := e.do(ctx, "PUT", fmt.Sprintf("/v1/projects/%d/sites/app", box.ID), tok, map[string]int{"port": 8000})
 	if status != http.StatusServiceUnavailable {
 		t.Errorf("publish without the plugin: %d %s", status, body)
+	}
+}
+
+// TestSitesGatewayAbsentOrFailed: the gateway stays mounted, answering 503
+// with the reason, when no plugin provides the sites domain and when the
+// one that would failed to load — not only when it is disabled.
+func TestSitesGatewayAbsentOrFailed(t *testing.T) {
+	failing := core.Plugin(func(core.Deps) plugin.Registration {
+		return plugin.Registration{
+			Manifest: plugin.Manifest{Name: sitesplugin.Name, Provides: []plugin.Domain{plugin.DomainSites}},
+			Register: func(*plugin.Context) error { return errors.New("sites table corrupt") },
+		}
+	})
+	for _, tc := range []struct {
+		name    string
+		plugins []core.PluginFactory
+		reason  string
+	}{
+		{"absent", []core.PluginFactory{core.SandboxPlugin}, "no owner"},
+		{"failed", []core.PluginFactory{core.SandboxPlugin, failing}, "sites table corrupt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOpts{plugins: tc.plugins})
+			_, tok := e.account("alice")
+			status, body := e.do(context.Background(), "GET", "/sites/app/", tok, nil)
+			if status != http.StatusServiceUnavailable {
+				t.Fatalf("%d %s", status, body)
+			}
+			kind, msg, _, _ := apiError(t, body)
+			if kind != KindUnavailable || !strings.Contains(msg, "sites are unavailable") || !strings.Contains(msg, tc.reason) {
+				t.Errorf("%s, want unavailable saying %q", body, tc.reason)
+			}
+		})
 	}
 }
 
