@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"time"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/corral-sandbox/corral/core"
 	"github.com/corral-sandbox/corral/egress"
 	"github.com/corral-sandbox/corral/export"
+	"github.com/corral-sandbox/corral/internal/workerproc"
 	"github.com/corral-sandbox/corral/lease"
 	"github.com/corral-sandbox/corral/machine"
 	"github.com/corral-sandbox/corral/plugin"
@@ -258,7 +258,7 @@ func Run(ctx context.Context, cfg Config) (err error) {
 	metrics := NewMetrics()
 
 	var transport machine.PrivilegedTransport
-	var sup *Supervisor
+	var sup *workerproc.Supervisor
 	switch {
 	case cfg.WorkerSocket != "":
 		transport = machine.SocketTransport{Path: cfg.WorkerSocket}
@@ -276,17 +276,17 @@ func Run(ctx context.Context, cfg Config) (err error) {
 		if err := os.MkdirAll(projects.WorkspacesDir(state), 0o711); err != nil {
 			return fmt.Errorf("daemon: %w", err)
 		}
-		sup = StartSupervisor(SupervisorOptions{
+		sup = workerproc.StartSupervisor(workerproc.SupervisorOptions{
 			Exe:    exe,
 			Socket: sock,
 			// Images beside the worker's state, where `corral image import
 			// --state STATE` puts them; the daemon's workspaces belong to
 			// their projects' own ids (--own-workspaces).
-			Args: append([]string{"worker", "--socket", sock, "--projects-root", projects.WorkspacesDir(state), "--state", filepath.Join(state, "worker"),
-				"--images", filepath.Join(state, "images"), "--own-workspaces", "--allow-uid", strconv.Itoa(os.Geteuid())}, cfg.WorkerArgs...),
+			Args: workerproc.Args{Socket: sock, ProjectsRoot: projects.WorkspacesDir(state), State: filepath.Join(state, "worker"),
+				Images: filepath.Join(state, "images"), OwnWorkspaces: true, AllowUID: os.Geteuid(), Extra: cfg.WorkerArgs}.Argv(),
 			Logger:  log,
 			Stderr:  cfg.WorkerLog,
-			Metrics: metrics,
+			OnStart: metrics.WorkerStarted,
 		})
 		defer func() {
 			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

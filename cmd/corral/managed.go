@@ -124,9 +124,9 @@ func startSharedWorker(ctx context.Context, state, sock string, idle time.Durati
 	// own checkout.
 	p, err := workerproc.Start(ctx, workerproc.Options{
 		Exe: self,
-		Args: []string{"worker", "--socket", sock, "--projects-root", "/",
-			"--state", filepath.Join(state, "worker"), "--images", filepath.Join(state, "images"),
-			"--grant-workspaces", "--exit-idle", idle.String(), "--idle-lock", filepath.Join(state, sharedUsersLock)},
+		Args: workerproc.Args{Socket: sock, ProjectsRoot: "/", State: filepath.Join(state, "worker"),
+			Images: filepath.Join(state, "images"), GrantWorkspaces: true, AllowUID: -1, ExitIdle: idle,
+			IdleLock: filepath.Join(state, sharedUsersLock)}.Argv(),
 		Socket: sock,
 		Stdout: logf,
 		Stderr: logf,

@@ -198,3 +198,16 @@ func TestStartCancelled(t *testing.T) {
 		t.Fatalf("error = %v, want context.Canceled", err)
 	}
 }
+
+// TestArgs: the worker's command line, spelled once.
+func TestArgs(t *testing.T) {
+	got := strings.Join(workerproc.Args{Socket: "/s/w.sock", ProjectsRoot: "/p", State: "/s/worker", Images: "/s/images",
+		OwnWorkspaces: true, AllowUID: 0, Extra: []string{"--memory", "1G"}}.Argv(), " ")
+	if want := "worker --socket /s/w.sock --projects-root /p --state /s/worker --images /s/images --own-workspaces --allow-uid 0 --memory 1G"; got != want {
+		t.Errorf("daemon's worker: %q, want %q", got, want)
+	}
+	got = strings.Join(workerproc.Args{Socket: "/s/w.sock", ProjectsRoot: "/", GrantWorkspaces: true, AllowUID: -1, ExitIdle: time.Minute, IdleLock: "/s/users.lock"}.Argv(), " ")
+	if want := "worker --socket /s/w.sock --projects-root / --grant-workspaces --exit-idle 1m0s --idle-lock /s/users.lock"; got != want {
+		t.Errorf("shared worker: %q, want %q", got, want)
+	}
+}

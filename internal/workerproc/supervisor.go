@@ -1,4 +1,4 @@
-package daemon
+package workerproc
 
 import (
 	"context"
@@ -6,11 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/corral-sandbox/corral/internal/workerproc"
 )
 
 // SupervisorOptions configure StartSupervisor.
@@ -29,8 +28,9 @@ type SupervisorOptions struct {
 	Stderr io.Writer
 	// Logger receives the supervisor's events; nil means slog.Default().
 	Logger *slog.Logger
-	// Metrics, if non-nil, counts the worker's starts.
-	Metrics *Metrics
+	// OnStart, if non-nil, is called each time a worker was started (it
+	// answered its socket): metrics.
+	OnStart func()
 	// MinBackoff and MaxBackoff bound the delay before a restart, which
 	// doubles after each quick death. Zero means 100 ms and 10 s. A worker
 	// that ran for StableAfter (zero: 30 s) resets the delay.
@@ -40,8 +40,8 @@ type SupervisorOptions struct {
 }
 
 // Supervisor keeps one worker process running: it restarts it with
-// backoff whenever it dies. The daemon's machine gateway reconnects by
-// itself. The worker gets SIGTERM if the daemon dies (Pdeathsig). A
+// backoff whenever it dies (the daemon's: its machine gateway reconnects
+// by itself). The worker gets SIGTERM if this process dies (Pdeathsig). A
 // worker that exits before it answers on its socket counts as a death.
 type Supervisor struct {
 	opts SupervisorOptions
@@ -52,7 +52,7 @@ type Supervisor struct {
 	done   chan struct{}
 
 	mu     sync.Mutex
-	proc   *workerproc.Process
+	proc   *Process
 	starts int
 }
 
@@ -105,7 +105,7 @@ func (s *Supervisor) loop() {
 	backoff := s.opts.MinBackoff
 	for s.ctx.Err() == nil {
 		started := time.Now()
-		p, err := workerproc.Start(s.ctx, workerproc.Options{
+		p, err := Start(s.ctx, Options{
 			Exe:          s.opts.Exe,
 			Args:         s.opts.Args,
 			Socket:       s.opts.Socket,
@@ -124,8 +124,8 @@ func (s *Supervisor) loop() {
 			s.proc = p
 			s.starts++
 			s.mu.Unlock()
-			if s.opts.Metrics != nil {
-				s.opts.Metrics.WorkerStarted()
+			if s.opts.OnStart != nil {
+				s.opts.OnStart()
 			}
 			s.log.Info("worker started", "pid", p.Pid)
 			<-p.Done() // Stop ends it
@@ -157,13 +157,61 @@ func (s *Supervisor) loop() {
 // blocks until the worker is gone and may be called more than once.
 func (s *Supervisor) Stop(ctx context.Context) error {
 	s.mu.Lock()
-	s.cancel() // a worker still starting is killed by workerproc.Start
+	s.cancel() // a worker still starting is killed by Start
 	p := s.proc
 	s.mu.Unlock()
 	var err error
 	if p != nil && p.Stop(ctx) != nil {
-		err = errors.New("daemon: worker did not stop in time; killed")
+		err = errors.New("workerproc: worker did not stop in time; killed")
 	}
 	<-s.done
 	return err
+}
+
+// Args is a `corral worker` command line: the one place its flags are
+// spelled for the processes that start one (the daemon's supervisor, the
+// CLI's shared worker).
+type Args struct {
+	// Socket, ProjectsRoot, State and Images are the worker's --socket,
+	// --projects-root, --state and --images (empty: not passed).
+	Socket, ProjectsRoot, State, Images string
+	// OwnWorkspaces: --own-workspaces (workspaces belong on the host to
+	// their projects' own ids); GrantWorkspaces: --grant-workspaces.
+	OwnWorkspaces, GrantWorkspaces bool
+	// AllowUID, if not negative, is --allow-uid (a peer besides root).
+	AllowUID int
+	// ExitIdle, if positive, is --exit-idle, with IdleLock its
+	// --idle-lock.
+	ExitIdle time.Duration
+	IdleLock string
+	// Extra are more arguments, appended last (limits).
+	Extra []string
+}
+
+// Argv returns the arguments (without argv[0]): "worker" and its flags.
+func (a Args) Argv() []string {
+	argv := []string{"worker"}
+	flag := func(name, v string) {
+		if v != "" {
+			argv = append(argv, name, v)
+		}
+	}
+	flag("--socket", a.Socket)
+	flag("--projects-root", a.ProjectsRoot)
+	flag("--state", a.State)
+	flag("--images", a.Images)
+	if a.OwnWorkspaces {
+		argv = append(argv, "--own-workspaces")
+	}
+	if a.GrantWorkspaces {
+		argv = append(argv, "--grant-workspaces")
+	}
+	if a.AllowUID >= 0 {
+		flag("--allow-uid", strconv.Itoa(a.AllowUID))
+	}
+	if a.ExitIdle > 0 {
+		flag("--exit-idle", a.ExitIdle.String())
+		flag("--idle-lock", a.IdleLock)
+	}
+	return append(argv, a.Extra...)
 }
