@@ -639,6 +639,9 @@ func (w *Worker) acquire(id int64, requested, img string, session bool, lim mach
 		case err != nil:
 			return nil, err
 		case m != nil:
+			if next.start {
+				go m.start()
+			}
 			return m.await(session)
 		case next.resolve:
 			if ws, err = w.resolveWorkspace(requested); err != nil {
@@ -653,9 +656,11 @@ func (w *Worker) acquire(id int64, requested, img string, session bool, lim mach
 	}
 }
 
-// claimNext is what acquire does before claiming again: resolve the
-// workspace, or wait for a reset to finish (neither: claim afresh).
+// claimNext is what acquire does with a machine claimed (start it: it is
+// new), or, without one, before claiming again: resolve the workspace, or
+// wait for a reset to finish (neither: claim afresh).
 type claimNext struct {
+	start   bool
 	resolve bool
 	reset   <-chan struct{}
 }
@@ -686,7 +691,7 @@ func (w *Worker) claim(id int64, requested, ws, img string, session bool, lim ma
 			return nil, claimNext{reset: done}, nil
 		}
 		m, err := w.startMachine(id, ws, requested, img, session, lim)
-		return m, claimNext{}, err
+		return m, claimNext{start: true}, err
 	}
 	return w.hold(m, session)
 }
@@ -710,8 +715,8 @@ func (w *Worker) hold(m *machine, session bool) (*machine, claimNext, error) {
 	return m, claimNext{}, nil
 }
 
-// startMachine registers a new machine, holding a reference on it, and
-// starts it in the background. Called with w.mu held. Only sessions start
+// startMachine registers a new machine, holding a reference on it, for
+// the caller to start once w.mu is released. Called with w.mu held. Only sessions start
 // machines: a net-dial to a project without one fails ("dial-failed"), as
 // nothing could be listening there.
 func (w *Worker) startMachine(id int64, ws, requested, img string, session bool, lim machineLimits) (*machine, error) {
@@ -730,7 +735,6 @@ func (w *Worker) startMachine(id int64, ws, requested, img string, session bool,
 	w.latest[id] = m
 	m.hold(session)
 	w.machines[id] = m
-	go m.start() // it waits for w.mu if it needs it
 	return m, nil
 }
 
