@@ -258,7 +258,7 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		a.admins[n] = true
 	}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
-	a.proj = &projects.Projects{Store: a.store, StateDir: opts.StateDir, GitImport: opts.GitImport, Logger: log, Gateway: c.Gateway()}
+	a.proj = &projects.Projects{Store: a.store, StateDir: opts.StateDir, GitImport: opts.GitImport, Logger: log, Gateway: c.Gateway(), Sandbox: c.Sandbox}
 	if err := m.attach(c); err != nil {
 		return nil, err
 	}

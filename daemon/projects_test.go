@@ -306,3 +306,50 @@ func mustEval(t *testing.T, p string) string {
 	}
 	return r
 }
+
+// TestGitImportLeased: the daemon's git import clones under a files lease
+// of the owner's, through the sandbox control's lifecycle — journaled as
+// "git clone URL", stamped with the acting domain, released after — and a
+// clone that fails leaves neither the project nor a live lease. (Before,
+// host git ran with no lease and outside the lifecycle.)
+func TestGitImportLeased(t *testing.T) {
+	e := newEnv(t, envOpts{})
+	alice, _ := e.account("alice")
+	ctx := context.Background()
+	repo := t.TempDir()
+	for _, args := range [][]string{{"init", "-q"}, {"commit", "-q", "--allow-empty", "-m", "x"}} {
+		if out, err := exec.Command("git", append([]string{"-C", repo, "-c", "user.name=t", "-c", "user.email=t@example.com"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	url := "file://" + repo
+	p, err := e.app.proj.Create(ctx, projects.ProjectSpec{Name: "imported", Kind: store.ProjectManaged, Git: url, Owner: alice.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	leases, err := e.st.ListLeases(ctx, store.LeaseFilter{Project: p.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(leases) != 1 || leases[0].Kind != "files" || leases[0].Account != alice.ID || leases[0].Domain == "" || leases[0].State != store.LeaseReleased {
+		t.Fatalf("import leases %+v, want one released files lease of alice's with a domain", leases)
+	}
+	rows, err := e.st.ListJournal(ctx, store.JournalFilter{Project: p.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || strings.Join(rows[0].Argv, " ") != "git clone "+url || rows[0].Lease != leases[0].ID || rows[0].End.Outcome != store.OutcomeExit {
+		t.Errorf("journal %+v, want the clone under its lease", rows)
+	}
+
+	// A clone that fails: no project, no live lease.
+	if _, err := e.app.proj.Create(ctx, projects.ProjectSpec{Name: "broken", Kind: store.ProjectManaged, Git: "file://" + t.TempDir(), Owner: alice.ID}); err == nil {
+		t.Fatal("an import of no repository succeeded")
+	}
+	if _, err := e.st.ProjectByName(ctx, "broken"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the failed import's project: %v", err)
+	}
+	if n := e.liveLeases(); n != 0 {
+		t.Errorf("%d live leases after a failed import", n)
+	}
+}

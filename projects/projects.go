@@ -75,6 +75,13 @@ type Projects struct {
 	StateDir string
 	// GitImport configures clones of git URLs (see gitimport.go).
 	GitImport GitImportOptions
+	// Sandbox, if not nil, resolves the sandbox control: a git import
+	// then clones once the project and its owner are recorded, under a
+	// files lease of the owner's taken through the control (keep-alive,
+	// journal, release; the project cannot be deleted meanwhile). Nil
+	// clones before the project is recorded, with no lease (the CLI's
+	// offline administration).
+	Sandbox func() (*sandbox.Control, error)
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 	// Gateway, if it has a privileged transport, is told of a deleted
@@ -137,6 +144,7 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 		return store.Project{}, fmt.Errorf("%w: name %q must be 1-64 of [A-Za-z0-9._-], not starting with '.' or '-'", ErrInvalidProject, spec.Name)
 	}
 	var root string
+	cloneLeased := false
 	switch spec.Kind {
 	case store.ProjectHost:
 		if spec.From != "" || spec.Git != "" {
@@ -203,6 +211,8 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 			if err := copyTree(root, from); err != nil {
 				return store.Project{}, fmt.Errorf("projects: copy %s into the workspace: %w", from, err)
 			}
+		case spec.Git != "" && p.Sandbox != nil && spec.Owner != 0:
+			cloneLeased = true // once the project and its owner exist
 		case spec.Git != "":
 			if err := p.gitClone(ctx, spec.Git, root, spec.Progress); err != nil {
 				return store.Project{}, err
@@ -231,8 +241,40 @@ func (p *Projects) Create(ctx context.Context, spec ProjectSpec) (proj store.Pro
 			return store.Project{}, err
 		}
 	}
+	if cloneLeased {
+		if err = p.cloneLeased(ctx, proj, spec); err != nil {
+			if derr := p.Store.DeleteProject(context.WithoutCancel(ctx), proj.ID); derr != nil {
+				p.logger().Error("cannot remove a half-created project", "project", proj.ID, "err", derr)
+			}
+			return store.Project{}, err
+		}
+	}
 	p.logger().Info("project created", "project", proj.ID, "name", proj.Name, "kind", proj.Kind, "owner", spec.Owner)
 	return proj, nil
+}
+
+// cloneLeased clones spec.Git into proj's workspace under a files lease of
+// the owner's, through the sandbox control's lifecycle: the clone is
+// journaled ("git clone URL", redacted), the lease kept alive while it
+// runs (its loss ends the clone) and released after; a failed release
+// fails the import.
+func (p *Projects) cloneLeased(ctx context.Context, proj store.Project, spec ProjectSpec) error {
+	ctl, err := p.Sandbox()
+	if err != nil {
+		return err
+	}
+	f, err := ctl.OpenFiles(ctx, sandbox.FilesInput{
+		Project: sandbox.ProjectRef{Kind: sandbox.ProjectManaged, ProjectID: proj.ID},
+		Journal: []string{"git", "clone", spec.Git},
+	}, &sandbox.Actor{AccountUserID: spec.Owner})
+	if err != nil {
+		return err
+	}
+	err = p.gitClone(f.Context(), spec.Git, proj.Root, spec.Progress)
+	if cerr := f.Close(err); cerr != nil {
+		return errors.Join(err, cerr)
+	}
+	return err
 }
 
 // Delete deletes project id. It refuses with store.ErrProjectBusy while

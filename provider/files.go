@@ -22,8 +22,9 @@ var _ sandbox.FilesPreparer = (*Provider)(nil)
 // core asked for (sandbox.JournalIntent).
 //
 // A managed project's files are its machine's, reached through the
-// gateway as in.User (without a privileged transport the preparation
-// fails with machine.ErrNoPrivilegedTransport, before any lease). A host project's are reached
+// gateway as in.User (without a privileged transport every call fails
+// with machine.ErrNoPrivilegedTransport; the lease still covers the work
+// done beside the calls, such as a git import's clone). A host project's are reached
 // under its root as the project's confined user (made able to write the
 // root as for a confined command) when this process can switch users, and
 // as corral's own user otherwise; a host project refuses a named user
@@ -40,7 +41,7 @@ func (p *Provider) PrepareFiles(ctx context.Context, in sandbox.FilesInput, acto
 	var fs sandbox.FileSystem
 	switch proj.Kind {
 	case store.ProjectManaged:
-		if p.gateway == nil || !p.gateway.HasTransport() {
+		if p.gateway == nil {
 			return nil, fmt.Errorf("provider: project %d: %w", proj.ID, machine.ErrNoPrivilegedTransport)
 		}
 		fs = &machineFiles{gw: p.gateway, p: machineProject(proj), user: in.User}
