@@ -77,6 +77,7 @@ type remoteFiles interface {
 var errNotFound = errors.New("no such file")
 
 func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) (status int) {
+	var copyErr error // the copy's outcome
 	stderr := cmd.ErrOrStderr()
 	fail := func(err error) int {
 		fmt.Fprintf(stderr, "corral: cp: %v\n", err)
@@ -111,24 +112,23 @@ func cpMain(cmd *cobra.Command, f *cpFlags, src, dst string) (status int) {
 		if err != nil {
 			return fail(err)
 		}
-		lf := &leasedFiles{f: files}
 		defer func() {
-			if err := files.Close(lf.failed); err != nil {
+			// The copy's outcome is journaled.
+			if err := files.Close(copyErr); err != nil {
 				status = fail(err)
 			}
 		}()
-		rf = lf
+		rf = &leasedFiles{f: files}
 	default:
 		return fail(errors.New("give --project DIR or --daemon ADDR --project-id N"))
 	}
-	var err error
 	if srcRemote {
-		err = cpFromProject(ctx, rf, remotePath(src), dst, cmd.OutOrStdout(), stderr)
+		copyErr = cpFromProject(ctx, rf, remotePath(src), dst, cmd.OutOrStdout(), stderr)
 	} else {
-		err = cpToProject(ctx, rf, src, remotePath(dst), cmd.InOrStdin(), stderr)
+		copyErr = cpToProject(ctx, rf, src, remotePath(dst), cmd.InOrStdin(), stderr)
 	}
-	if err != nil {
-		return fail(err)
+	if copyErr != nil {
+		return fail(copyErr)
 	}
 	return 0
 }
@@ -329,18 +329,13 @@ func (d *daemonFiles) mkdir(ctx context.Context, p string, mode uint32) error {
 // leasedFiles is a project's files through the sandbox control, under the
 // lease of one OpenFiles (corral cp --project).
 type leasedFiles struct {
-	f      *sandbox.Files
-	failed error // the first call's failure, for the journal
+	f *sandbox.Files
 }
 
-// note returns err, remembering the first failure, with a missing file
-// marked errNotFound.
+// note returns err with a missing file marked errNotFound.
 func (l *leasedFiles) note(err error) error {
 	if err == nil {
 		return nil
-	}
-	if l.failed == nil {
-		l.failed = err
 	}
 	if errdefs.Is(err, errdefs.NotFound) {
 		return fmt.Errorf("%w: %w", errNotFound, err)
