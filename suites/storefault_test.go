@@ -14,6 +14,7 @@ import (
 
 	"github.com/corral-sandbox/corral/client"
 	"github.com/corral-sandbox/corral/internal/pgtest"
+	"github.com/corral-sandbox/corral/internal/testenv"
 	"github.com/corral-sandbox/corral/store"
 )
 
@@ -91,7 +92,7 @@ func TestStoreRestarted(t *testing.T) {
 
 	// Afterwards: every replica is healthy and serves, without a restart.
 	for i, c := range admin {
-		waitFor(t, 15*time.Second, fmt.Sprintf("r%d healthy", i), func() bool { _, err := c.Health(ctx); return err == nil })
+		testenv.WaitFor(t, 15*time.Second, fmt.Sprintf("r%d healthy", i), func() bool { _, err := c.Health(ctx); return err == nil })
 		for j := 0; j < 3; j++ {
 			if res, err := c.RunCommand(ctx, p.ID, client.CommandRequest{Command: argv("echo", "after")}); err != nil || res.Stdout != "after\n" {
 				t.Fatalf("r%d after the restart: %+v %v", i, res, err)
@@ -126,7 +127,7 @@ func TestStoreRestarted(t *testing.T) {
 	// The journal: once every lease settled, one row per command that
 	// answered a result (finished), at most one per other command.
 	var rows []store.JournalEntry
-	waitFor(t, 30*time.Second, "every journal row finished", func() bool {
+	testenv.WaitFor(t, 30*time.Second, "every journal row finished", func() bool {
 		rows, err = rs.st.ListJournal(ctx, store.JournalFilter{Project: p.ID, Limit: 1 << 20})
 		if err != nil {
 			return false
