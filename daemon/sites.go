@@ -434,13 +434,21 @@ func (g *sitesGateway) serveHost(w http.ResponseWriter, r *http.Request) error {
 }
 
 // crossSite reports whether a browser says r comes from another origin
-// (Sec-Fetch-Site) for anything but a top-level GET navigation. Sites are
-// same-site to one another under D, so SameSite=Lax alone would let one
-// site's page send requests carrying another site's cookie.
+// (Sec-Fetch-Site) for anything but a top-level GET navigation: mode
+// "navigate" with destination "document" (a browser that sends no
+// Sec-Fetch-Dest is taken at its mode's word; "iframe", "frame",
+// "embed" and "object" are framed, not top-level). Sites are same-site to
+// one another under D, so SameSite=Lax alone would let one site's page
+// send requests carrying another site's cookie, or frame another site.
 func crossSite(r *http.Request) bool {
 	switch r.Header.Get("Sec-Fetch-Site") {
 	case "", "same-origin", "none":
 		return false
+	}
+	switch r.Header.Get("Sec-Fetch-Dest") {
+	case "", "document":
+	default:
+		return true
 	}
 	return !(r.Header.Get("Sec-Fetch-Mode") == "navigate" && (r.Method == http.MethodGet || r.Method == http.MethodHead))
 }

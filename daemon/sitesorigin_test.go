@@ -186,10 +186,14 @@ func TestSitesOriginAuth(t *testing.T) {
 		{"site A's cookie on site B", "http://twin.sites.test/", []string{"Cookie", cookie}, 403},
 		{"stranger's bearer", "http://app.sites.test/", []string{"Authorization", "Bearer " + stranger}, 403},
 		{"cookie, cross-site fetch", "http://app.sites.test/", []string{"Cookie", cookie, "Sec-Fetch-Site", "same-site", "Sec-Fetch-Mode", "cors"}, 403},
+		// Issue 24 attack 10: a framed navigation is no top-level one.
+		{"cookie, iframe navigation from another site", "http://app.sites.test/", []string{"Cookie", cookie, "Sec-Fetch-Site", "same-site", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "iframe"}, 403},
+		{"cookie, frame navigation from another site", "http://app.sites.test/", []string{"Cookie", cookie, "Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "frame"}, 403},
 		{"unknown site", "http://nope.sites.test/", []string{"Authorization", "Bearer " + tok}, 404},
 		// Accepted: as far as the missing transport.
 		{"cookie", "http://app.sites.test/x", []string{"Cookie", "mine=1; " + cookie}, 503},
 		{"cookie, cross-site navigation", "http://app.sites.test/", []string{"Cookie", cookie, "Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate"}, 503},
+		{"cookie, cross-site top-level navigation", "http://app.sites.test/", []string{"Cookie", cookie, "Sec-Fetch-Site", "cross-site", "Sec-Fetch-Mode", "navigate", "Sec-Fetch-Dest", "document"}, 503},
 		{"bearer", "http://APP.sites.test.:1234/", []string{"Authorization", "Bearer " + tok}, 503},
 		// The API is not served under the sites domain.
 		{"API under the domain", "http://sites.test/v1/whoami", []string{"Authorization", "Bearer " + tok}, 404},
