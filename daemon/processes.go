@@ -38,7 +38,9 @@ import (
 // kept alive by core while it runs) whose streams the daemon drains; it
 // runs until it
 // exits, its lifetime ends (ProcessRequest.Lifetime: it is killed and
-// reported "timedOut", kind "timeout"), it is killed (DELETE), its lease
+// reported "timedOut", kind "timeout"), it is killed (DELETE), the token
+// that started it is revoked or its account leaves the project (killed,
+// within the session checker's interval: see follow.go), its lease
 // can no longer be kept alive or its machine is lost ("interrupted", kind
 // "transport"), or the daemon stops ("interrupted", kind "abort"). When
 // its main process exits, whatever it left running is killed, as for a
@@ -355,19 +357,26 @@ func (a *App) startProcess(w http.ResponseWriter, r *http.Request) error {
 		a.log.Warn("process: journal start", "process", p.id, "err", jerr)
 		jid = 0
 	}
+	// The process is a use of the token that started it: the session
+	// checker ends it when the token is revoked or its account leaves the
+	// project (it would otherwise run on in another owner's project, and
+	// its lease keep that project from being deleted).
+	auth, untrack := a.trackSession(context.Background(), r, proj.ID)
 	go func() {
 		defer a.wg.Done()
-		a.runProcess(p, lifetime, jid, unreserve)
+		defer untrack()
+		a.runProcess(p, lifetime, jid, unreserve, auth)
 	}()
 	writeJSON(w, http.StatusCreated, p.info())
 	return nil
 }
 
 // runProcess drains p's output until it ends, ends it when its lifetime
-// ends, it is killed or the daemon stops, then records its outcome.
+// ends, it is killed, auth ends (its authorization was lost) or the daemon
+// stops, then records its outcome.
 // Its place in the admission bounds is given back (unreserve) before the
 // outcome is published.
-func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, unreserve func()) {
+func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, unreserve func(), auth context.Context) {
 	log := a.log.With("process", p.id, "project", p.project, "lease", p.leaseID)
 	var pumps sync.WaitGroup
 	pump := func(stream byte, r io.Reader) {
@@ -390,6 +399,12 @@ func (a *App) runProcess(p *bgProcess, lifetime time.Duration, journalID int64, 
 		state, reason = api.ProcessTimedOut, &api.ProcessError{Kind: string(sandbox.KindTimeout), Message: fmt.Sprintf("its lifetime of %s ended", lifetime)}
 	case <-p.kill:
 		state, reason = api.ProcessKilled, &api.ProcessError{Kind: string(sandbox.KindAbort), Message: "killed (KILL or DELETE)"}
+	case <-auth.Done():
+		msg := context.Cause(auth).Error()
+		if se, ok := context.Cause(auth).(*sessionEnded); ok {
+			msg = se.reason
+		}
+		state, reason = api.ProcessKilled, &api.ProcessError{Kind: string(sandbox.KindAbort), Message: "ended: " + msg}
 	case <-a.ctx.Done():
 		state, reason = api.ProcessInterrupted, &api.ProcessError{Kind: string(sandbox.KindAbort), Message: "the daemon stopped"}
 	}
