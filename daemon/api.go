@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/corral-sandbox/corral/api"
 	"github.com/corral-sandbox/corral/export"
@@ -203,8 +205,21 @@ func requireOwner(m store.Member, p store.Project) error {
 	return nil
 }
 
+// deleteProjectWait bounds how long deleteProject waits for this daemon's
+// sessions of the project to end while the project has live leases.
+const deleteProjectWait = 2 * time.Second
+
 // deleteProject serves DELETE /v1/projects/{id} (owners; 409 while a lease
 // is live).
+//
+// A WebSocket's close handshake completes (the library answers the
+// client's close frame) before its handler has released the session's
+// lease, so a client that closed its session and saw the close complete
+// could find its own lease still live. While the project has live leases
+// and this daemon holds sessions of it (closing ones among them), the
+// delete waits for those sessions to end, for deleteProjectWait at most,
+// retrying as each ends: a lease that is still live then (an open session,
+// another replica's or another process's lease) still answers 409.
 func (a *App) deleteProject(w http.ResponseWriter, r *http.Request) error {
 	_, p, m, err := a.projectMember(r)
 	if err != nil {
@@ -213,8 +228,24 @@ func (a *App) deleteProject(w http.ResponseWriter, r *http.Request) error {
 	if err := requireOwner(m, p); err != nil {
 		return err
 	}
-	if err := a.proj.Delete(r.Context(), p.ID); err != nil {
-		return err
+	deadline := time.NewTimer(deleteProjectWait)
+	defer deadline.Stop()
+	for {
+		n, ended := a.projectSessions(p.ID)
+		err := a.proj.Delete(r.Context(), p.ID)
+		if err == nil {
+			break
+		}
+		if n == 0 || !errors.Is(err, store.ErrProjectBusy) {
+			return err
+		}
+		select {
+		case <-ended:
+		case <-deadline.C:
+			return err
+		case <-r.Context().Done():
+			return err
+		}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil

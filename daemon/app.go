@@ -170,7 +170,10 @@ type App struct {
 	sessMu  sync.Mutex
 	closing bool                      // guarded by sessMu
 	live    map[*liveSession]struct{} // guarded by sessMu
-	wg      sync.WaitGroup            // sessions in flight
+	// untracked is closed, and replaced, whenever a session leaves live
+	// (guarded by sessMu): deleteProject waits on it.
+	untracked chan struct{}
+	wg        sync.WaitGroup // sessions in flight
 
 	followDone chan struct{} // closed when followSessions returned
 	once       sync.Once
@@ -238,15 +241,16 @@ func BuildApp(c *core.Core, opts AppOptions) (*App, error) {
 		m = NewMetrics()
 	}
 	a := &App{
-		core:    c,
-		store:   c.Store(),
-		opts:    opts,
-		log:     log,
-		metrics: m,
-		mux:     http.NewServeMux(),
-		admins:  make(map[string]bool),
-		live:    make(map[*liveSession]struct{}),
-		procs:   newProcessTable(),
+		core:      c,
+		store:     c.Store(),
+		opts:      opts,
+		log:       log,
+		metrics:   m,
+		mux:       http.NewServeMux(),
+		admins:    make(map[string]bool),
+		live:      make(map[*liveSession]struct{}),
+		untracked: make(chan struct{}),
+		procs:     newProcessTable(),
 
 		imports:   inflight{what: "git imports", account: MaxAccountImports, daemon: MaxImports},
 		fileCalls: inflight{what: "files calls", account: MaxAccountFileCalls, daemon: MaxFileCalls},

@@ -461,6 +461,13 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		return fc.end(err)
 	}
 	defer ino.Close()
+	// An open watch is no use of the machine: its lease ends now, before
+	// the upgrade, so that it keeps no owner from deleting the project,
+	// not even one that saw the watch open and close at once (the session
+	// checker ends the watch then: the project has no members).
+	if err := fc.ReleaseLease(); err != nil {
+		a.log.Warn("files: release a watch's lease", "lease", fc.LeaseID(), "err", err)
+	}
 	conn, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		fc.end(err)
@@ -472,12 +479,6 @@ func (a *App) watchFiles(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	}
 	defer a.wg.Done()
-	// An open watch is no use of the machine: its lease ends now, so that
-	// it keeps no owner from deleting the project (the session checker
-	// ends the watch then: the project has no members).
-	if err := fc.ReleaseLease(); err != nil {
-		a.log.Warn("files: release a watch's lease", "lease", fc.LeaseID(), "err", err)
-	}
 	dirs := make(map[int32]string, len(watches))
 	for _, wi := range watches {
 		dirs[int32(wi.WD)] = wi.Path

@@ -66,9 +66,25 @@ func (a *App) track(parent context.Context, account, tok, project int64) (contex
 	return ctx, func() {
 		a.sessMu.Lock()
 		delete(a.live, s)
+		close(a.untracked)
+		a.untracked = make(chan struct{})
 		a.sessMu.Unlock()
 		cancel(nil)
 	}
+}
+
+// projectSessions counts the sessions of project this daemon tracks and
+// returns the channel closed when one of this daemon's sessions next ends.
+func (a *App) projectSessions(project int64) (int, <-chan struct{}) {
+	a.sessMu.Lock()
+	defer a.sessMu.Unlock()
+	n := 0
+	for s := range a.live {
+		if s.project == project {
+			n++
+		}
+	}
+	return n, a.untracked
 }
 
 // sessionCloseStatus is how a session whose context ended closes: 1008 and
