@@ -71,6 +71,10 @@ func (a *App) member(r *http.Request, id int64) (store.Account, store.Project, s
 	switch {
 	case errors.Is(err, store.ErrNotMember):
 		return acct, p, store.Member{}, refused
+	case errors.Is(err, store.ErrNotFound) && a.isAdmin(acct):
+		// Admins may act on any project (machine, egress): they may know
+		// which ids exist, on every project route alike.
+		return acct, store.Project{}, store.Member{}, apiErr(http.StatusNotFound, KindNotFound, "project %d does not exist", id)
 	case errors.Is(err, store.ErrNotFound):
 		return acct, store.Project{}, store.Member{}, refused
 	case err != nil:
