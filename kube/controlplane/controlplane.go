@@ -207,6 +207,9 @@ func (cp *ControlPlane) start(ctx context.Context, bins Binaries, timeout time.D
 		"--etcd-servers="+etcdURL,
 		"--bind-address=127.0.0.1",
 		"--advertise-address=127.0.0.1",
+		// A loopback address may not be the kubernetes Service's endpoint:
+		// nothing runs in the cluster's network that would use it.
+		"--endpoint-reconciler-type=none",
 		"--secure-port="+strconv.Itoa(apiPort),
 		"--cert-dir="+path("kube-apiserver"),
 		"--tls-cert-file="+path("apiserver.crt"),
