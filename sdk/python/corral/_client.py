@@ -139,6 +139,22 @@ class AsyncCorral(_Closing):
         body = {"name": name} if name else {}
         return await self._conn.json("POST", f"/v1/accounts/{_seg(account)}/tokens", json_body=body)
 
+    async def images(self) -> List[Dict[str, Any]]:
+        """The machines' images in the daemon's store (daemon admins only):
+        ``[{"name", "id", "digest", "source", "created", "size", "layers", "config"}]``."""
+        return await self._conn.json("GET", "/v1/images")
+
+    async def pull_image(self, ref: str, name: Optional[str] = None) -> Dict[str, Any]:
+        """Pulls ``ref`` from its registry into the daemon's image store under
+        ``name`` (default: the last part of the repository), replacing an image
+        of that name (daemon admins only); projects then use it by name
+        (``Project.set_machine(image=...)``). A registry that cannot be reached
+        or has no such image raises BadGateway."""
+        body: Dict[str, Any] = {"ref": ref}
+        if name:
+            body["name"] = name
+        return await self._conn.json("POST", "/v1/images", json_body=body)
+
 
 class AsyncProjects:
     """The caller's projects."""

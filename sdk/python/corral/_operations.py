@@ -15,6 +15,8 @@ OPERATIONS: Dict[str, Optional[str]] = {
     "whoami": "AsyncCorral.whoami",
     "createAccount": "AsyncCorral.create_account",
     "createToken": "AsyncCorral.create_token",
+    "listImages": "AsyncCorral.images",
+    "pullImage": "AsyncCorral.pull_image",
     "listProjects": "AsyncProjects.list",
     "createProject": "AsyncProjects.create",
     "getProject": "AsyncProjects.get",

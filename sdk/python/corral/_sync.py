@@ -339,3 +339,5 @@ class Corral(_Face):
     openapi = _blocking(a.AsyncCorral.openapi)
     create_account = _blocking(a.AsyncCorral.create_account)
     create_token = _blocking(a.AsyncCorral.create_token)
+    images = _blocking(a.AsyncCorral.images)
+    pull_image = _blocking(a.AsyncCorral.pull_image)

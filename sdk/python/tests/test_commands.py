@@ -235,3 +235,20 @@ def test_nothing_keeps_running_after_a_timeout_an_early_close_or_a_passed_deadli
         project.run(["sh", "-c", f"echo up; sleep {m}"], timeout=60, deadline=1.5, on_stdout=started.append)
     assert [c.data for c in started] == [b"up\n"]
     wait_until(lambda: sleepers(m) == [], "a command past its client's deadline ended")
+
+
+def test_images_are_the_administrators(daemon: Daemon, client: corral.Corral) -> None:
+    """listImages and pullImage: refused to an ordinary account; an
+    administrator lists the store, and a pull from a registry that does not
+    answer (loopback port 1) is BadGateway and records nothing."""
+    with pytest.raises(corral.Forbidden):
+        client.images()
+    with pytest.raises(corral.Forbidden):
+        client.pull_image("127.0.0.1:1/nothing:latest")
+    with corral.Corral(daemon.url, daemon.admin_token) as admin:
+        before = [i["name"] for i in admin.images()]
+        with pytest.raises(corral.BadGateway):
+            admin.pull_image("127.0.0.1:1/nothing:latest", name="nothing")
+        with pytest.raises(corral.Invalid):
+            admin.pull_image("127.0.0.1:1/nothing:latest", name="Not A Name")
+        assert [i["name"] for i in admin.images()] == before

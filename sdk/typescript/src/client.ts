@@ -9,6 +9,7 @@ import { LSPSession, Session, SessionOptions } from "./session.js";
 import { parseEndpoint } from "./transport.js";
 import type {
   Account,
+  Image,
   CallOptions,
   EgressLogEntry,
   EgressPolicy,
@@ -105,6 +106,23 @@ export class Corral {
     const body: Record<string, unknown> = {};
     if (o.name !== undefined) body.name = o.name;
     return this.c.json("POST", `/v1/accounts/${encodeURIComponent(account)}/tokens`, { json: body }, o);
+  }
+
+  /** The machines' images in the daemon's store (listImages; the daemon's administrators only). */
+  images(o: CallOptions = {}): Promise<Image[]> {
+    return this.c.json("GET", "/v1/images", {}, o);
+  }
+
+  /**
+   * Pulls `ref` from its registry into the daemon's image store (pullImage; the daemon's
+   * administrators only) under `name` (default: the last part of the repository), replacing an
+   * image of that name; projects then use it by name (`setMachine({image})`). A registry that
+   * cannot be reached or has no such image throws a BadGatewayError.
+   */
+  pullImage(ref: string, o: CallOptions & { name?: string } = {}): Promise<Image> {
+    const body: Record<string, unknown> = { ref };
+    if (o.name !== undefined) body.name = o.name;
+    return this.c.json("POST", "/v1/images", { json: body }, o);
   }
 
   /** A handle on project `id`, without asking the daemon (use `projects.get` for its description). */

@@ -26,6 +26,8 @@ export const OPERATIONS: Readonly<Record<string, string>> = Object.freeze({
   whoami: "Corral.whoami",
   createAccount: "Corral.createAccount",
   createToken: "Corral.createToken",
+  listImages: "Corral.images",
+  pullImage: "Corral.pullImage",
   listProjects: "Projects.list",
   createProject: "Projects.create",
   getProject: "Projects.get",

@@ -29,6 +29,23 @@ export interface Token {
   token: string;
 }
 
+/** One of the machines' images in the daemon's store (listImages, pullImage). */
+export interface Image {
+  name: string;
+  /** The config digest (sha256:…). */
+  id: string;
+  /** The manifest digest a registry serves it by (pulled images). */
+  digest?: string;
+  /** The reference, archive or directory it came from. */
+  source?: string;
+  created: string;
+  /** Bytes of file content of its layers. */
+  size: number;
+  layers: number;
+  /** What machines apply: the default user, env under a request's, default cwd, entrypoint and cmd. */
+  config: { user?: string; env?: string[]; working_dir?: string; entrypoint?: string[]; cmd?: string[] };
+}
+
 export interface Health {
   status?: string;
   sandbox?: string;

@@ -3,6 +3,7 @@ import { before, test } from "node:test";
 
 import {
   AbortError,
+  BadGatewayError,
   ConflictError,
   Corral,
   CorralError,
@@ -268,4 +269,18 @@ test("reset and delete", async () => {
   await p.reset();
   await p.delete();
   await assert.rejects(corral.projects.get(p.id), ForbiddenError);
+});
+
+test("images are the administrators'", async () => {
+  // listImages and pullImage: refused to an ordinary account; an administrator
+  // lists the store, and a pull from a registry that does not answer (loopback
+  // port 1) is a BadGatewayError and records nothing.
+  await assert.rejects(corral.images(), ForbiddenError);
+  await assert.rejects(corral.pullImage("127.0.0.1:1/nothing:latest"), ForbiddenError);
+  const d = await daemon();
+  const admin = new Corral({ url: d.url, token: d.adminToken });
+  const before = (await admin.images()).map((i) => i.name);
+  await assert.rejects(admin.pullImage("127.0.0.1:1/nothing:latest", { name: "nothing" }), BadGatewayError);
+  await assert.rejects(admin.pullImage("127.0.0.1:1/nothing:latest", { name: "Not A Name" }), InvalidError);
+  assert.deepEqual((await admin.images()).map((i) => i.name), before);
 });
