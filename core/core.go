@@ -10,8 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/corral-sandbox/corral/egress"
