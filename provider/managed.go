@@ -16,9 +16,6 @@ import (
 	"github.com/corral-sandbox/corral/store"
 )
 
-// GuestHome is a managed machine's home directory, as the guest sees it.
-const GuestHome = sandbox.GuestHome
-
 // prepareManaged prepares a command inside the project's machine. Nothing
 // runs until Start: Start sends exec-start through the machine gateway,
 // which makes three socketpairs and attaches their far ends as the
@@ -49,7 +46,7 @@ func (p *Provider) prepareManaged(ctx context.Context, in sandbox.ExecInput, act
 	// gives it, else the worker's default, which has the sbin directories
 	// root's tools need).
 	env := map[string]string{
-		"HOME": GuestHome,
+		"HOME": sandbox.GuestHome,
 		"LANG": "C.UTF-8",
 		"TERM": "dumb",
 		"USER": "corral",
@@ -167,12 +164,12 @@ func guestCwd(req string) (string, error) {
 		p = path.Join(DisplayRoot, p)
 	}
 	p = path.Clean(p)
-	for _, root := range []string{DisplayRoot, GuestHome} {
+	for _, root := range []string{DisplayRoot, sandbox.GuestHome} {
 		if p == root || strings.HasPrefix(p, root+"/") {
 			return p, nil
 		}
 	}
-	return "", fmt.Errorf("cwd %q is outside %s and %s", req, DisplayRoot, GuestHome)
+	return "", fmt.Errorf("cwd %q is outside %s and %s", req, DisplayRoot, sandbox.GuestHome)
 }
 
 // managedExec is one prepared managed execution.
